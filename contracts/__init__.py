@@ -1,0 +1,7 @@
+"""Contracts of the runtime primitives: parity scenarios and the mutant catalogue.
+
+The contract tests themselves live in ``conformance/contracts/``; this package holds what they and
+the ``lockstep mutants`` / ``lockstep parity`` commands share.
+"""
+
+__all__: list[str] = []

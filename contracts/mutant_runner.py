@@ -1,0 +1,101 @@
+"""``lockstep mutants``: run the contract tests against every mutant runtime.
+
+A mutant is killed when at least one contract test fails against it. The run fails if the real
+runtime does not pass every contract test, if any mutant survives, or if any contract test kills
+no mutant (a test that cannot fail is not a test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .mutants import MUTANTS
+
+__all__ = ["run_mutants", "contract_tests_dir"]
+
+
+def contract_tests_dir() -> Path:
+    path = Path(__file__).resolve().parent.parent / "conformance" / "contracts"
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path} not found: `lockstep mutants` needs a source checkout installed with `pip install -e .`"
+        )
+    return path
+
+
+def _run(mutant: str | None, device: str, tests: Path, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [
+            sys.executable, "-m", "pytest", str(tests), "-m", "contract", "-q", "-p", "no:cacheprovider",
+            "-o", "addopts=", f"--devices={device}", f"--lockstep-report={report}", *extra,
+        ]
+        if mutant:
+            cmd.append(f"--lockstep-mutant={mutant}")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
+                              cwd=tests.parent.parent)
+        if not report.exists():
+            raise RuntimeError(f"pytest produced no report for mutant {mutant!r}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        outcomes = json.loads(report.read_text())
+    return {"outcomes": outcomes, "returncode": proc.returncode, "tail": proc.stdout[-2000:]}
+
+
+def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list[str] | None = None,
+                jobs: int | None = None, out=sys.stdout) -> int:
+    tests = contract_tests_dir()
+    extra = extra or []
+    names = names or list(MUTANTS)
+    unknown = [n for n in names if n not in MUTANTS]
+    if unknown:
+        print(f"unknown mutant(s) {unknown}; known: {sorted(MUTANTS)}", file=sys.stderr)
+        return 2
+    jobs = jobs or max(1, min(len(names) + 1, os.cpu_count() or 1))
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {m: pool.submit(_run, m, device, tests, extra) for m in [None, *names]}
+        results = {m: f.result() for m, f in futures.items()}
+
+    base = results[None]["outcomes"]
+    ran = {t for t, o in base.items() if o["outcome"] != "skipped"}
+    broken = sorted(t for t in ran if base[t]["outcome"] != "passed")
+    print(f"lockstep mutants on device {device!r}: {len(ran)} contract tests, {len(names)} mutants", file=out)
+    if not ran:
+        print("no contract test ran (device unavailable?)", file=out)
+        return 1
+    if broken:
+        print("the real runtime FAILS contract tests (fix these first):", file=out)
+        for t in broken:
+            print(f"  {t}", file=out)
+        print(results[None]["tail"], file=out)
+        return 1
+
+    kills: dict[str, list[str]] = {t: [] for t in sorted(ran)}
+    survivors = []
+    width = max(len(n) for n in names)
+    for m in names:
+        outcomes = results[m]["outcomes"]
+        killed_by = sorted(t for t in ran if outcomes.get(t, {}).get("outcome") == "failed")
+        for t in killed_by:
+            kills[t].append(m)
+        status = "killed" if killed_by else "SURVIVED"
+        if not killed_by:
+            survivors.append(m)
+        short = ", ".join(sorted({base[t]["contract"] or t.split("::")[-1] for t in killed_by}))
+        print(f"  {m:<{width}}  {status:8}  {len(killed_by):2d} test(s): {short}", file=out)
+        doc = (MUTANTS[m].__doc__ or "").strip().splitlines()[0]
+        print(f"  {'':<{width}}            {doc}", file=out)
+    idle = [t for t, ms in kills.items() if not ms]
+    print("", file=out)
+    for t, ms in kills.items():
+        print(f"  {'KILLS NONE' if not ms else 'ok':10}  {t.split('::')[-1]}  <- {', '.join(ms) or '-'}", file=out)
+    print("", file=out)
+    verdict = not survivors and not idle
+    print(f"{'PASS' if verdict else 'FAIL'}: {len(names) - len(survivors)}/{len(names)} mutants killed; "
+          f"{len(kills) - len(idle)}/{len(kills)} contract tests kill at least one mutant", file=out)
+    return 0 if verdict else 1

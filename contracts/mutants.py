@@ -1,0 +1,155 @@
+"""Deliberately broken runtimes: proof that the contract tests can fail.
+
+Each mutant breaks exactly one guarantee of ``reference_runtime.Runtime`` the way a plausible
+refactor would (the seeds' bugs among them). ``lockstep mutants`` runs the contract tests against
+every mutant and requires each to be killed by at least one test, and each contract test to kill
+at least one mutant (a test that kills none could not fail).
+
+Adding a mutant: subclass ``Runtime``, override the one method whose guarantee you break, give it
+a docstring saying what it breaks, and register it in ``MUTANTS``.
+"""
+
+from __future__ import annotations
+
+from kernels import primitives
+from reference_runtime.runtime import GraphSlot, Runtime, _Resources, _SlotState
+
+__all__ = ["MUTANTS", "runtime_class"]
+
+
+class DrainDefers(Runtime):
+    """drain_for_unmap() defers like synchronize(): the seeds' use-after-unmap."""
+
+    def drain_for_unmap(self) -> None:
+        if self.config.defer_eager_sync:
+            self.counters.drains += 1
+            return
+        super().drain_for_unmap()
+
+
+class DrainAllowedInCapture(Runtime):
+    """drain_for_unmap() does not refuse inside a capture; it reaches the stream and invalidates it."""
+
+    def drain_for_unmap(self) -> None:
+        self.counters.drains += 1
+        self.compute.synchronize()
+        self.copy_stream.synchronize()
+        self._reap()
+
+
+class CopyWithoutForcedSync(Runtime):
+    """Device-to-host and device-to-device copies skip the private forced synchronise."""
+
+    def _force_sync(self) -> None:
+        self.counters.forced_syncs += 1
+
+
+class SharedSlotLifecycle(Runtime):
+    """PRIMARY and VERIFY share one graph lifecycle: capturing or resetting one affects the other."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        shared = _SlotState()
+        self._slots = {s: shared for s in GraphSlot}
+
+
+class SelfClearingLatch(Runtime):
+    """The error latch clears itself once it has been read and raised."""
+
+    def _raise_if_latched(self) -> None:
+        try:
+            super()._raise_if_latched()
+        except Exception:
+            self.launch(primitives.fill, self.error_latch, value=0)
+            raise
+
+
+class LatchBlocksDrain(Runtime):
+    """drain_for_unmap() raises on a set latch, so a set latch blocks the barrier before unmap."""
+
+    def drain_for_unmap(self) -> None:
+        super().drain_for_unmap()
+        self._raise_if_latched()
+
+
+class FreeWithoutWait(Runtime):
+    """free() returns memory to the device at once, while queued kernels may still read it."""
+
+    def _release_after_queued_work(self, buf) -> None:
+        self.device.free(buf)
+
+
+class SyncDrainsInCapture(Runtime):
+    """synchronize() drains even inside a capture under deferral (it must be a no-op there)."""
+
+    def synchronize(self) -> None:
+        if self.is_capturing:
+            self.counters.syncs_real += 1
+            self.compute.synchronize()
+            return
+        super().synchronize()
+
+
+class SyncAlwaysDrains(Runtime):
+    """synchronize() ignores eager-sync deferral and always drains (the pre-deferral runtime)."""
+
+    def synchronize(self) -> None:
+        self.counters.syncs_real += 1
+        self.compute.synchronize()
+        self.copy_stream.synchronize()
+        self._reap()
+
+
+class SyncNeverDrains(Runtime):
+    """synchronize() ignores the escape hatch: a no-op even with deferral off."""
+
+    def synchronize(self) -> None:
+        self.counters.syncs_deferred += 1
+
+
+def _release_without_drain(res: _Resources) -> None:
+    for buf in [b for b, _ in res.pending] + list(res.live.values()):
+        if not buf.freed:
+            res.device.free(buf)
+    res.pending.clear()
+    res.live.clear()
+
+
+class CloseWithoutDrain(Runtime):
+    """A runtime dropped right after an enqueue frees its memory without draining first."""
+
+    _release_resources = staticmethod(_release_without_drain)
+
+
+class LaunchBlocks(Runtime):
+    """Every launch waits for the kernel to finish (the host never runs ahead of the device)."""
+
+    def launch(self, kernel, *tensors, **scalars) -> None:
+        super().launch(kernel, *tensors, **scalars)
+        if not self.is_capturing:
+            self.compute.synchronize()
+
+
+MUTANTS: dict[str, type[Runtime]] = {
+    "drain_defers": DrainDefers,
+    "drain_allowed_in_capture": DrainAllowedInCapture,
+    "copy_without_forced_sync": CopyWithoutForcedSync,
+    "shared_slot_lifecycle": SharedSlotLifecycle,
+    "self_clearing_latch": SelfClearingLatch,
+    "latch_blocks_drain": LatchBlocksDrain,
+    "free_without_wait": FreeWithoutWait,
+    "sync_drains_in_capture": SyncDrainsInCapture,
+    "sync_always_drains": SyncAlwaysDrains,
+    "sync_never_drains": SyncNeverDrains,
+    "close_without_drain": CloseWithoutDrain,
+    "launch_blocks": LaunchBlocks,
+}
+
+
+def runtime_class(mutant: str | None) -> type[Runtime]:
+    if not mutant:
+        return Runtime
+    try:
+        return MUTANTS[mutant]
+    except KeyError:
+        raise ValueError(f"unknown mutant {mutant!r}; known: {sorted(MUTANTS)}") from None

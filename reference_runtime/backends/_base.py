@@ -1,0 +1,176 @@
+"""The device protocol both backends implement.
+
+A device is a few parts (after tinygrad's ``Device``): memory (a pool allocator plus the virtual
+memory calls reserve/create/map/unmap), streams that take launches, copies and events, and stream
+capture into graphs. The runtime (``reference_runtime.runtime``) is written against this protocol
+only, so the simulated and the CUDA device run the same runtime code.
+
+Ordering guarantees, one sentence each (they are the contract the simulated device reproduces):
+- ``Stream.launch`` / ``memcpy_*_async`` / ``record`` / ``wait``: enqueue and return; work on one
+  stream executes in enqueue order; work on two streams is unordered unless an event orders it.
+- ``Stream.synchronize`` and ``Device.synchronize``: block until the stream (every stream) has
+  executed everything enqueued; they raise any sticky error latched meanwhile.
+- ``Device.memcpy_dtoh``: enqueue a device-to-host copy on ``stream`` and wait for *that stream
+  only*; work queued on other streams is not waited for.
+- ``Stream.query``: True if the stream has nothing left to execute; never blocks.
+- ``Event.query``: True once the work before the event's record has executed (True if never recorded).
+- ``Device.free``: returns memory at once; it does not wait for queued readers (the runtime's
+  stream-ordered release is what makes freeing safe).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels._kernel import Kernel
+
+
+@dataclass(eq=False)
+class Buffer:
+    """One device allocation: an address range owned by a device."""
+
+    addr: int
+    nbytes: int
+    device: "Device"
+    handle: Any = None  # backend object that keeps the memory alive (cupy MemoryPointer, sim id)
+    freed: bool = False
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"<Buffer 0x{self.addr:x} {self.nbytes}B on {self.device.name}{state}>"
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayRef:
+    """A typed, contiguous view of device memory at an address: what a kernel launch names."""
+
+    buffer: Buffer
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int = 0
+
+    @property
+    def addr(self) -> int:
+        return self.buffer.addr + self.offset
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def __repr__(self) -> str:
+        return f"<ArrayRef 0x{self.addr:x} {np.dtype(self.dtype).name}{list(self.shape)}>"
+
+
+class Event(ABC):
+    @abstractmethod
+    def query(self) -> bool: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+
+class Graph(ABC):
+    """A captured, instantiated graph. Addresses are baked in at capture time."""
+
+    @abstractmethod
+    def launch(self, stream: "Stream") -> None: ...
+
+
+class Stream(ABC):
+    @abstractmethod
+    def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None: ...
+
+    @abstractmethod
+    def record(self, event: Event) -> None: ...
+
+    @abstractmethod
+    def wait(self, event: Event) -> None: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def query(self) -> bool: ...
+
+    @abstractmethod
+    def begin_capture(self) -> None: ...
+
+    @abstractmethod
+    def end_capture(self) -> Graph: ...
+
+    @property
+    @abstractmethod
+    def is_capturing(self) -> bool: ...
+
+
+class Device(ABC):
+    name: str
+    xp: Any  # the array module kernel bodies run against
+
+    # -- streams and events
+    @abstractmethod
+    def stream(self, *, legacy: bool = False) -> Stream:
+        """A new non-blocking stream; ``legacy=True`` returns the legacy default stream instead."""
+
+    @abstractmethod
+    def event(self) -> Event: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    # -- pool memory
+    @abstractmethod
+    def malloc(self, nbytes: int) -> Buffer: ...
+
+    @abstractmethod
+    def free(self, buffer: Buffer) -> None: ...
+
+    # -- copies
+    @abstractmethod
+    def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None: ...
+
+    @abstractmethod
+    def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray: ...
+
+    @abstractmethod
+    def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None: ...
+
+    # -- virtual memory management (granules mapped under a reserved address range)
+    granularity: int
+
+    @abstractmethod
+    def reserve(self, size: int) -> int: ...
+
+    @abstractmethod
+    def mem_create(self, size: int) -> Any: ...
+
+    @abstractmethod
+    def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
+        """Map ``handle`` at ``va`` and return a Buffer viewing the mapped range (not pool memory)."""
+
+    @abstractmethod
+    def mem_unmap(self, va: int, size: int) -> None: ...
+
+    @abstractmethod
+    def mem_release(self, handle: Any) -> None: ...
+
+    @abstractmethod
+    def address_free(self, va: int, size: int) -> None: ...
+
+    # -- diagnostics
+    @property
+    @abstractmethod
+    def sticky_error(self) -> BaseException | None: ...
+
+
+def check_buffer(device: Device, buffer: Buffer) -> None:
+    from ..errors import InvalidValue
+
+    if buffer.device is not device:
+        raise InvalidValue(f"{buffer!r} belongs to another device than {device.name}", subject=buffer)
+    if buffer.freed:
+        raise InvalidValue(f"{buffer!r} was already freed (double free)", subject=buffer)

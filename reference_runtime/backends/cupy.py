@@ -1,0 +1,365 @@
+"""The CUDA device, through CuPy: the real thing the simulated device models.
+
+Kernels run at enqueue time inside ``with stream:``, so every CuPy ufunc, ElementwiseKernel or
+RawKernel a body issues is launched asynchronously on that stream. Streams are non-blocking.
+Pool memory comes from CuPy's default memory pool (allocated with the stream of the call current,
+so CuPy's stream-aware pool keys it to that stream); virtual-memory mappings use the CUDA driver's
+VMM calls through cuda-bindings. CUDA and CuPy errors are translated into ``reference_runtime.errors``;
+a sticky error is remembered and raised by every later call, as the poisoned context would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import numpy as np
+
+from kernels._kernel import Kernel
+
+from ..errors import (
+    CaptureD2HRefused,
+    CublasDuringCapture,
+    CudaError,
+    InvalidValue,
+    from_cuda_status,
+)
+from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
+
+__all__ = ["CupyDevice", "available"]
+
+
+def available() -> tuple[bool, str]:
+    """(usable, reason): whether CuPy imports and sees a CUDA device."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA library load
+        return False, f"cupy is not importable: {exc!r}"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return False, f"no CUDA device: {exc!r}"
+    if n < 1:
+        return False, "no CUDA device"
+    return True, f"{n} CUDA device(s)"
+
+
+def _cuda_error_classes() -> dict[str, type[CudaError]]:
+    out: dict[str, type[CudaError]] = {}
+    todo = [CudaError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        out.setdefault(cls.cuda_name, cls)
+    return out
+
+
+_NAMES = _cuda_error_classes()
+
+
+class CupyEvent(Event):
+    def __init__(self, device: "CupyDevice"):
+        import cupy
+
+        self.device = device
+        self.ev = cupy.cuda.Event(disable_timing=True)
+
+    def query(self) -> bool:
+        with self.device._errors("event query"):
+            return bool(self.ev.done)
+
+    def synchronize(self) -> None:
+        with self.device._errors("event synchronize", syncing=True):
+            self.ev.synchronize()
+
+
+class CupyGraph(Graph):
+    def __init__(self, device: "CupyDevice", graph: Any, keep: list[Any]):
+        self.device = device
+        self.graph = graph
+        # Temporaries that kernel bodies allocated during the capture: the graph baked their
+        # addresses, so they live exactly as long as the graph (CuPy would pool them at once).
+        self._keep = keep
+
+    def launch(self, stream: Stream) -> None:
+        assert isinstance(stream, CupyStream)
+        with self.device._errors("graph launch"):
+            self.graph.launch(stream=stream.s)
+
+
+class CupyStream(Stream):
+    def __init__(self, device: "CupyDevice", s: Any, *, legacy: bool = False):
+        self.device = device
+        self.s = s
+        self.legacy = legacy
+        self.label = "legacy" if legacy else f"stream@0x{s.ptr:x}"
+        self._since_sync: list[str] = []
+        self._capture_keep: list[Any] | None = None
+
+    def _hold_alloc(self, size: int) -> Any:
+        mp = self.device.xp.get_default_memory_pool().malloc(size)
+        assert self._capture_keep is not None
+        self._capture_keep.append(mp)
+        return mp
+
+    def __repr__(self) -> str:
+        return f"<CupyStream {self.label}>"
+
+    def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
+        dev = self.device
+        dev._check()
+        xs = [dev._as_cupy(a) for a in arrays]
+        hold = (
+            dev.xp.cuda.using_allocator(self._hold_alloc)
+            if self._capture_keep is not None
+            else contextlib.nullcontext()
+        )
+        with dev._errors(f"launch {kernel.name}"), self.s, hold:
+            try:
+                kernel.run(dev.xp, xs, dict(scalars or {}))
+            except NotImplementedError as exc:
+                if "capture" in str(exc):
+                    raise CublasDuringCapture(f"kernel {kernel.name!r}: {exc}") from exc
+                raise
+        self._since_sync.append(kernel.name)
+        del self._since_sync[:-32]
+
+    def record(self, event: Event) -> None:
+        assert isinstance(event, CupyEvent)
+        with self.device._errors("event record"):
+            event.ev.record(self.s)
+
+    def wait(self, event: Event) -> None:
+        assert isinstance(event, CupyEvent)
+        with self.device._errors("stream wait event"):
+            self.s.wait_event(event.ev)
+
+    def synchronize(self) -> None:
+        with self.device._errors(f"synchronize {self.label}", syncing=True, stream=self):
+            self.s.synchronize()
+        self._since_sync.clear()
+
+    def query(self) -> bool:
+        with self.device._errors(f"query {self.label}"):
+            return bool(self.s.done)
+
+    @property
+    def is_capturing(self) -> bool:
+        if self.legacy:
+            return False
+        with self.device._errors("capture status"):
+            return bool(self.s.is_capturing())
+
+    def begin_capture(self) -> None:
+        with self.device._errors("begin_capture"), self.s:
+            self.s.begin_capture()
+        self._capture_keep = []
+
+    def end_capture(self) -> Graph:
+        keep, self._capture_keep = self._capture_keep or [], None
+        with self.device._errors("end_capture"), self.s:
+            return CupyGraph(self.device, self.s.end_capture(), keep)
+
+
+class CupyDevice(Device):
+    name = "cupy"
+
+    def __init__(self, device_id: int = 0):
+        import cupy
+
+        self.xp = cupy
+        self.device_id = device_id
+        cupy.cuda.Device(device_id).use()
+        self._sticky: BaseException | None = None
+        self._legacy = CupyStream(self, cupy.cuda.Stream.null, legacy=True)
+        self._streams: list[CupyStream] = []
+        self._vmm: Any = None
+        self.granularity = 2 << 20
+        self.props = cupy.cuda.runtime.getDeviceProperties(device_id)
+
+    def __repr__(self) -> str:
+        name = self.props["name"]
+        return f"<CupyDevice {name.decode() if isinstance(name, bytes) else name}>"
+
+    # -- errors
+    @property
+    def sticky_error(self) -> BaseException | None:
+        return self._sticky
+
+    def _check(self) -> None:
+        if self._sticky is not None:
+            raise self._sticky
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, *, syncing: bool = False, stream: CupyStream | None = None) -> Iterator[None]:
+        from cupy.cuda import driver, runtime
+
+        self._check()
+        try:
+            yield
+        except (runtime.CUDARuntimeError, driver.CUDADriverError) as exc:
+            err = self._translate(exc, what, isinstance(exc, driver.CUDADriverError), stream)
+            if err.sticky:
+                self._sticky = err
+            raise err from exc
+        except RuntimeError as exc:
+            if "is capturing" in str(exc) and not isinstance(exc, CudaError):
+                raise CaptureD2HRefused(f"{what}: {exc}") from exc
+            raise
+
+    def _translate(self, exc: Exception, what: str, driver: bool, stream: CupyStream | None) -> CudaError:
+        text = str(exc)
+        name = text.split(":", 1)[0].strip()
+        status = getattr(exc, "status", None)
+        if name in _NAMES:
+            err: CudaError = _NAMES[name](f"{what}: {text}")
+        elif status is not None:
+            err = from_cuda_status(int(status), f"{what}: {text}", driver=driver)
+        else:
+            err = CudaError(f"{what}: {text}")
+        if err.sticky:
+            launched = [k for s in self._streams for k in s._since_sync]
+            err = type(err)(f"{what}: {text}; kernels launched since the last synchronisation: {launched}")
+        return err
+
+    # -- streams
+    def stream(self, *, legacy: bool = False) -> CupyStream:
+        import cupy
+
+        self._check()
+        if legacy:
+            return self._legacy
+        s = CupyStream(self, cupy.cuda.Stream(non_blocking=True))
+        self._streams.append(s)
+        return s
+
+    def event(self) -> CupyEvent:
+        self._check()
+        return CupyEvent(self)
+
+    def synchronize(self) -> None:
+        with self._errors("device synchronize", syncing=True):
+            self.xp.cuda.runtime.deviceSynchronize()
+        for s in self._streams:
+            s._since_sync.clear()
+
+    # -- pool memory
+    def malloc(self, nbytes: int) -> Buffer:
+        if nbytes < 0:
+            raise InvalidValue(f"malloc of {nbytes} bytes")
+        with self._errors("malloc"):
+            mp = self.xp.cuda.alloc(max(nbytes, 1))
+        return Buffer(mp.ptr, nbytes, self, handle=mp)
+
+    def free(self, buffer: Buffer) -> None:
+        self._check()
+        check_buffer(self, buffer)
+        if getattr(buffer, "_vmm", False):
+            raise InvalidValue(f"{buffer!r} is a virtual-memory mapping; unmap it with mem_unmap", subject=buffer)
+        buffer.freed = True
+        buffer.handle = None  # the last reference: CuPy's pool takes the memory back
+
+    def _as_cupy(self, ref: ArrayRef) -> Any:
+        buf = ref.buffer
+        if buf.freed or buf.handle is None:
+            # The runtime refuses freed tensors before this; a raw freed Buffer reaching a launch
+            # is a use-after-free: CuPy's pool would hand out live memory, so refuse here.
+            raise InvalidValue(f"{buf!r} was freed", subject=buf)
+        return self.xp.ndarray(ref.shape, ref.dtype, memptr=buf.handle + ref.offset)
+
+    # -- copies
+    def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None:
+        assert isinstance(stream, CupyStream)
+        data = np.ascontiguousarray(np.asarray(host, dtype=dst.dtype))
+        if data.shape != tuple(dst.shape):
+            raise InvalidValue(f"host array of shape {data.shape} does not fit {dst!r}", subject=dst)
+        with self._errors("memcpy HtoD"):
+            self._as_cupy(dst).set(data, stream=stream.s)
+
+    def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
+        assert isinstance(stream, CupyStream)
+        with self._errors("memcpy DtoH", syncing=True, stream=stream):
+            return self._as_cupy(src).get(stream=stream.s)
+
+    def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
+        assert isinstance(stream, CupyStream)
+        if dst.nbytes != src.nbytes:
+            raise InvalidValue(f"D2D copy of {src.nbytes} bytes into {dst.nbytes} bytes", subject=dst)
+        rt = self.xp.cuda.runtime
+        with self._errors("memcpy DtoD"):
+            rt.memcpyAsync(dst.addr, src.addr, src.nbytes, rt.memcpyDeviceToDevice, stream.s.ptr)
+
+    # -- virtual memory management (CUDA driver API through cuda-bindings)
+    def _drv(self) -> Any:
+        if self._vmm is None:
+            from cuda.bindings import driver as cu
+
+            prop = cu.CUmemAllocationProp()
+            prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            prop.location.id = self.device_id
+            access = cu.CUmemAccessDesc()
+            access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            access.location.id = self.device_id
+            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            self._vmm = (cu, prop, access)
+            gran = self._call(
+                "cuMemGetAllocationGranularity",
+                cu.cuMemGetAllocationGranularity,
+                prop,
+                cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+            self.granularity = int(gran)
+        return self._vmm
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        self._check()
+        from cuda.bindings import driver as cu
+
+        out = fn(*args)
+        res, rest = out[0], out[1:]
+        if res != cu.CUresult.CUDA_SUCCESS:
+            err = from_cuda_status(int(res), f"{what}: {res.name}", driver=True)
+            if err.sticky:
+                self._sticky = err
+            raise err
+        return rest[0] if len(rest) == 1 else rest
+
+    def _check_granules(self, size: int, what: str) -> None:
+        self._drv()
+        if size <= 0 or size % self.granularity:
+            raise InvalidValue(f"{what} size {size} is not a positive multiple of the granularity {self.granularity}")
+
+    def reserve(self, size: int) -> int:
+        self._check_granules(size, "reserve")
+        cu = self._drv()[0]
+        return int(self._call("cuMemAddressReserve", cu.cuMemAddressReserve, size, 0, 0, 0))
+
+    def mem_create(self, size: int) -> Any:
+        self._check_granules(size, "mem_create")
+        cu, prop, _ = self._drv()
+        return (self._call("cuMemCreate", cu.cuMemCreate, size, prop, 0), size)
+
+    def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
+        cu, _, access = self._drv()
+        if handle[1] != size:
+            raise InvalidValue(f"mem_map size {size} differs from the handle's {handle[1]}")
+        ptr = cu.CUdeviceptr(va)
+        self._call("cuMemMap", cu.cuMemMap, ptr, size, 0, handle[0], 0)
+        self._call("cuMemSetAccess", cu.cuMemSetAccess, ptr, size, [access], 1)
+        mem = self.xp.cuda.UnownedMemory(va, size, self, self.device_id)
+        buf = Buffer(va, size, self, handle=self.xp.cuda.MemoryPointer(mem, 0))
+        buf._vmm = True  # type: ignore[attr-defined]
+        return buf
+
+    def mem_unmap(self, va: int, size: int) -> None:
+        cu = self._drv()[0]
+        self._call("cuMemUnmap", cu.cuMemUnmap, cu.CUdeviceptr(va), size)
+
+    def mem_release(self, handle: Any) -> None:
+        cu = self._drv()[0]
+        self._call("cuMemRelease", cu.cuMemRelease, handle[0])
+
+    def address_free(self, va: int, size: int) -> None:
+        cu = self._drv()[0]
+        self._call("cuMemAddressFree", cu.cuMemAddressFree, cu.CUdeviceptr(va), size)

@@ -1,0 +1,553 @@
+"""The simulated device: numpy memory behind an asynchronous, lazily executed CUDA model.
+
+What it models, and how (each row is observable and reproduced on the H200 by the parity scenarios
+in ``contracts.parity``):
+
+- Streams are in-order queues. Nothing executes at enqueue. Work executes *on demand*: a
+  synchronising call executes exactly the work it must wait for (its stream's queue, plus the
+  event records that queue waits on), and nothing else. Work that no synchronisation orders is
+  therefore never executed early, which is what turns a missing barrier into a deterministic
+  wrong answer or fault instead of a timing-dependent one. A stream whose queue passes
+  ``queue_bound`` executes its oldest entry at the next enqueue, like a full launch queue.
+- Memory is a virtual address space. Pool allocations (``malloc``) and virtual-memory mappings
+  (``reserve``/``mem_create``/``mem_map``) are both mappings of physical backing at addresses;
+  ``free`` and ``mem_unmap`` remove the mapping at once. Kernels name *addresses*; they are resolved
+  when the work executes, so a kernel that executes after its memory was freed or unmapped faults
+  with ``IllegalAddress`` (a pool address reused by a new allocation is read as that allocation's
+  bytes, as on a GPU). New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+- Sticky errors: a fault is latched when the faulting work executes, every queue is discarded
+  (the context is dead), and every later call raises it, naming the kernel that faulted.
+- Capture: the outcomes of cuda-semantics.md (synchronize/device-synchronize raise
+  ``StreamCaptureUnsupported`` and invalidate; a stream query invalidates silently; D2H and cuBLAS
+  are refused without invalidating; kernels, D2D copies, event records and allocations are fine;
+  the legacy stream cannot capture). Graphs bake addresses; a replay resolves them when it executes.
+
+Deliberate strictness beyond a GPU: a kernel that reads freed *pool* memory nobody reallocated
+faults here, where CuPy's pool would keep the memory mapped and return stale bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kernels._kernel import Kernel
+
+from ..errors import (
+    CaptureD2HRefused,
+    CaptureUnmodelled,
+    CublasDuringCapture,
+    IllegalAddress,
+    IllegalState,
+    InvalidValue,
+    LaunchFailure,
+    StreamCaptureInvalidated,
+    StreamCaptureUnsupported,
+)
+from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
+from ._hazards import HazardTracker
+
+__all__ = ["SimDevice"]
+
+POOL_BASE = 0x7000_0000_0000
+VMM_BASE = 0x7F00_0000_0000
+POOL_ALIGN = 512
+POISON = 0xFF
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # kernel | h2d | d2h | d2d | record | wait | graph
+    stream: "SimStream"
+    seq: int
+    payload: dict[str, Any]
+    done: bool = False
+    vc: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Mapping:
+    start: int
+    size: int
+    backing: np.ndarray  # uint8
+    kind: str  # pool | vmm
+
+
+@dataclass
+class _Capture:
+    nodes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    invalidated: str | None = None
+
+
+def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
+    # Bake the address, not the Buffer object: this is what a CUDA graph or a queued launch holds.
+    return (ref.addr, tuple(ref.shape), np.dtype(ref.dtype))
+
+
+def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
+    return [(f"kernel {kernel.name!r}", ref, i in kernel.writes) for i, ref in enumerate(refs)]
+
+
+class SimEvent(Event):
+    def __init__(self, device: "SimDevice"):
+        self.device = device
+        self._last_record: _Op | None = None
+
+    def query(self) -> bool:
+        self.device._check()
+        rec = self._last_record
+        if rec is not None and rec.done:
+            self.device._observed(rec.vc)
+        return rec is None or rec.done
+
+    def synchronize(self) -> None:
+        self.device._check()
+        rec = self._last_record
+        if rec is not None:
+            self.device._run_through(rec)
+            self.device._check()
+            self.device._observed(rec.vc)
+
+
+class SimGraph(Graph):
+    def __init__(self, device: "SimDevice", nodes: list[tuple[str, dict[str, Any]]]):
+        self.device = device
+        self.nodes = list(nodes)
+
+    def launch(self, stream: Stream) -> None:
+        assert isinstance(stream, SimStream)
+        if stream.is_capturing:
+            raise CaptureUnmodelled("launching a graph into a capturing stream is not modelled")
+        accesses = []
+        for kind, node in self.nodes:
+            if kind == "kernel":
+                accesses += _kernel_accesses(node["kernel"], node["refs"])
+            elif kind == "d2d":
+                accesses += [("graph memcpy DtoD", node["dst"], True), ("graph memcpy DtoD", node["src"], False)]
+        stream._enqueue("graph", accesses, nodes=self.nodes)
+
+    def __repr__(self) -> str:
+        return f"<SimGraph {len(self.nodes)} nodes>"
+
+
+class SimStream(Stream):
+    def __init__(self, device: "SimDevice", *, legacy: bool = False, label: str = ""):
+        self.device = device
+        self.legacy = legacy
+        self.index = next(device._stream_ids)
+        self.label = label or ("legacy" if legacy else f"stream{self.index}")
+        self.vc: dict[int, int] = {}
+        self.queue: deque[_Op] = deque()
+        self._capture: _Capture | None = None
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.label} queued={len(self.queue)}>"
+
+    # -- enqueue
+    def _enqueue(self, kind: str, accesses: list[tuple[str, tuple, bool]] = (), **payload: Any) -> _Op:  # type: ignore[assignment]
+        dev = self.device
+        op = _Op(kind, self, next(dev._seq), payload)
+        if dev.race_check:
+            op.vc = dev._hz.enqueue(self, [dev._access(who, ref, write) for who, ref, write in accesses])
+        self.queue.append(op)
+        if len(self.queue) > dev.queue_bound:
+            dev._run_through(self.queue[0])
+        return op
+
+    def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
+        self.device._check()
+        scalars = dict(scalars or {})
+        refs = [_node_payload(a) for a in arrays]
+        if self._capture is not None:
+            if kernel.uses_cublas:
+                raise CublasDuringCapture(
+                    f"kernel {kernel.name!r} calls cuBLAS, which is unsupported during stream capture"
+                )
+            self._capture.nodes.append(("kernel", dict(kernel=kernel, refs=refs, scalars=scalars)))
+            return
+        self._enqueue("kernel", _kernel_accesses(kernel, refs), kernel=kernel, refs=refs, scalars=scalars)
+
+    def record(self, event: Event) -> None:
+        self.device._check()
+        assert isinstance(event, SimEvent)
+        if self._capture is not None:
+            self._capture.nodes.append(("record", dict(event=event)))
+            return
+        event._last_record = self._enqueue("record", event=event)
+
+    def wait(self, event: Event) -> None:
+        self.device._check()
+        assert isinstance(event, SimEvent)
+        if self._capture is not None:
+            raise CaptureUnmodelled("waiting on an event during capture is not modelled by the simulated device")
+        rec = event._last_record
+        if rec is not None:
+            if self.device.race_check:
+                self.device._hz.wait(self, rec.vc)
+            if not rec.done:
+                self._enqueue("wait", target=rec)
+
+    # -- host-side
+    def synchronize(self) -> None:
+        self.device._check()
+        if self._capture is not None:
+            self._capture.invalidated = "stream synchronize during capture"
+            raise StreamCaptureUnsupported(f"synchronize on {self.label} while it is capturing", subject=self)
+        if self.queue:
+            self.device._run_through(self.queue[-1])
+        self.device._check()
+        self.device._observed(self.vc)
+
+    def query(self) -> bool:
+        self.device._check()
+        if self._capture is not None:
+            # cudaStreamQuery on a capturing stream: no error at the call, the capture is invalidated.
+            self._capture.invalidated = "stream query during capture"
+            return False
+        if not self.queue:
+            self.device._observed(self.vc)
+        return not self.queue
+
+    @property
+    def pending(self) -> int:
+        """Number of queued, not yet executed entries (a test hook; the GPU has no equivalent)."""
+        return len(self.queue)
+
+    # -- capture
+    @property
+    def is_capturing(self) -> bool:
+        return self._capture is not None
+
+    def begin_capture(self) -> None:
+        self.device._check()
+        if self.legacy:
+            raise StreamCaptureUnsupported("capture on the legacy default stream is not allowed", subject=self)
+        if self._capture is not None:
+            raise IllegalState(f"{self.label} is already capturing", subject=self)
+        self._capture = _Capture()
+
+    def end_capture(self) -> Graph:
+        self.device._check()
+        cap = self._capture
+        if cap is None:
+            raise IllegalState(f"end_capture on {self.label}, which is not capturing", subject=self)
+        self._capture = None
+        if cap.invalidated:
+            raise StreamCaptureInvalidated(f"capture on {self.label} was invalidated by a {cap.invalidated}", subject=self)
+        return SimGraph(self.device, cap.nodes)
+
+
+class SimDevice(Device):
+    """A numpy-backed device with CUDA's asynchronous semantics. See the module docstring."""
+
+    name = "sim"
+    xp = np
+
+    def __init__(self, *, queue_bound: int = 1024, granularity: int = 2 << 20, race_check: bool = True):
+        self.queue_bound = queue_bound
+        self.race_check = race_check
+        self._hz = HazardTracker()
+        self.granularity = granularity
+        self._seq = itertools.count()
+        self._stream_ids = itertools.count()
+        self._streams: list[SimStream] = []
+        self._legacy = SimStream(self, legacy=True)
+        self._starts: list[int] = []
+        self._maps: dict[int, _Mapping] = {}
+        self._pool_free: list[tuple[int, int]] = []  # sorted (start, size) holes below _pool_top
+        self._pool_top = POOL_BASE
+        self._pool_sizes: dict[int, int] = {}
+        self._vmm_top = VMM_BASE
+        self._reserved: dict[int, int] = {}
+        self._phys_ids = itertools.count(1)
+        self._sticky: BaseException | None = None
+        self.executed: list[str] = []  # names of executed kernels, for tests and diagnostics
+
+    def __repr__(self) -> str:
+        return f"<SimDevice streams={len(self._streams)} mappings={len(self._maps)}>"
+
+    # -- sticky errors
+    @property
+    def sticky_error(self) -> BaseException | None:
+        return self._sticky
+
+    def _check(self) -> None:
+        if self._sticky is not None:
+            raise self._sticky
+
+    def _latch(self, err: BaseException) -> None:
+        self._sticky = err
+        for s in [self._legacy, *self._streams]:
+            s.queue.clear()
+
+    # -- streams
+    def stream(self, *, legacy: bool = False) -> SimStream:
+        self._check()
+        if legacy:
+            return self._legacy
+        s = SimStream(self)
+        self._streams.append(s)
+        return s
+
+    def event(self) -> SimEvent:
+        self._check()
+        return SimEvent(self)
+
+    def _capturing(self) -> list[SimStream]:
+        return [s for s in self._streams if s._capture is not None]
+
+    def synchronize(self) -> None:
+        self._check()
+        capturing = self._capturing()
+        if capturing:
+            for s in capturing:
+                s._capture.invalidated = "device synchronize during capture"  # type: ignore[union-attr]
+            raise StreamCaptureUnsupported("device synchronize while a stream is capturing", subject=capturing[0])
+        while True:
+            heads = [s.queue[0] for s in [self._legacy, *self._streams] if s.queue]
+            if not heads or self._sticky is not None:
+                break
+            self._run_through(min(heads, key=lambda op: op.seq))
+        self._check()
+        for s in [self._legacy, *self._streams]:
+            self._observed(s.vc)
+
+    def _observed(self, vc: dict[int, int]) -> None:
+        if self.race_check:
+            self._hz.observed(vc)
+
+    def _access(self, who: str, ref: tuple, write: bool) -> tuple[int, int, int, bool, str]:
+        addr, shape, dtype = ref
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        m = self._lookup(addr, max(nbytes, 1))
+        return (m.start if m is not None else addr, addr, addr + nbytes, write, who)
+
+    # -- execution
+    def _run_through(self, target: _Op) -> None:
+        """Execute ``target`` and exactly what it depends on: earlier work on its stream, and the
+        event records its waits name (transitively). Nothing else executes."""
+        while not target.done and self._sticky is None:
+            stream = target.stream
+            op = stream.queue[0]
+            if op.kind == "wait" and not op.payload["target"].done:
+                self._run_through(op.payload["target"])
+                continue
+            stream.queue.popleft()
+            self._execute(op)
+            op.done = True
+
+    def _execute(self, op: _Op) -> None:
+        p = op.payload
+        if op.kind == "kernel":
+            self._exec_kernel(p["kernel"], p["refs"], p["scalars"], op.stream)
+        elif op.kind == "graph":
+            for kind, node in p["nodes"]:
+                if self._sticky is not None:
+                    return
+                if kind == "kernel":
+                    self._exec_kernel(node["kernel"], node["refs"], node["scalars"], op.stream)
+                elif kind == "d2d":
+                    self._exec_copy(node["dst"], node["src"], op.stream)
+                # "record" nodes order nothing outside a graph launch in this model.
+        elif op.kind == "h2d":
+            view = self._resolve_or_fault(p["dst"], "memcpy HtoD", op.stream)
+            if view is not None:
+                view[...] = p["data"]
+        elif op.kind == "d2h":
+            view = self._resolve_or_fault(p["src"], "memcpy DtoH", op.stream)
+            if view is not None:
+                p["out"] = view.copy()
+        elif op.kind == "d2d":
+            self._exec_copy(p["dst"], p["src"], op.stream)
+        elif op.kind in ("record", "wait"):
+            pass
+        else:  # pragma: no cover - internal invariant
+            raise AssertionError(op.kind)
+
+    def _exec_copy(self, dst, src, stream) -> None:
+        d = self._resolve_or_fault(dst, "memcpy DtoD", stream)
+        s = self._resolve_or_fault(src, "memcpy DtoD", stream)
+        if d is not None and s is not None:
+            d[...] = s
+
+    def _exec_kernel(self, kernel: Kernel, refs, scalars, stream) -> None:
+        arrays = []
+        for ref in refs:
+            view = self._resolve_or_fault(ref, f"kernel {kernel.name!r}", stream)
+            if view is None:
+                return
+            arrays.append(view)
+        try:
+            kernel.run(np, arrays, scalars)
+        except Exception as exc:  # a fault inside the body poisons the context like a GPU trap
+            self._latch(LaunchFailure(f"kernel {kernel.name!r} on {stream.label} failed: {exc!r}", subject=kernel))
+            return
+        self.executed.append(kernel.name)
+
+    # -- memory
+    def _lookup(self, addr: int, nbytes: int) -> _Mapping | None:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        m = self._maps[self._starts[i]]
+        return m if addr + nbytes <= m.start + m.size else None
+
+    def _resolve_or_fault(self, ref, what: str, stream) -> np.ndarray | None:
+        addr, shape, dtype = ref
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        m = self._lookup(addr, max(nbytes, 1))
+        if m is None:
+            self._latch(
+                IllegalAddress(
+                    f"{what} on {stream.label} touched 0x{addr:x}..0x{addr + nbytes:x}, which is not mapped",
+                    subject=(what, addr, nbytes),
+                )
+            )
+            return None
+        off = addr - m.start
+        return m.backing[off : off + nbytes].view(dtype).reshape(shape)
+
+    def _map(self, start: int, backing: np.ndarray, kind: str) -> None:
+        size = backing.nbytes
+        i = bisect.bisect_left(self._starts, start)
+        for j in (i - 1, i):
+            if 0 <= j < len(self._starts):
+                m = self._maps[self._starts[j]]
+                if m.start < start + size and start < m.start + m.size:
+                    raise InvalidValue(f"mapping 0x{start:x}+{size} overlaps the mapping at 0x{m.start:x}")
+        bisect.insort(self._starts, start)
+        self._maps[start] = _Mapping(start, size, backing, kind)
+
+    def _unmap(self, start: int) -> _Mapping:
+        m = self._maps.pop(start)
+        self._starts.remove(start)
+        return m
+
+    def malloc(self, nbytes: int) -> Buffer:
+        self._check()
+        if nbytes < 0:
+            raise InvalidValue(f"malloc of {nbytes} bytes")
+        size = _round_up(max(nbytes, 1), POOL_ALIGN)
+        start = None
+        for i, (s, n) in enumerate(self._pool_free):  # first fit, lowest address: reuse is predictable
+            if n >= size:
+                start = s
+                if n == size:
+                    del self._pool_free[i]
+                else:
+                    self._pool_free[i] = (s + size, n - size)
+                break
+        if start is None:
+            start = self._pool_top
+            self._pool_top += size
+        self._map(start, np.full(size, POISON, dtype=np.uint8), "pool")
+        self._pool_sizes[start] = size
+        return Buffer(start, nbytes, self, handle="pool")
+
+    def free(self, buffer: Buffer) -> None:
+        self._check()
+        check_buffer(self, buffer)
+        if buffer.handle != "pool":
+            raise InvalidValue(f"{buffer!r} is a virtual-memory mapping; unmap it with mem_unmap", subject=buffer)
+        buffer.freed = True
+        self._unmap(buffer.addr)
+        size = self._pool_sizes.pop(buffer.addr)
+        holes = self._pool_free + [(buffer.addr, size)]
+        holes.sort()
+        merged: list[tuple[int, int]] = []
+        for s, n in holes:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self._pool_free = merged
+
+    # -- virtual memory management
+    def _check_granules(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise InvalidValue(f"{what} size {size} is not a positive multiple of the granularity {self.granularity}")
+
+    def reserve(self, size: int) -> int:
+        self._check()
+        self._check_granules(size, "reserve")
+        va = self._vmm_top
+        self._vmm_top += size + self.granularity  # a guard granule between reservations
+        self._reserved[va] = size
+        return va
+
+    def mem_create(self, size: int) -> Any:
+        self._check()
+        self._check_granules(size, "mem_create")
+        return ("phys", next(self._phys_ids), np.full(size, POISON, dtype=np.uint8))
+
+    def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
+        self._check()
+        backing = handle[2]
+        if backing.nbytes != size:
+            raise InvalidValue(f"mem_map size {size} differs from the handle's {backing.nbytes}")
+        if not any(r <= va and va + size <= r + n for r, n in self._reserved.items()):
+            raise InvalidValue(f"mem_map at 0x{va:x}+{size} is outside every reserved range")
+        self._map(va, backing, "vmm")
+        return Buffer(va, size, self, handle="vmm")
+
+    def mem_unmap(self, va: int, size: int) -> None:
+        self._check()
+        m = self._maps.get(va)
+        if m is None or m.kind != "vmm" or m.size != size:
+            raise InvalidValue(f"mem_unmap 0x{va:x}+{size}: no mapping of that range")
+        self._unmap(va)
+
+    def mem_release(self, handle: Any) -> None:
+        self._check()  # backing lives on while mapped, as with cuMemRelease
+
+    def address_free(self, va: int, size: int) -> None:
+        self._check()
+        if self._reserved.get(va) != size:
+            raise InvalidValue(f"address_free 0x{va:x}+{size}: no such reservation")
+        if any(va <= s < va + size for s in self._starts):
+            raise InvalidValue(f"address_free 0x{va:x}+{size}: range still has mappings")
+        del self._reserved[va]
+
+    # -- copies
+    def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None:
+        self._check()
+        assert isinstance(stream, SimStream)
+        data = np.array(host, dtype=dst.dtype, copy=True)
+        if data.shape != tuple(dst.shape):
+            raise InvalidValue(f"host array of shape {data.shape} does not fit {dst!r}", subject=dst)
+        if stream.is_capturing:
+            raise CaptureUnmodelled("a host-to-device copy during capture is not modelled")
+        ref = _node_payload(dst)
+        stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
+
+    def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
+        self._check()
+        assert isinstance(stream, SimStream)
+        if stream.is_capturing:
+            raise CaptureD2HRefused("the current stream is capturing, so D2H transfers are disallowed")
+        ref = _node_payload(src)
+        op = stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref)
+        self._run_through(op)
+        self._check()
+        self._observed(op.vc)
+        return op.payload["out"]
+
+    def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
+        self._check()
+        assert isinstance(stream, SimStream)
+        if dst.nbytes != src.nbytes:
+            raise InvalidValue(f"D2D copy of {src.nbytes} bytes into {dst.nbytes} bytes", subject=dst)
+        if stream._capture is not None:
+            stream._capture.nodes.append(("d2d", dict(dst=_node_payload(dst), src=_node_payload(src))))
+            return
+        d, s_ = _node_payload(dst), _node_payload(src)
+        stream._enqueue("d2d", [("memcpy DtoD", d, True), ("memcpy DtoD", s_, False)], dst=d, src=s_)

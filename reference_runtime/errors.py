@@ -1,0 +1,169 @@
+"""Exceptions named after the CUDA errors they mirror.
+
+Every device-level failure in lockstep is one of these, on both devices: the simulated device
+raises them directly, the CuPy device translates ``CUDARuntimeError``/``CUDADriverError`` status
+codes into them (``from_cuda_status``). Tests and parity scenarios compare exception *classes*, so
+a class is the observable outcome of a failing call.
+
+Sticky errors (``sticky = True``) poison the device context: the first synchronising call after
+the fault raises them, and every later call on that device raises them again until the device is
+rebuilt (a new process on a real GPU).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CudaError",
+    "InvalidValue",
+    "InvalidResourceHandle",
+    "IllegalState",
+    "IllegalAddress",
+    "LaunchFailure",
+    "StreamCaptureUnsupported",
+    "StreamCaptureInvalidated",
+    "CaptureD2HRefused",
+    "CublasDuringCapture",
+    "DeviceAssert",
+    "UseAfterFree",
+    "CaptureUnmodelled",
+    "StreamOrderRace",
+    "from_cuda_status",
+]
+
+
+class CudaError(RuntimeError):
+    """Base of every error a lockstep device or runtime raises for a failed device operation."""
+
+    cuda_name = "cudaErrorUnknown"
+    status = 999
+    sticky = False
+
+    def __init__(self, message: str, *, subject: object | None = None):
+        super().__init__(f"{self.cuda_name}: {message}")
+        self.subject = subject
+
+
+class InvalidValue(CudaError):
+    """An argument was invalid: an unknown slot, a double free, a foreign buffer (cudaErrorInvalidValue)."""
+
+    cuda_name = "cudaErrorInvalidValue"
+    status = 1
+
+
+class UseAfterFree(InvalidValue):
+    """A runtime handle was used after it was freed; refused before anything reached the device."""
+
+
+class InvalidResourceHandle(CudaError):
+    """An empty or destroyed graph, stream or event was used (cudaErrorInvalidResourceHandle)."""
+
+    cuda_name = "cudaErrorInvalidResourceHandle"
+    status = 400
+
+
+class IllegalState(CudaError):
+    """The call is not legal in the current state, e.g. ``end_capture`` without ``begin`` (cudaErrorIllegalState)."""
+
+    cuda_name = "cudaErrorIllegalState"
+    status = 401
+
+
+class IllegalAddress(CudaError):
+    """A kernel touched memory that is not mapped at execution time (cudaErrorIllegalAddress). Sticky."""
+
+    cuda_name = "cudaErrorIllegalAddress"
+    status = 700
+    sticky = True
+
+
+class LaunchFailure(CudaError):
+    """A kernel failed while executing (cudaErrorLaunchFailure). Sticky."""
+
+    cuda_name = "cudaErrorLaunchFailure"
+    status = 719
+    sticky = True
+
+
+class DeviceAssert(CudaError):
+    """The runtime's device error latch was set by a kernel (mirrors cudaErrorAssert, but resettable).
+
+    Unlike CUDA's device-side assert this is not sticky for the context: it stays raised at every
+    synchronising read until ``Runtime.reset_error_latch()``.
+    """
+
+    cuda_name = "cudaErrorAssert"
+    status = 710
+
+
+class StreamCaptureUnsupported(CudaError):
+    """A synchronising call was made while a stream was capturing (cudaErrorStreamCaptureUnsupported)."""
+
+    cuda_name = "cudaErrorStreamCaptureUnsupported"
+    status = 900
+
+
+class StreamCaptureInvalidated(CudaError):
+    """``end_capture`` of a capture that an earlier illegal call invalidated (cudaErrorStreamCaptureInvalidated)."""
+
+    cuda_name = "cudaErrorStreamCaptureInvalidated"
+    status = 901
+
+
+class CaptureD2HRefused(RuntimeError):
+    """A device-to-host read was asked for during capture; refused before CUDA, capture stays valid.
+
+    Mirrors CuPy's own ``RuntimeError('the current stream is capturing, so D2H transfers are
+    disallowed')``, which is raised before any CUDA call and so does not invalidate the capture.
+    """
+
+    cuda_name = "cupy:D2HDuringCapture"
+
+
+class CublasDuringCapture(NotImplementedError):
+    """A cuBLAS-backed call was made during capture; CuPy refuses it before calling cuBLAS."""
+
+    cuda_name = "cupy:cuBLASDuringCapture"
+
+
+class CaptureUnmodelled(NotImplementedError):
+    """The simulated device was asked for a capture-time operation whose CUDA outcome it does not model."""
+
+    cuda_name = "lockstep:unmodelled"
+
+
+class StreamOrderRace(CudaError):
+    """Two streams touch the same bytes (one writing) with nothing ordering them (simulated device only).
+
+    CUDA has no such error: on a GPU the program just races. The simulated device reports it at the
+    enqueue that completes the race, like compute-sanitizer's racecheck does for shared memory.
+    """
+
+    cuda_name = "lockstep:StreamOrderRace"
+    status = -1
+
+
+_BY_STATUS = {
+    cls.status: cls
+    for cls in (
+        InvalidValue,
+        InvalidResourceHandle,
+        IllegalState,
+        IllegalAddress,
+        LaunchFailure,
+        DeviceAssert,
+        StreamCaptureUnsupported,
+        StreamCaptureInvalidated,
+    )
+}
+# Driver API codes that differ from runtime API codes for the same condition.
+_DRIVER_ALIASES = {201: InvalidValue, 400: InvalidResourceHandle, 700: IllegalAddress, 719: LaunchFailure}
+
+
+def from_cuda_status(status: int, message: str, *, driver: bool = False) -> CudaError:
+    """Translate a CUDA status code into the lockstep exception that mirrors it."""
+    cls = (_DRIVER_ALIASES if driver else _BY_STATUS).get(status) or _BY_STATUS.get(status)
+    if cls is None:
+        err = CudaError(f"status {status}: {message}")
+        err.status = status
+        return err
+    return cls(message)

@@ -1,0 +1,430 @@
+"""The runtime: one per device, the only way executor code touches a device.
+
+Primitives and the guarantee each gives (call the one whose guarantee you need; never rely on a
+side effect of another):
+
+``launch``           enqueue a kernel on the compute stream and return; kernel-to-kernel order on
+                     that stream is guaranteed with no host synchronisation.
+``synchronize()``    *public, may be a no-op*: with eager-sync deferral on (the default) it does
+                     nothing; with it off it drains both streams and reads the error latch. Never
+                     use it as a barrier: inside a capture it is a no-op under deferral and a
+                     capture-invalidating ``StreamCaptureUnsupported`` without.
+``download``         device-to-host: always sees completed data, whatever the deferral setting
+                     (a private forced synchronise drains both streams first), then reads the
+                     error latch. Refused inside a capture without invalidating it.
+``copy``             device-to-device: eager, on the copy stream after a forced synchronise;
+                     inside a capture, a graph node on the compute stream.
+``drain_for_unmap``  THE barrier before freeing or unmapping memory a queued kernel may read:
+                     drains compute and copy streams unconditionally, ignoring deferral. Refused
+                     inside a capture (``StreamCaptureUnsupported``, the capture stays valid). It
+                     does not raise on a set error latch: a barrier must not be blocked by it.
+``free``             stream-ordered release: the memory goes back to the device only once every
+                     queued reader on both streams has executed; until then it cannot be reused.
+``begin/end/abort_capture(slot)``, ``replay(slot)``, ``reset(slot)``: graph slots PRIMARY and
+                     VERIFY with independent lifecycles; one capture at a time on the compute stream.
+``error_latch``      a device int32[2] that kernels set ([1, site]) instead of reading values back;
+                     read at synchronising points (``download``, a real ``synchronize``), raised
+                     as ``DeviceAssert`` naming the site, sticky until ``reset_error_latch()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kernels import primitives
+from kernels._kernel import Kernel
+
+from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
+from .config import RuntimeConfig
+from .errors import (
+    CaptureD2HRefused,
+    DeviceAssert,
+    IllegalState,
+    InvalidResourceHandle,
+    InvalidValue,
+    StreamCaptureInvalidated,
+    StreamCaptureUnsupported,
+    UseAfterFree,
+)
+
+__all__ = ["Runtime", "Tensor", "GraphSlot", "Counters"]
+
+
+class GraphSlot(enum.Enum):
+    PRIMARY = "primary"  # M=1 decode step
+    VERIFY = "verify"  # fixed-width M=k verify step
+
+    @classmethod
+    def parse(cls, slot: "GraphSlot | str") -> "GraphSlot":
+        if isinstance(slot, GraphSlot):
+            return slot
+        try:
+            return cls(str(slot).lower())
+        except ValueError:
+            raise InvalidValue(f"unknown graph slot {slot!r}; slots are {[s.value for s in cls]}", subject=slot) from None
+
+
+@dataclass
+class Counters:
+    launches: int = 0
+    captured_launches: int = 0
+    syncs_real: int = 0
+    syncs_deferred: int = 0
+    forced_syncs: int = 0
+    drains: int = 0
+    allocations: int = 0
+    frees: int = 0
+    frees_released: int = 0
+    downloads: int = 0
+    captures: int = 0
+    capture_aborts: int = 0
+    replays: int = 0
+    replays_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
+    captures_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
+
+
+class Tensor:
+    """A runtime-owned (or wrapped) typed device array."""
+
+    _ids = itertools.count()
+
+    def __init__(self, runtime: "Runtime", ref: ArrayRef, *, owned: bool, name: str = ""):
+        self.runtime = runtime
+        self.ref = ref
+        self.owned = owned
+        self.freed = False
+        self.name = name or f"t{next(self._ids)}"
+
+    shape = property(lambda self: self.ref.shape)
+    dtype = property(lambda self: np.dtype(self.ref.dtype))
+    addr = property(lambda self: self.ref.addr)
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return f"<Tensor {self.name} {self.dtype.name}{list(self.shape)} @0x{self.addr:x}{state}>"
+
+
+@dataclass
+class _SlotState:
+    graph: Graph | None = None
+
+
+@dataclass(eq=False)
+class _Resources:
+    """What a runtime owns on its device; kept apart so a finalizer can release it without the runtime."""
+
+    device: Device
+    compute: Stream
+    copy: Stream
+    live: dict[int, Buffer] = field(default_factory=dict)
+    pending: list[tuple[Buffer, Event]] = field(default_factory=list)
+
+
+def _release(res: _Resources) -> None:
+    """Finalizer: drain both streams (queued kernels may read our memory), then free it all."""
+    if res.device.sticky_error is not None or res.compute.is_capturing:
+        return  # a dead context or an open capture: nothing can be drained safely; leak instead
+    res.compute.synchronize()
+    res.copy.synchronize()
+    for buf in [b for b, _ in res.pending] + list(res.live.values()):
+        if not buf.freed:
+            res.device.free(buf)
+    res.pending.clear()
+    res.live.clear()
+
+
+class Runtime:
+    """One runtime per device. See the module docstring for the guarantee of each primitive."""
+
+    # Mutants replace this to model a runtime dropped without its drain.
+    _release_resources = staticmethod(_release)
+
+    def __init__(self, device: Device, config: RuntimeConfig | None = None):
+        self.device = device
+        self.config = config if config is not None else RuntimeConfig.from_env()
+        self.counters = Counters()
+        self._res = _Resources(device, device.stream(), device.stream())
+        self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in GraphSlot}
+        self._capturing: GraphSlot | None = None
+        self._frees_after_capture: list[Buffer] = []
+        self._sites: dict[int, str] = {}
+        self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
+        self.error_latch = self.empty((2,), np.int32, name="error_latch")
+        self.launch(primitives.fill, self.error_latch, value=0)
+
+    # -- streams
+    @property
+    def compute(self) -> Stream:
+        return self._res.compute
+
+    @property
+    def copy_stream(self) -> Stream:
+        return self._res.copy
+
+    def __repr__(self) -> str:
+        return f"<Runtime on {self.device.name} defer_eager_sync={self.config.defer_eager_sync}>"
+
+    # -- memory
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        self._reap()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buf = self.device.malloc(nbytes)
+        self._res.live[id(buf)] = buf
+        self.counters.allocations += 1
+        return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)
+
+    def wrap(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any, *, offset: int = 0, name: str = "") -> Tensor:
+        """A tensor over memory the runtime does not own (e.g. a virtual-memory mapping)."""
+        ref = ArrayRef(buffer, tuple(shape), np.dtype(dtype), offset)
+        if offset < 0 or offset + ref.nbytes > buffer.nbytes:
+            raise InvalidValue(f"{ref!r} does not fit in {buffer!r}", subject=buffer)
+        return Tensor(self, ref, owned=False, name=name)
+
+    def free(self, t: Tensor) -> None:
+        """Stream-ordered release: reusable only after every queued reader on both streams ran."""
+        self._check_live(t)
+        if not t.owned:
+            raise InvalidValue(f"{t!r} is not owned by this runtime; it cannot be freed here", subject=t)
+        t.freed = True
+        buf = t.ref.buffer
+        del self._res.live[id(buf)]
+        self.counters.frees += 1
+        if self._capturing is not None:
+            self._frees_after_capture.append(buf)
+            return
+        self._release_after_queued_work(buf)
+
+    def _release_after_queued_work(self, buf: Buffer) -> None:
+        done_copy = self.device.event()
+        self.copy_stream.record(done_copy)
+        self.compute.wait(done_copy)
+        done = self.device.event()
+        self.compute.record(done)
+        self._res.pending.append((buf, done))
+
+    def _reap(self) -> None:
+        """Give back pending frees whose queued readers have executed (a non-blocking query)."""
+        if self._capturing is not None:
+            return
+        keep = []
+        for buf, ev in self._res.pending:
+            if ev.query():
+                self.device.free(buf)
+                self.counters.frees_released += 1
+            else:
+                keep.append((buf, ev))
+        self._res.pending[:] = keep
+
+    @property
+    def pending_frees(self) -> int:
+        return len(self._res.pending)
+
+    def _check_live(self, t: Tensor) -> None:
+        if not isinstance(t, Tensor):
+            raise InvalidValue(f"expected a Tensor, got {type(t).__name__}", subject=t)
+        if t.runtime is not self:
+            raise InvalidValue(f"{t!r} belongs to another runtime", subject=t)
+        if t.freed:
+            raise UseAfterFree(f"{t!r} was freed", subject=t)
+
+    # -- launches
+    def launch(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> None:
+        for t in tensors:
+            self._check_live(t)
+        self.compute.launch(kernel, [t.ref for t in tensors], scalars)
+        self.counters.launches += 1
+        if self._capturing is not None:
+            self.counters.captured_launches += 1
+
+    def latch_site(self, name: str) -> int:
+        """Register a site (e.g. an ONNX node name) that may set the error latch; returns its id."""
+        for i, n in self._sites.items():
+            if n == name:
+                return i
+        i = len(self._sites) + 1
+        self._sites[i] = name
+        return i
+
+    def reset_error_latch(self) -> None:
+        self.launch(primitives.fill, self.error_latch, value=0)
+
+    # -- synchronisation
+    @property
+    def is_capturing(self) -> bool:
+        return self._capturing is not None
+
+    def synchronize(self) -> None:
+        """A no-op under eager-sync deferral; otherwise a real drain plus a latch read. Not a barrier."""
+        if self.config.defer_eager_sync:
+            self.counters.syncs_deferred += 1
+            return
+        self.counters.syncs_real += 1
+        self.compute.synchronize()  # inside a capture: StreamCaptureUnsupported, capture invalidated
+        self.copy_stream.synchronize()
+        self._reap()
+        self._raise_if_latched()
+
+    def _force_sync(self) -> None:
+        """Private: drain both streams whatever the deferral setting (for copies that need it)."""
+        if self._capturing is not None:
+            raise IllegalState("internal: forced synchronise requested inside a capture")
+        self.counters.forced_syncs += 1
+        self.compute.synchronize()
+        self.copy_stream.synchronize()
+
+    def drain_for_unmap(self) -> None:
+        """Unconditional drain of compute and copy streams; call it before freeing or unmapping
+        memory that a queued kernel may read. Ignores deferral; refused inside a capture."""
+        if self._capturing is not None:
+            raise StreamCaptureUnsupported(
+                f"drain_for_unmap inside a capture into slot {self._capturing.value}: "
+                "a drain cannot be recorded; unmap after end_capture",
+                subject=self._capturing,
+            )
+        self.counters.drains += 1
+        self.compute.synchronize()
+        self.copy_stream.synchronize()
+        self._reap()
+
+    # -- copies
+    def upload(self, host: Any, *, name: str = "") -> Tensor:
+        arr = np.ascontiguousarray(host)
+        t = self.empty(arr.shape, arr.dtype, name=name)
+        self.write(t, arr)
+        return t
+
+    def write(self, t: Tensor, host: Any) -> None:
+        """Host-to-device on the copy stream, ordered after queued compute work that may read ``t``
+        and before compute work enqueued later."""
+        self._check_live(t)
+        if self._capturing is not None:
+            raise StreamCaptureUnsupported(f"write to {t!r} during capture: host-to-device copies are not captured")
+        after_compute = self.device.event()
+        self.compute.record(after_compute)
+        self.copy_stream.wait(after_compute)
+        self.device.memcpy_htod_async(t.ref, np.asarray(host), self.copy_stream)
+        written = self.device.event()
+        self.copy_stream.record(written)
+        self.compute.wait(written)
+
+    def download(self, t: Tensor) -> np.ndarray:
+        """Device-to-host; always complete. Raises ``DeviceAssert`` if the error latch is set."""
+        self._check_live(t)
+        if self._capturing is not None:
+            raise CaptureD2HRefused(f"download of {t!r}: the compute stream is capturing, D2H is disallowed")
+        self._force_sync()
+        self._reap()
+        self._raise_if_latched()
+        self.counters.downloads += 1
+        return self.device.memcpy_dtoh(t.ref, self.copy_stream)
+
+    def copy(self, dst: Tensor, src: Tensor) -> None:
+        """Device-to-device. Eager: on the copy stream after a forced synchronise (so the source is
+        complete), with later compute work ordered after it. In a capture: a graph node on compute."""
+        self._check_live(dst)
+        self._check_live(src)
+        if self._capturing is not None:
+            self.device.memcpy_dtod_async(dst.ref, src.ref, self.compute)
+            return
+        self._force_sync()
+        self.device.memcpy_dtod_async(dst.ref, src.ref, self.copy_stream)
+        copied = self.device.event()
+        self.copy_stream.record(copied)
+        self.compute.wait(copied)
+
+    def _read_latch(self) -> np.ndarray:
+        return self.device.memcpy_dtoh(self.error_latch.ref, self.copy_stream)
+
+    def _raise_if_latched(self) -> None:
+        latch = self._read_latch()
+        if latch[0] != 0:
+            site = int(latch[1])
+            raise DeviceAssert(
+                f"device error latch set by {self._sites.get(site, f'unknown site {site}')!r}; "
+                "reset_error_latch() clears it",
+                subject=self._sites.get(site, site),
+            )
+
+    # -- capture into graph slots
+    def begin_capture(self, slot: GraphSlot | str) -> None:
+        slot = GraphSlot.parse(slot)
+        if self._capturing is not None:
+            raise IllegalState(f"already capturing into slot {self._capturing.value}", subject=slot)
+        self.compute.begin_capture()
+        self._slots[slot].graph = None  # re-capturing a slot replaces that slot's graph only
+        self._capturing = slot
+
+    def end_capture(self, slot: GraphSlot | str) -> None:
+        slot = GraphSlot.parse(slot)
+        if self._capturing is not slot:
+            what = "no capture is open" if self._capturing is None else f"slot {self._capturing.value} is capturing"
+            raise IllegalState(f"end_capture({slot.value}): {what}", subject=slot)
+        self._capturing = None
+        try:
+            graph = self.compute.end_capture()
+        finally:
+            self._flush_frees_after_capture()
+        self._slots[slot].graph = graph
+        self.counters.captures += 1
+        self.counters.captures_by_slot[slot.value] += 1
+
+    def abort_capture(self, slot: GraphSlot | str) -> None:
+        slot = GraphSlot.parse(slot)
+        if self._capturing is not slot:
+            raise IllegalState(f"abort_capture({slot.value}): that slot is not capturing", subject=slot)
+        self._capturing = None
+        try:
+            self.compute.end_capture()
+        except StreamCaptureInvalidated:
+            pass
+        finally:
+            self._flush_frees_after_capture()
+        self._slots[slot].graph = None
+        self.counters.capture_aborts += 1
+
+    def _flush_frees_after_capture(self) -> None:
+        for buf in self._frees_after_capture:
+            self._release_after_queued_work(buf)
+        self._frees_after_capture.clear()
+
+    def replay(self, slot: GraphSlot | str) -> None:
+        slot = GraphSlot.parse(slot)
+        graph = self._slots[slot].graph
+        if graph is None:
+            raise InvalidResourceHandle(f"replay({slot.value}): the slot holds no graph", subject=slot)
+        if self._capturing is not None:
+            raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)
+        graph.launch(self.compute)
+        self.counters.replays += 1
+        self.counters.replays_by_slot[slot.value] += 1
+
+    def reset(self, slot: GraphSlot | str) -> None:
+        slot = GraphSlot.parse(slot)
+        if self._capturing is slot:
+            raise IllegalState(f"reset({slot.value}) while it is capturing; abort_capture first", subject=slot)
+        self._slots[slot].graph = None
+
+    def has_graph(self, slot: GraphSlot | str) -> bool:
+        return self._slots[GraphSlot.parse(slot)].graph is not None
+
+    # -- lifetime
+    def close(self) -> None:
+        """Drain, then free everything this runtime owns. Idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

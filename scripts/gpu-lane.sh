@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU lane: everything lockstep claims about CUDA, run in one go on a machine with a GPU.
+#   scripts/gpu-lane.sh LOGDIR
+# Runs (each step's full log in LOGDIR/<step>.log):
+#   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
+#   parity      the sim-vs-CUDA parity scenarios on both devices, plus observations as JSON
+#   mutants     `lockstep mutants` on sim (must have no survivor) and on cupy (recorded)
+#   all-tests   the whole test suite, both devices
+# and prints a summary table last. Uses the preinstalled python3 packages; a carried .whl/ folder
+# (syrupy, see docs/gpu-verification.md) is installed into a private target first.
+set -u
+out=${1:?usage: scripts/gpu-lane.sh LOGDIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/lockstep-site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/lockstep-site"
+fi
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  git rev-parse HEAD 2>/dev/null || echo "commit: unknown (no .git)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import sys, numpy, cupy; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion())"
+} > "$out/device.txt" 2>&1
+
+rows=()
+step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  local last
+  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match)" "$out/$name.log" | tail -n 1)
+  rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$last")")
+}
+
+export LOCKSTEP_REQUIRE_DEVICES=cupy
+step contracts     python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
+step parity        python3 -m pytest conformance/contracts/test_parity.py -p no:cacheprovider -v --devices=sim,cupy
+step parity-json   python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
+step mutants-sim   python3 -m reference_runtime.cli mutants --device sim
+step mutants-cupy  python3 -m reference_runtime.cli mutants --device cupy --jobs 4
+step all-tests     python3 -m pytest -p no:cacheprovider -q --devices=sim,cupy
+
+echo
+echo "== lockstep GPU lane =="
+cat "$out/device.txt"
+printf '%s\n' "${rows[@]}"
