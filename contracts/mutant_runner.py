@@ -29,7 +29,7 @@ def contract_tests_dir() -> Path:
     return path
 
 
-def _run(mutant: str | None, device: str, tests: Path, extra: list[str]) -> dict:
+def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout_s: float = 600) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [
@@ -39,16 +39,20 @@ def _run(mutant: str | None, device: str, tests: Path, extra: list[str]) -> dict
         if mutant:
             cmd.append(f"--lockstep-mutant={mutant}")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
-                              cwd=tests.parent.parent)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
+                                  cwd=tests.parent.parent)
+            returncode, tail = proc.returncode, proc.stdout[-2000:] + proc.stderr[-2000:]
+        except subprocess.TimeoutExpired as exc:
+            returncode, tail = None, f"timed out after {timeout_s}s\n{exc.stdout!r}"[-2000:]
         if not report.exists():
-            raise RuntimeError(f"pytest produced no report for mutant {mutant!r}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+            raise RuntimeError(f"pytest produced no report for mutant {mutant!r}:\n{tail}")
         outcomes = json.loads(report.read_text())
-    return {"outcomes": outcomes, "returncode": proc.returncode, "tail": proc.stdout[-2000:]}
+    return {"outcomes": outcomes, "returncode": returncode, "tail": tail}
 
 
 def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list[str] | None = None,
-                jobs: int | None = None, out=sys.stdout) -> int:
+                jobs: int | None = None, timeout_s: float = 600, out=sys.stdout) -> int:
     tests = contract_tests_dir()
     extra = extra or []
     names = names or list(MUTANTS)
@@ -58,7 +62,7 @@ def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list
         return 2
     jobs = jobs or max(1, min(len(names) + 1, os.cpu_count() or 1))
     with ThreadPoolExecutor(jobs) as pool:
-        futures = {m: pool.submit(_run, m, device, tests, extra) for m in [None, *names]}
+        futures = {m: pool.submit(_run, m, device, tests, extra, timeout_s) for m in [None, *names]}
         results = {m: f.result() for m, f in futures.items()}
 
     base = results[None]["outcomes"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from typing import Any, Callable
@@ -29,14 +30,18 @@ __all__ = ["SCENARIOS", "EXPECTED", "POISONS", "ROW", "run_scenario", "run_all"]
 
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
+CHILD_TIMEOUT_S = 120
 SPIN_US = 200_000  # long enough that the host outruns the GPU; no effect on the simulated device
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, progress: Any = None) -> None:
         self.steps: list[tuple[str, str]] = []
+        self.progress = progress
 
     def __call__(self, step: str, fn: Callable[[], Any], show: Callable[[Any], Any] | None = None) -> Any:
+        if self.progress is not None:
+            print(f"step: {step}", file=self.progress, flush=True)
         try:
             result = fn()
         except Exception as exc:  # the class is the observation
@@ -348,7 +353,7 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         ("begin", "ok"), ("copy src->out", "ok"), ("end_capture", "ok"), ("replay", "ok:[7.0, 7.0, 7.0, 7.0]"),
         ("same address reused", "ok:True"), ("write new", "ok"), ("replay reads new", "ok:[9.0, 9.0, 9.0, 9.0]"),
     ],
-    "legacy_stream_capture": [("begin on legacy stream", _R + "StreamCaptureUnsupported")],
+    "legacy_stream_capture": [("begin on legacy stream", _R + "CaptureOnLegacyStream")],
     "end_capture_without_begin": [("end_capture", _R + "IllegalState"), ("stream usable", "ok:[4.0, 4.0, 4.0, 4.0]")],
     "use_after_unmap": [
         ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("unmap without drain", "ok"),
@@ -390,10 +395,14 @@ def run_scenario(name: str, device: str = "sim", *, isolate: bool | None = None)
     if isolate is None:
         isolate = device != "sim" and name in POISONS
     if isolate:
-        out = subprocess.run(
-            [sys.executable, "-m", "contracts.parity", "--device", device, "--scenario", name, "--json", "-"],
-            capture_output=True, text=True, timeout=300,
-        )
+        cmd = [sys.executable, "-m", "contracts.parity", "--device", device, "--scenario", name, "--json", "-"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"child for scenario {name!r} on {device} timed out after {CHILD_TIMEOUT_S}s; "
+                f"its progress:\n{(exc.stderr or b'')[-3000:]!r}"
+            ) from None
         if out.returncode != 0:
             raise RuntimeError(f"child for scenario {name!r} on {device} failed:\n{out.stderr[-3000:]}")
         return [tuple(x) for x in json.loads(out.stdout)[name]]  # type: ignore[misc]
@@ -417,10 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in SCENARIOS:
             ap.error(f"unknown scenario {n!r}; known: {sorted(SCENARIOS)}")
+    if args.json == "-":  # child mode: one process, observations on stdout, then a hard exit
+        rec = Recorder(progress=sys.stderr)
+        for n in names:
+            rec.steps = []
+            SCENARIOS[n](make_device(args.device), rec)
+            print(json.dumps({n: rec.steps}), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # a poisoned CUDA context can hang interpreter teardown
     obs = run_all(args.device, names)
-    if args.json == "-":
-        json.dump(obs, sys.stdout)
-        return 0
     if args.json:
         with open(args.json, "w") as f:
             json.dump(obs, f, indent=1)

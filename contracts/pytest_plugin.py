@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import weakref
 from collections import Counter
 
@@ -149,11 +150,23 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    st = _state(session.config)
+    st["exitstatus"] = int(exitstatus)
     path = session.config.getoption("--lockstep-report")
     if path:
         with open(path, "w") as f:
-            json.dump(_state(session.config)["outcomes"], f, indent=1)
+            json.dump(st["outcomes"], f, indent=1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Exit hard if a test poisoned a CUDA context: teardown in a poisoned context can hang."""
+    mod = sys.modules.get("reference_runtime.backends.cupy")
+    if mod is not None and mod.CupyDevice.poisoned_any:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_state(config).get("exitstatus", 1))
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

@@ -9,7 +9,7 @@ import sys
 def _mutants(args: argparse.Namespace) -> int:
     from contracts.mutant_runner import run_mutants
 
-    return run_mutants(args.device, args.mutant, jobs=args.jobs)
+    return run_mutants(args.device, args.mutant, jobs=args.jobs, timeout_s=args.timeout)
 
 
 def _parity(args: argparse.Namespace) -> int:
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--device", default="sim", help="device to run on (sim, cupy); default sim")
     m.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     m.add_argument("--jobs", type=int, default=None, help="parallel pytest processes (default: CPU count)")
+    m.add_argument("--timeout", type=float, default=600, help="seconds allowed per pytest process (default 600)")
     m.set_defaults(func=_mutants)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")

@@ -26,6 +26,7 @@ __all__ = [
     "DeviceAssert",
     "UseAfterFree",
     "CaptureUnmodelled",
+    "CaptureOnLegacyStream",
     "StreamOrderRace",
     "from_cuda_status",
 ]
@@ -117,6 +118,13 @@ class CaptureD2HRefused(RuntimeError):
     """
 
     cuda_name = "cupy:D2HDuringCapture"
+
+
+class CaptureOnLegacyStream(RuntimeError):
+    """Capture was begun on the legacy default stream; CuPy refuses it before calling CUDA
+    (measured on the H200: a plain ``RuntimeError``, not a CUDA status)."""
+
+    cuda_name = "cupy:CaptureOnLegacyStream"
 
 
 class CublasDuringCapture(NotImplementedError):

@@ -36,12 +36,12 @@ step() {
 }
 
 export LOCKSTEP_REQUIRE_DEVICES=cupy
-step contracts     python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
-step parity        python3 -m pytest conformance/contracts/test_parity.py -p no:cacheprovider -v --devices=sim,cupy
-step parity-json   python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
-step mutants-sim   python3 -m reference_runtime.cli mutants --device sim
-step mutants-cupy  python3 -m reference_runtime.cli mutants --device cupy --jobs 4
-step all-tests     python3 -m pytest -p no:cacheprovider -q --devices=sim,cupy
+step spin-check    timeout 60  python3 scripts/spin_check.py
+step contracts     timeout 120 python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
+step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy
+step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
+step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
+step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150
 
 echo
 echo "== lockstep GPU lane =="

@@ -19,6 +19,7 @@ from kernels._kernel import Kernel
 
 from ..errors import (
     CaptureD2HRefused,
+    CaptureOnLegacyStream,
     CublasDuringCapture,
     CudaError,
     InvalidValue,
@@ -151,8 +152,13 @@ class CupyStream(Stream):
             return bool(self.s.is_capturing())
 
     def begin_capture(self) -> None:
-        with self.device._errors("begin_capture"), self.s:
-            self.s.begin_capture()
+        try:
+            with self.device._errors("begin_capture"), self.s:
+                self.s.begin_capture()
+        except RuntimeError as exc:
+            if self.legacy and not isinstance(exc, CudaError):
+                raise CaptureOnLegacyStream(f"begin_capture on the legacy stream: {exc}") from exc
+            raise
         self._capture_keep = []
 
     def end_capture(self) -> Graph:
@@ -190,6 +196,14 @@ class CupyDevice(Device):
         if self._sticky is not None:
             raise self._sticky
 
+    # Set once any device in this process latched a sticky error. Interpreter teardown in a
+    # poisoned CUDA context can hang (seen on the H200), so test processes exit hard when it is set.
+    poisoned_any = False
+
+    def _poison(self, err: BaseException) -> None:
+        self._sticky = err
+        CupyDevice.poisoned_any = True
+
     @contextlib.contextmanager
     def _errors(self, what: str, *, syncing: bool = False, stream: CupyStream | None = None) -> Iterator[None]:
         from cupy.cuda import driver, runtime
@@ -200,7 +214,7 @@ class CupyDevice(Device):
         except (runtime.CUDARuntimeError, driver.CUDADriverError) as exc:
             err = self._translate(exc, what, isinstance(exc, driver.CUDADriverError), stream)
             if err.sticky:
-                self._sticky = err
+                self._poison(err)
             raise err from exc
         except RuntimeError as exc:
             if "is capturing" in str(exc) and not isinstance(exc, CudaError):
@@ -321,7 +335,7 @@ class CupyDevice(Device):
         if res != cu.CUresult.CUDA_SUCCESS:
             err = from_cuda_status(int(res), f"{what}: {res.name}", driver=True)
             if err.sticky:
-                self._sticky = err
+                self._poison(err)
             raise err
         return rest[0] if len(rest) == 1 else rest
 

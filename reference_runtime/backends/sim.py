@@ -40,6 +40,7 @@ from kernels._kernel import Kernel
 
 from ..errors import (
     CaptureD2HRefused,
+    CaptureOnLegacyStream,
     CaptureUnmodelled,
     CublasDuringCapture,
     IllegalAddress,
@@ -230,7 +231,7 @@ class SimStream(Stream):
     def begin_capture(self) -> None:
         self.device._check()
         if self.legacy:
-            raise StreamCaptureUnsupported("capture on the legacy default stream is not allowed", subject=self)
+            raise CaptureOnLegacyStream("cannot capture on the legacy default stream; use a non-blocking stream")
         if self._capture is not None:
             raise IllegalState(f"{self.label} is already capturing", subject=self)
         self._capture = _Capture()
