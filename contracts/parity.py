@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ from kernels import primitives as P
 from reference_runtime import GraphSlot, Runtime, RuntimeConfig
 from reference_runtime.backends import ArrayRef, Device, make_device
 
-__all__ = ["SCENARIOS", "EXPECTED", "POISONS", "ROW", "run_scenario", "run_all"]
+__all__ = ["SCENARIOS", "EXPECTED", "DIVERGENCES", "POISONS", "ROW", "expected_for", "run_scenario", "run_all"]
 
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
@@ -173,9 +174,25 @@ def scenario_end_capture_without_begin(dev, rec):
     rec("stream usable", lambda: dev.memcpy_dtoh(_ready(dev, s, value=4.0), s), _vals)
 
 
+def scenario_illegal_address_sticky(dev, rec):
+    """A kernel reads a reserved but unmapped range: the fault is not reported at the launch but
+    at the next synchronising call, and every later call fails (the context is poisoned)."""
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(g)
+    acc = _ready(dev, s, value=0.0)
+    s.synchronize()
+    nowhere = ArrayRef(dev.buffer_at(va, g), (4,), F32)
+    rec("launch reading unmapped memory", lambda: s.launch(P.accumulate, [acc, nowhere]))
+    rec("synchronize", s.synchronize)
+    rec("later call", lambda: dev.malloc(16) and None)
+    rec("later launch", lambda: s.launch(P.fill, [acc], {"value": 1.0}))
+    rec("later sync", dev.synchronize)
+
+
 def scenario_use_after_unmap(dev, rec):
-    """The seeds' bug: unmap while a queued kernel still reads the range. The fault is latched when
-    the kernel executes, surfaces at the next synchronising call, and poisons every later call."""
+    """The seeds' bug: unmap while a queued kernel still reads the range. On the simulated device
+    the read executes after the unmap and faults (sticky). The H200 differs: see DIVERGENCES."""
     s = dev.stream()
     g = dev.granularity
     va = dev.reserve(g)
@@ -189,10 +206,13 @@ def scenario_use_after_unmap(dev, rec):
     s.synchronize()
     rec("spin", lambda: s.launch(P.spin, [flag], {"microseconds": SPIN_US}))
     rec("queued read", lambda: s.launch(P.accumulate, [acc, w]))
+    t0 = time.perf_counter()
     rec("unmap without drain", lambda: dev.mem_unmap(va, g))
+    waited = time.perf_counter() - t0 > SPIN_US / 2e6
+    rec("unmap waited for the queued kernel", lambda: waited, str)
     rec("synchronize", s.synchronize)
     rec("later call", lambda: dev.malloc(16) and None)
-    rec("later sync", dev.synchronize)
+    rec("acc", lambda: dev.memcpy_dtoh(acc, s), _vals)
 
 
 def scenario_unmap_after_drain(dev, rec):
@@ -301,7 +321,7 @@ SCENARIOS: dict[str, Callable[[Device, Recorder], None]] = {
     name[len("scenario_"):]: fn for name, fn in sorted(globals().items()) if name.startswith("scenario_")
 }
 
-POISONS = {"use_after_unmap"}
+POISONS = {"use_after_unmap", "illegal_address_sticky"}
 
 # Which row of cuda-semantics.md (or which runtime contract) a scenario stands for.
 ROW = {
@@ -314,7 +334,8 @@ ROW = {
     "graph_bakes_address": "graphs bake addresses; a freed+reallocated buffer is what a replay reads",
     "legacy_stream_capture": "capture on the legacy default stream is refused",
     "end_capture_without_begin": "bad input: end_capture without begin",
-    "use_after_unmap": "sticky errors: illegal address at the next sync, context poisoned",
+    "illegal_address_sticky": "sticky errors: illegal address at the next sync, context poisoned",
+    "use_after_unmap": "the seeds' bug: unmap under a queued reader (sim strict; see DIVERGENCES)",
     "unmap_after_drain": "deferred synchronize: a real drain before unmap is clean",
     "rt_deferred_sync": "runtime: deferred synchronize() does not drain; download is complete",
     "rt_sync_escape_hatch": "runtime: deferral off drains; inside capture raises and invalidates",
@@ -355,9 +376,14 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
     ],
     "legacy_stream_capture": [("begin on legacy stream", _R + "CaptureOnLegacyStream")],
     "end_capture_without_begin": [("end_capture", _R + "IllegalState"), ("stream usable", "ok:[4.0, 4.0, 4.0, 4.0]")],
+    "illegal_address_sticky": [
+        ("launch reading unmapped memory", "ok"), ("synchronize", _R + "IllegalAddress"),
+        ("later call", _R + "IllegalAddress"), ("later launch", _R + "IllegalAddress"), ("later sync", _R + "IllegalAddress"),
+    ],
     "use_after_unmap": [
         ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("unmap without drain", "ok"),
-        ("synchronize", _R + "IllegalAddress"), ("later call", _R + "IllegalAddress"), ("later sync", _R + "IllegalAddress"),
+        ("unmap waited for the queued kernel", "ok:False"), ("synchronize", _R + "IllegalAddress"),
+        ("later call", _R + "IllegalAddress"), ("acc", _R + "IllegalAddress"),
     ],
     "unmap_after_drain": [
         ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("drain", "ok"), ("unmap", "ok"), ("release", "ok"),
@@ -388,6 +414,29 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         ("reader saw the old data", "ok:[2.0, 2.0, 2.0, 2.0]"), ("released after drain", "ok:0"),
     ],
 }
+
+
+# Where the CUDA device on the H200 deliberately differs from EXPECTED (the simulated device is
+# stricter than the hardware), with what the H200 gave and why the simulator keeps its outcome.
+DIVERGENCES: dict[str, dict[str, Any]] = {
+    "use_after_unmap": {
+        "cupy": [
+            ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("unmap without drain", "ok"),
+            ("unmap waited for the queued kernel", "ok:True"), ("synchronize", "ok"), ("later call", "ok"),
+            ("acc", "ok:[1.0, 1.0, 1.0, 1.0]"),
+        ],
+        "why": (
+            "On the H200 (driver 580.159.04) cuMemUnmap waited for the queued reader, so no fault; the "
+            "seeds measured CUDA_ERROR_ILLEGAL_ADDRESS in 11/11 runs of the same bug on an RTX 4060. CUDA "
+            "leaves an access to an unmapped range undefined, so the simulated device reports it as the "
+            "fault: CI then catches the bug class whatever the GPU and driver would have done."
+        ),
+    },
+}
+
+
+def expected_for(name: str, device: str) -> list[tuple[str, str]]:
+    return DIVERGENCES.get(name, {}).get(device, EXPECTED[name])
 
 
 def run_scenario(name: str, device: str = "sim", *, isolate: bool | None = None) -> list[tuple[str, str]]:
@@ -444,11 +493,14 @@ def main(argv: list[str] | None = None) -> int:
             other = {k: [tuple(x) for x in v] for k, v in json.load(f).items()}
     bad = 0
     for n in names:
-        exp = EXPECTED[n]
+        exp = expected_for(n, args.device)
         got = obs[n]
         ok = got == exp and (other is None or other.get(n) == got)
         bad += not ok
-        print(f"{'MATCH' if ok else 'DIFF '}  {n:28s} {ROW[n]}")
+        tag = "MATCH" if ok else "DIFF "
+        if ok and n in DIVERGENCES and args.device in DIVERGENCES[n]:
+            tag = "KNOWN"  # matches the documented divergence
+        print(f"{tag}  {n:28s} {ROW[n]}")
         if not ok:
             for i in range(max(len(exp), len(got))):
                 e = exp[i] if i < len(exp) else None

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.parity import EXPECTED, ROW, SCENARIOS, run_scenario
+from contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, expected_for, run_scenario
 
 
 @pytest.mark.parity
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_scenario_outcomes(device_available, scenario):
     got = run_scenario(scenario, device_available)
-    expected = EXPECTED[scenario]
+    expected = expected_for(scenario, device_available)
     assert got == expected, f"{device_available} diverges on '{ROW[scenario]}'"
 
 
 def test_every_scenario_has_expectations():
     assert set(SCENARIOS) == set(EXPECTED) == set(ROW)
+    for name, d in DIVERGENCES.items():
+        assert name in SCENARIOS and d.get("why"), f"divergence {name!r} needs a scenario and a reason"

@@ -153,6 +153,11 @@ class Device(ABC):
         """Map ``handle`` at ``va`` and return a Buffer viewing the mapped range (not pool memory)."""
 
     @abstractmethod
+    def buffer_at(self, addr: int, nbytes: int) -> Buffer:
+        """A Buffer naming an address range the caller does not own (mapped or not): kernels name
+        addresses, and this is how a test or a pager names one. It cannot be freed."""
+
+    @abstractmethod
     def mem_unmap(self, va: int, size: int) -> None: ...
 
     @abstractmethod

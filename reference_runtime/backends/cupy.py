@@ -269,7 +269,7 @@ class CupyDevice(Device):
         self._check()
         check_buffer(self, buffer)
         if getattr(buffer, "_vmm", False):
-            raise InvalidValue(f"{buffer!r} is a virtual-memory mapping; unmap it with mem_unmap", subject=buffer)
+            raise InvalidValue(f"{buffer!r} is not pool memory; it cannot be freed", subject=buffer)
         buffer.freed = True
         buffer.handle = None  # the last reference: CuPy's pool takes the memory back
 
@@ -364,6 +364,13 @@ class CupyDevice(Device):
         mem = self.xp.cuda.UnownedMemory(va, size, self, self.device_id)
         buf = Buffer(va, size, self, handle=self.xp.cuda.MemoryPointer(mem, 0))
         buf._vmm = True  # type: ignore[attr-defined]
+        return buf
+
+    def buffer_at(self, addr: int, nbytes: int) -> Buffer:
+        self._check()
+        mem = self.xp.cuda.UnownedMemory(addr, nbytes, self, self.device_id)
+        buf = Buffer(addr, nbytes, self, handle=self.xp.cuda.MemoryPointer(mem, 0))
+        buf._vmm = True  # type: ignore[attr-defined]  # not pool memory: free() refuses it
         return buf
 
     def mem_unmap(self, va: int, size: int) -> None:

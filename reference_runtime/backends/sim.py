@@ -458,7 +458,7 @@ class SimDevice(Device):
         self._check()
         check_buffer(self, buffer)
         if buffer.handle != "pool":
-            raise InvalidValue(f"{buffer!r} is a virtual-memory mapping; unmap it with mem_unmap", subject=buffer)
+            raise InvalidValue(f"{buffer!r} is not pool memory ({buffer.handle}); it cannot be freed", subject=buffer)
         buffer.freed = True
         self._unmap(buffer.addr)
         size = self._pool_sizes.pop(buffer.addr)
@@ -509,6 +509,10 @@ class SimDevice(Device):
 
     def mem_release(self, handle: Any) -> None:
         self._check()  # backing lives on while mapped, as with cuMemRelease
+
+    def buffer_at(self, addr: int, nbytes: int) -> Buffer:
+        self._check()
+        return Buffer(addr, nbytes, self, handle="raw")
 
     def address_free(self, va: int, size: int) -> None:
         self._check()
