@@ -422,14 +422,16 @@ DIVERGENCES: dict[str, dict[str, Any]] = {
     "use_after_unmap": {
         "cupy": [
             ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("unmap without drain", "ok"),
-            ("unmap waited for the queued kernel", "ok:True"), ("synchronize", "ok"), ("later call", "ok"),
+            ("unmap waited for the queued kernel", "ok:False"), ("synchronize", "ok"), ("later call", "ok"),
             ("acc", "ok:[1.0, 1.0, 1.0, 1.0]"),
         ],
         "why": (
-            "On the H200 (driver 580.159.04) cuMemUnmap waited for the queued reader, so no fault; the "
-            "seeds measured CUDA_ERROR_ILLEGAL_ADDRESS in 11/11 runs of the same bug on an RTX 4060. CUDA "
-            "leaves an access to an unmapped range undefined, so the simulated device reports it as the "
-            "fault: CI then catches the bug class whatever the GPU and driver would have done."
+            "On the H200 (driver 580.159.04, 2026-11-29) cuMemUnmap returned at once with a reader still "
+            "queued behind a 200 ms kernel, and the reader then executed without a fault and saw the "
+            "pre-unmap bytes (physical handle not yet released). The seeds measured "
+            "CUDA_ERROR_ILLEGAL_ADDRESS in 11/11 runs of the same bug on an RTX 4060 (unmap and release). "
+            "CUDA leaves an access to an unmapped range undefined, so the simulated device reports it as "
+            "the fault: CI catches the bug class whatever a given GPU and driver happen to do."
         ),
     },
 }

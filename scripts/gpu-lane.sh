@@ -19,7 +19,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
-  git rev-parse HEAD 2>/dev/null || echo "commit: unknown (no .git)"
+  echo "commit: ${LOCKSTEP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo 'unknown (no .git here; pass LOCKSTEP_COMMIT)')}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cupy; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion())"
 } > "$out/device.txt" 2>&1
