@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"LOCKSTEP_REQUIRE_DEVICES names unknown device(s) {bad_required}")
     mutant = config.getoption("--lockstep-mutant")
     runtime_class(mutant)  # fail early on an unknown name
+    config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.stash[_STATE_KEY] = {
         "selected": selected,
         "required": required,
@@ -89,6 +90,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("contract tests malformed:\n  " + "\n  ".join(problems))
 
 
+UNAVAILABLE = "lockstep: device unavailable: "
+
+
 @pytest.fixture
 def device_available(request: pytest.FixtureRequest, device_name: str) -> str:
     """The parametrized device's name, once it is known to be usable; otherwise a visible skip
@@ -98,8 +102,7 @@ def device_available(request: pytest.FixtureRequest, device_name: str) -> str:
     if not ok:
         if device_name in st["required"]:
             pytest.fail(f"device {device_name!r} is required by LOCKSTEP_REQUIRE_DEVICES but unavailable: {reason}")
-        st["skipped"][(device_name, reason)] += 1
-        pytest.skip(f"device {device_name!r} unavailable: {reason}")
+        pytest.skip(f"{UNAVAILABLE}{device_name}: {reason}")
     return device_name
 
 
@@ -140,14 +143,29 @@ def make_runtime(request: pytest.FixtureRequest, device):
 def pytest_runtest_makereport(item: pytest.Item, call):
     report = yield
     m = item.get_closest_marker("contract")
-    entry = _state(item.config)["outcomes"].setdefault(
-        item.nodeid, {"outcome": "passed", "contract": m.args[0] if m and m.args else None}
-    )
-    if report.failed:
-        entry["outcome"] = "failed"
-    elif report.skipped and entry["outcome"] == "passed":
-        entry["outcome"] = "skipped"
+    if m is not None and m.args:
+        report.user_properties.append(("contract", m.args[0]))
     return report
+
+
+class _OutcomeRecorder:
+    """Aggregates outcomes and device skips where reports arrive (the controller under xdist)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        st = _state(self.config)
+        contract = dict(report.user_properties).get("contract")
+        entry = st["outcomes"].setdefault(report.nodeid, {"outcome": "passed", "contract": contract})
+        if report.failed:
+            entry["outcome"] = "failed"
+        elif report.skipped and entry["outcome"] == "passed":
+            entry["outcome"] = "skipped"
+            msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            if UNAVAILABLE in msg:
+                name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
+                st["skipped"][(name, reason)] += 1
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
