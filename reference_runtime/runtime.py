@@ -299,7 +299,7 @@ class Runtime:
 
     # -- copies
     def upload(self, host: Any, *, name: str = "") -> Tensor:
-        arr = np.ascontiguousarray(host)
+        arr = np.asarray(host, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         t = self.empty(arr.shape, arr.dtype, name=name)
         self.write(t, arr)
         return t

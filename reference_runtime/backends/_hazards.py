@@ -52,9 +52,12 @@ class HazardTracker:
         """Give the op its clock and check its accesses ``(bucket, lo, hi, write, who)``."""
         vc = _merge(stream.vc, self.host)
         vc[stream.index] = vc.get(stream.index, 0) + 1
+        new = [(b, Access(lo, hi, w, f"{who} on {stream.label}", stream.index, vc)) for b, lo, hi, w, who in accesses]
+        for bucket, access in new:  # check every access before recording any: a refused op leaves no trace
+            self._check(bucket, access)
+        for bucket, access in new:
+            self._record(bucket, access)
         stream.vc = vc
-        for bucket, lo, hi, write, who in accesses:
-            self._check(bucket, Access(lo, hi, write, f"{who} on {stream.label}", stream.index, dict(vc)))
         return dict(vc)
 
     def wait(self, stream: Any, vc: VC) -> None:
@@ -71,8 +74,7 @@ class HazardTracker:
                 del self._buckets[key]
 
     def _check(self, bucket: int, new: Access) -> None:
-        entries = self._buckets.setdefault(bucket, [])
-        for old in entries:
+        for old in self._buckets.get(bucket, ()):
             if old.hi <= new.lo or new.hi <= old.lo or not (old.write or new.write):
                 continue
             if not old.before(new.vc):
@@ -82,6 +84,9 @@ class HazardTracker:
                     f"{'writes' if old.write else 'reads'}, and no event or host synchronisation orders them",
                     subject=(old.who, new.who),
                 )
+
+    def _record(self, bucket: int, new: Access) -> None:
+        entries = self._buckets.setdefault(bucket, [])
         if new.write:
             entries[:] = [a for a in entries if not a.before(new.vc)]
         else:

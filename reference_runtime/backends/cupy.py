@@ -284,7 +284,7 @@ class CupyDevice(Device):
     # -- copies
     def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None:
         assert isinstance(stream, CupyStream)
-        data = np.ascontiguousarray(np.asarray(host, dtype=dst.dtype))
+        data = np.asarray(host, dtype=dst.dtype, order="C")
         if data.shape != tuple(dst.shape):
             raise InvalidValue(f"host array of shape {data.shape} does not fit {dst!r}", subject=dst)
         with self._errors("memcpy HtoD"):

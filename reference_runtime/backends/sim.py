@@ -492,6 +492,8 @@ class SimDevice(Device):
 
     def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
         self._check()
+        if va % self.granularity:
+            raise InvalidValue(f"mem_map at 0x{va:x}: not aligned to the granularity {self.granularity}")
         backing = handle[2]
         if backing.nbytes != size:
             raise InvalidValue(f"mem_map size {size} differs from the handle's {backing.nbytes}")
