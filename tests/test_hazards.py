@@ -1,0 +1,183 @@
+"""Unit tests of the simulated device's cross-stream race detector, and of the runtime against it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from contracts.mutants import CopyWithoutForcedSync
+from kernels import primitives as P
+from reference_runtime import Runtime, RuntimeConfig, StreamOrderRace
+from reference_runtime.backends import ArrayRef
+from reference_runtime.backends.sim import SimDevice
+
+F32 = np.dtype(np.float32)
+
+
+def setup(race_check=True):
+    dev = SimDevice(race_check=race_check)
+    a, b = dev.stream(), dev.stream()
+    x, y = (ArrayRef(dev.malloc(16), (4,), F32) for _ in range(2))
+    return dev, a, b, x, y
+
+
+READERS = {  # an op on stream b that reads x
+    "d2d": lambda dev, b, x, y: dev.memcpy_dtod_async(y, x, b),
+    "d2h": lambda dev, b, x, y: dev.memcpy_dtoh(x, b),
+    "kernel": lambda dev, b, x, y: b.launch(P.copy, [y, x]),
+}
+READER_NAMES = {"d2d": "memcpy DtoD", "d2h": "memcpy DtoH", "kernel": "kernel 'copy'"}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_unordered_read_after_write_races_at_enqueue(reader):
+    dev, a, b, x, y = setup()
+    a.launch(P.fill, [x], {"value": 1.0})
+    msg = (f"{READER_NAMES[reader]} on {b.label} reads 0x{x.addr:x}..0x{x.addr + 16:x}, "
+           f"which kernel 'fill' on {a.label} writes, and no event or host synchronisation orders them")
+    with pytest.raises(StreamOrderRace, match=re.escape(msg)) as exc:
+        READERS[reader](dev, b, x, y)
+    assert exc.value.subject == (f"kernel 'fill' on {a.label}", f"{READER_NAMES[reader]} on {b.label}")
+    assert b.pending == 0 and dev.executed == []  # refused at the enqueue: nothing queued, nothing ran
+
+
+def _event(dev, a, b, x):
+    ev = dev.event()
+    a.record(ev)
+    b.wait(ev)
+
+
+def _event_sync(dev, a, b, x):
+    ev = dev.event()
+    a.record(ev)
+    ev.synchronize()
+
+
+ORDERINGS = {
+    "event wait": _event,
+    "stream synchronize": lambda dev, a, b, x: a.synchronize(),
+    "event synchronize": _event_sync,
+    "dtoh on the writer": lambda dev, a, b, x: dev.memcpy_dtoh(x, a),
+    "device synchronize": lambda dev, a, b, x: dev.synchronize(),
+}
+
+
+@pytest.mark.parametrize("ordering", list(ORDERINGS))
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_ordered_read_after_write_does_not_race(ordering, reader):
+    dev, a, b, x, y = setup()
+    a.launch(P.fill, [x], {"value": 1.0})
+    ORDERINGS[ordering](dev, a, b, x)
+    READERS[reader](dev, b, x, y)
+    assert dev.memcpy_dtoh(x, b).tolist() == [1.0] * 4  # and the reader sees the write
+
+
+def test_an_event_recorded_before_the_write_does_not_order_it():
+    dev, a, b, x, y = setup()
+    ev = dev.event()
+    a.record(ev)
+    a.launch(P.fill, [x], {"value": 1.0})
+    b.wait(ev)
+    with pytest.raises(StreamOrderRace, match=f"kernel 'fill' on {a.label} writes"):
+        dev.memcpy_dtoh(x, b)
+
+
+def test_two_reads_never_race():
+    dev, a, b, x, y = setup()
+    z = ArrayRef(dev.malloc(16), (4,), F32)
+    a.launch(P.fill, [x], {"value": 2.0})
+    a.synchronize()
+    a.launch(P.copy, [y, x])
+    b.launch(P.copy, [z, x])  # reads x unordered with a's read: fine
+    assert dev.memcpy_dtoh(z, b).tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("second", ["kernel", "h2d"])
+def test_unordered_write_after_read_races(second):
+    dev, a, b, x, y = setup()
+    a.launch(P.fill, [x], {"value": 2.0})
+    a.synchronize()
+    a.launch(P.copy, [y, x])  # reads x
+    who = "kernel 'fill'" if second == "kernel" else "memcpy HtoD"
+    with pytest.raises(StreamOrderRace, match=f"{who} on {b.label} writes .*, which kernel 'copy' on {a.label} reads"):
+        if second == "kernel":
+            b.launch(P.fill, [x], {"value": 3.0})
+        else:
+            dev.memcpy_htod_async(x, np.zeros(4, np.float32), b)
+
+
+def test_unordered_writes_race_but_disjoint_bytes_do_not():
+    dev, a, b, x, y = setup()
+    big = dev.malloc(32)
+    lo, hi = ArrayRef(big, (4,), F32), ArrayRef(big, (4,), F32, offset=16)
+    a.launch(P.fill, [lo], {"value": 1.0})
+    b.launch(P.fill, [hi], {"value": 2.0})  # same allocation, other bytes
+    overlap = f"kernel 'fill' on {b.label} writes .*, which kernel 'fill' on {a.label} writes"
+    with pytest.raises(StreamOrderRace, match=overlap):
+        b.launch(P.fill, [ArrayRef(big, (2,), F32, offset=8)], {"value": 3.0})
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_race_check_off_does_not_raise(reader):
+    dev, a, b, x, y = setup(race_check=False)
+    a.launch(P.fill, [x], {"value": 1.0})
+    READERS[reader](dev, b, x, y)
+    b.launch(P.fill, [x], {"value": 3.0})  # write-after-write, unordered
+    dev.synchronize()
+    assert dev.memcpy_dtoh(x, a).tolist() == [3.0] * 4  # executed in enqueue order on device sync
+
+
+def test_a_refused_enqueue_leaves_no_phantom_accesses():
+    dev, a, b, x, y = setup()
+    a.launch(P.fill, [x], {"value": 1.0})
+    with pytest.raises(StreamOrderRace):
+        dev.memcpy_dtod_async(y, x, b)  # writes y (checked first, recorded) then reads x (races)
+    assert b.pending == 0
+    a.launch(P.fill, [y], {"value": 2.0})  # y was never touched by any queued op
+
+
+def _program(rt):
+    """Runtime calls that move data across its compute and copy streams."""
+    a = rt.upload(np.arange(4, dtype=np.float32))
+    b = rt.empty(4)
+    rt.launch(P.scale_add, b, a, alpha=2.0, beta=1.0)  # compute reads what the copy stream wrote
+    rt.write(a, np.ones(4, np.float32))  # copy stream overwrites what compute read
+    rt.launch(P.accumulate, b, a)
+    c = rt.empty(4)
+    rt.copy(c, b)  # copy stream reads what compute wrote
+    rt.launch(P.accumulate, c, a)
+    rt.free(a)  # a queued kernel still reads a
+    d = rt.upload(np.full(4, 5.0, np.float32))
+    rt.launch(P.accumulate, c, d)
+    rt.begin_capture("primary")
+    rt.launch(P.accumulate, c, d)
+    rt.copy(b, c)
+    rt.end_capture("primary")
+    rt.replay("primary")
+    rt.replay("primary")
+    rt.write(d, np.zeros(4, np.float32))
+    rt.free(b)
+    e = rt.empty(4)
+    rt.copy(e, c)
+    got = rt.download(c).tolist(), rt.download(e).tolist()
+    rt.drain_for_unmap()
+    for t in (c, d, e):
+        rt.free(t)
+    return got
+
+
+def test_runtime_paths_never_race():
+    dev = SimDevice()  # race_check=True is the default
+    assert dev.race_check
+    rt = Runtime(dev, RuntimeConfig())
+    assert _program(rt) == ([18.0, 20.0, 22.0, 24.0],) * 2
+    rt.close()
+    assert not [m for m in dev._maps.values() if m.kind == "pool"]
+
+
+def test_the_program_can_race_a_runtime_that_skips_a_barrier():
+    rt = CopyWithoutForcedSync(SimDevice(), RuntimeConfig())
+    with pytest.raises(StreamOrderRace, match=r"memcpy DtoD on stream\d+ reads .* which kernel 'accumulate'"):
+        _program(rt)

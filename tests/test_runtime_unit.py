@@ -1,0 +1,174 @@
+"""Unit tests of the reference Runtime on the simulated device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import primitives as P
+from reference_runtime import GraphSlot, InvalidValue, Runtime, RuntimeConfig
+from reference_runtime.backends.sim import SimDevice
+
+VAR = "LOCKSTEP_DEFER_EAGER_SYNC"
+
+
+def pool_mappings(dev):
+    return [m for m in dev._maps.values() if m.kind == "pool"]
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("0", False), ("false", False), ("OFF", False), ("No", False), (" off ", False),
+    ("1", True), ("TRUE", True), ("On", True), ("yes", True), ("", True), ("  ", True),
+])
+def test_from_env_parses_the_variable(raw, expected):
+    assert RuntimeConfig.from_env({VAR: raw}).defer_eager_sync is expected
+
+
+def test_from_env_default_and_garbage():
+    assert RuntimeConfig.from_env({}).defer_eager_sync is True
+    with pytest.raises(ValueError, match=f"{VAR}='maybe': expected one of"):
+        RuntimeConfig.from_env({VAR: "maybe"})
+
+
+def test_runtime_reads_the_environment_at_construction(monkeypatch):
+    monkeypatch.delenv(VAR, raising=False)
+    before = Runtime(SimDevice())
+    monkeypatch.setenv(VAR, "off")
+    after = Runtime(SimDevice())
+    assert before.config.defer_eager_sync is True and after.config.defer_eager_sync is False
+    assert RuntimeConfig.from_env({}).defer_eager_sync is True  # an explicit environ ignores os.environ
+    assert Runtime(SimDevice(), RuntimeConfig()).config.defer_eager_sync is True  # an explicit config wins
+    before.synchronize()
+    after.synchronize()
+    assert (before.counters.syncs_deferred, before.counters.syncs_real) == (1, 0)
+    assert (after.counters.syncs_deferred, after.counters.syncs_real) == (0, 1)
+    monkeypatch.setenv(VAR, "garbage")
+    with pytest.raises(ValueError, match=VAR):
+        Runtime(SimDevice())
+
+
+def test_counters():
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    c = rt.counters
+    assert (c.launches, c.allocations) == (1, 1)  # the error latch and its clearing fill
+    x = rt.upload(np.zeros(4, np.float32))
+    y = rt.empty(4)
+    rt.launch(P.fill, x, value=1.0)
+    rt.synchronize()
+    assert (c.launches, c.allocations, c.syncs_deferred, c.syncs_real, c.forced_syncs) == (2, 3, 1, 0, 0)
+    rt.copy(y, x)
+    assert rt.download(y).tolist() == [1.0] * 4
+    assert (c.forced_syncs, c.downloads, c.drains) == (2, 1, 0)
+    rt.free(x)
+    assert (c.frees, c.frees_released, rt.pending_frees) == (1, 0, 1)
+    rt.drain_for_unmap()
+    assert (c.drains, c.frees_released, rt.pending_frees) == (1, 1, 0)
+    rt.begin_capture("verify")
+    rt.launch(P.accumulate, y, y)
+    rt.end_capture("verify")
+    rt.replay("verify")
+    rt.replay(GraphSlot.VERIFY)
+    rt.begin_capture("primary")
+    rt.abort_capture("primary")
+    assert (c.launches, c.captured_launches, c.captures, c.replays, c.capture_aborts) == (3, 1, 1, 2, 1)
+    assert c.captures_by_slot == {"primary": 0, "verify": 1}
+    assert c.replays_by_slot == {"primary": 0, "verify": 2}
+    assert rt.download(y).tolist() == [4.0] * 4
+    snapshot = c.as_dict()
+    snapshot["replays_by_slot"]["verify"] = 99
+    assert c.replays_by_slot["verify"] == 2 and snapshot["downloads"] == 2
+
+
+def test_wrap_bounds_and_wrapped_tensors_cannot_be_freed():
+    dev = SimDevice()
+    rt = Runtime(dev, RuntimeConfig())
+    buf = dev.malloc(16)
+    for shape, offset in [((5,), 0), ((2,), 12), ((1,), -4)]:
+        with pytest.raises(InvalidValue, match=f"does not fit in <Buffer 0x{buf.addr:x} 16B"):
+            rt.wrap(buf, shape, np.float32, offset=offset)
+    t = rt.wrap(buf, (2,), np.float32, offset=8, name="wrapped")
+    rt.write(t, np.array([3.0, 4.0], np.float32))
+    assert rt.download(t).tolist() == [3.0, 4.0]
+    with pytest.raises(InvalidValue, match="<Tensor wrapped float32.* is not owned by this runtime"):
+        rt.free(t)
+    assert not t.freed and not buf.freed
+    assert dev.memcpy_dtoh(rt.wrap(buf, (4,), np.float32).ref, rt.compute)[2:].tolist() == [3.0, 4.0]
+
+
+DTYPES = [np.float32, np.float16, np.int64, np.int32, np.bool_]
+SHAPES = [(3,), (2, 3), (0,), (2, 0, 3), (1, 1, 1)]
+
+
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [*SHAPES, ()], ids=str)
+def test_upload_download_round_trip(dtype, shape):
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    host = (np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) % 3).astype(dtype)
+    t = rt.upload(host)
+    assert t.shape == shape and t.dtype == np.dtype(dtype)
+    got = rt.download(t)
+    assert got.shape == shape and got.dtype == np.dtype(dtype) and np.array_equal(got, host)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_zero_d_round_trip_through_empty_and_write(dtype):
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    t = rt.empty((), dtype)
+    rt.write(t, np.array(1, dtype))
+    got = rt.download(t)
+    assert got.shape == () and got.dtype == np.dtype(dtype) and got == 1
+
+
+@pytest.mark.parametrize("close", ["end_capture", "abort_capture"])
+def test_free_during_capture_is_deferred_then_stream_ordered(close):
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    t = rt.upload(np.full(4, 2.0, np.float32))
+    acc = rt.upload(np.zeros(4, np.float32))
+    rt.drain_for_unmap()
+    rt.launch(P.accumulate, acc, t)  # an eager reader, queued and not executed
+    rt.begin_capture("primary")
+    rt.launch(P.accumulate, acc, acc)
+    rt.free(t)
+    buf = t.ref.buffer
+    assert t.freed and rt.pending_frees == 0 and not buf.freed and rt.counters.frees == 1
+    assert rt.empty(4).addr != buf.addr  # the memory is still in use during the capture
+    getattr(rt, close)("primary")
+    assert rt.pending_frees == 1 and not buf.freed  # queued behind the reader
+    assert rt.empty(4).addr != buf.addr
+    assert rt.download(acc).tolist() == [2.0] * 4  # the reader saw t's bytes
+    assert rt.pending_frees == 0 and buf.freed and rt.counters.frees_released == 1
+
+
+@pytest.mark.parametrize("raw, slot", [
+    ("PRIMARY", GraphSlot.PRIMARY), ("primary", GraphSlot.PRIMARY), ("Verify", GraphSlot.VERIFY),
+    ("VERIFY", GraphSlot.VERIFY), (GraphSlot.VERIFY, GraphSlot.VERIFY),
+])
+def test_graph_slot_parse_accepts_names_case_insensitively(raw, slot):
+    assert GraphSlot.parse(raw) is slot
+
+
+@pytest.mark.parametrize("raw", ["draft", "", "primary ", "PRIMARY_", None])
+def test_graph_slot_parse_rejects_other_names(raw):
+    with pytest.raises(InvalidValue, match=f"unknown graph slot {raw!r}; slots are \\['primary', 'verify'\\]"):
+        GraphSlot.parse(raw)
+
+
+def test_close_is_idempotent_and_frees_everything():
+    dev = SimDevice()
+    g = dev.granularity
+    va = dev.reserve(g)
+    mapped = dev.mem_map(va, g, dev.mem_create(g))
+    rt = Runtime(dev, RuntimeConfig())
+    keep = rt.upload(np.ones(4, np.float32))
+    gone = rt.upload(np.ones(4, np.float32))
+    rt.wrap(mapped, (4,), np.float32)
+    rt.launch(P.accumulate, keep, gone)
+    rt.free(gone)  # pending behind the queued kernel
+    assert len(pool_mappings(dev)) == 3 and rt.pending_frees == 1
+    rt.close()
+    assert pool_mappings(dev) == [] and "accumulate" in dev.executed  # drained, then freed
+    assert dev._maps[va].kind == "vmm"  # memory the runtime does not own stays
+    rt.close()
+    assert pool_mappings(dev) == [] and dev.sticky_error is None

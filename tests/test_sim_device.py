@@ -1,0 +1,249 @@
+"""Unit tests of the simulated device: lazy execution, pool and VMM memory, sticky errors, capture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import primitives as P
+from kernels._kernel import Kernel
+from reference_runtime.backends import ArrayRef
+from reference_runtime.backends.sim import SimDevice
+from reference_runtime.errors import (CaptureD2HRefused, CaptureOnLegacyStream, CublasDuringCapture, IllegalAddress,
+                                      IllegalState, InvalidValue, LaunchFailure, StreamCaptureInvalidated,
+                                      StreamCaptureUnsupported)
+
+F32 = np.dtype(np.float32)
+
+
+def arr(dev, n=4, dtype=F32):
+    return ArrayRef(dev.malloc(n * np.dtype(dtype).itemsize), (n,), np.dtype(dtype))
+
+
+def get(dev, ref, stream):  # a synchronous read of one stream's view
+    return dev.memcpy_dtoh(ref, stream).tolist()
+
+
+def test_enqueue_executes_nothing_and_dtoh_executes_only_its_dependencies():
+    dev = SimDevice()
+    a, b, c = dev.stream(), dev.stream(), dev.stream()
+    x, z, w = arr(dev), arr(dev), arr(dev)
+    ev = dev.event()
+    a.launch(P.fill, [x], {"value": 1.0})
+    a.record(ev)
+    a.launch(P.fill, [z], {"value": 3.0})  # after the record: not needed by b
+    c.launch(P.fill, [w], {"value": 4.0})  # unrelated stream
+    b.wait(ev)
+    assert (a.pending, b.pending, c.pending, dev.executed) == (3, 1, 1, [])  # nothing ran at enqueue
+    assert get(dev, x, b) == [1.0] * 4  # runs b's wait, hence a up to the record, and nothing else
+    assert (a.pending, b.pending, c.pending, dev.executed) == (1, 0, 1, ["fill"])
+    assert get(dev, w, c) == [4.0] * 4 and a.pending == 1
+    a.synchronize()
+    assert a.pending == 0 and dev.executed == ["fill"] * 3 and get(dev, z, a) == [3.0] * 4
+
+
+def test_queue_bound_executes_oldest_when_exceeded():
+    dev = SimDevice(queue_bound=3)
+    s = dev.stream()
+    x = arr(dev)
+    executed_after = []
+    for i in range(5):
+        s.launch(Kernel(f"k{i}", lambda xp, o: o.fill(0.0), writes=(0,)), [x])
+        executed_after.append((s.pending, list(dev.executed)))
+    # The queue holds queue_bound entries, no more: the 4th enqueue executes the oldest entry.
+    assert executed_after == [(1, []), (2, []), (3, []), (3, ["k0"]), (3, ["k0", "k1"])]
+
+
+def test_pool_reuses_lowest_hole_first_and_coalesces_neighbours():
+    dev = SimDevice()
+    bufs = [dev.malloc(500) for _ in range(4)]
+    dev.free(bufs[0])
+    assert dev.malloc(500).addr == bufs[0].addr  # same size: the very same address
+    dev.free(bufs[3])
+    dev.free(bufs[1])
+    assert dev.malloc(512).addr == bufs[1].addr
+    assert dev.malloc(512).addr == bufs[3].addr
+    assert dev.malloc(512).addr > bufs[3].addr
+    a, b, c, _guard = (dev.malloc(512) for _ in range(4))
+    dev.free(a)
+    dev.free(c)
+    dev.free(b)  # joins both neighbours into one 1536-byte hole
+    assert dev.malloc(1536).addr == a.addr
+
+
+def test_new_memory_is_poisoned_even_when_reused():
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    raw = dev.memcpy_dtoh(ArrayRef(x.buffer, (16,), np.dtype(np.uint8)), s)
+    assert (raw == 0xFF).all() and np.isnan(dev.memcpy_dtoh(x, s)).all()
+    s.launch(P.fill, [x], {"value": 1.0})
+    s.synchronize()
+    dev.free(x.buffer)
+    again = arr(dev)
+    assert again.addr == x.addr and np.isnan(dev.memcpy_dtoh(again, s)).all()
+
+
+def test_vmm_reserve_map_unmap_free_cycle():
+    dev = SimDevice()
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(2 * g)
+    h = dev.mem_create(g)
+    buf = dev.mem_map(va + g, g, h)
+    assert buf.addr == va + g and buf.handle == "vmm"
+    w = ArrayRef(buf, (4,), F32)
+    dev.memcpy_htod_async(w, np.arange(4, dtype=np.float32), s)
+    assert get(dev, w, s) == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(InvalidValue, match="still has mappings"):
+        dev.address_free(va, 2 * g)
+    with pytest.raises(InvalidValue, match="no mapping of that range"):
+        dev.mem_unmap(va + g, 2 * g)
+    dev.mem_unmap(va + g, g)
+    dev.mem_release(h)
+    dev.address_free(va, 2 * g)
+    with pytest.raises(InvalidValue, match="no such reservation"):
+        dev.address_free(va, 2 * g)
+
+
+@pytest.mark.parametrize("call", ["reserve", "mem_create"])
+@pytest.mark.parametrize("size", [0, -2 << 20, 4096, (2 << 20) + 1])
+def test_vmm_sizes_must_be_granules(call, size):
+    dev = SimDevice()
+    with pytest.raises(InvalidValue, match=rf"{call} size {size} is not a positive multiple"):
+        getattr(dev, call)(size)
+
+
+def test_mem_map_outside_reservation_or_overlapping_is_refused():
+    dev = SimDevice()
+    g = dev.granularity
+    va = dev.reserve(g)
+    with pytest.raises(InvalidValue, match="outside every reserved range"):
+        dev.mem_map(va, 2 * g, dev.mem_create(2 * g))  # runs past the reservation's end
+    with pytest.raises(InvalidValue, match="outside every reserved range"):
+        dev.mem_map(va + 2 * g, g, dev.mem_create(g))  # the guard granule after it
+    with pytest.raises(InvalidValue, match="differs from the handle"):
+        dev.mem_map(va, g, dev.mem_create(2 * g))
+    dev.mem_map(va, g, dev.mem_create(g))
+    with pytest.raises(InvalidValue, match=f"overlaps the mapping at 0x{va:x}"):
+        dev.mem_map(va, g, dev.mem_create(g))
+
+
+def test_kernel_after_free_is_a_sticky_illegal_address():
+    dev = SimDevice()
+    s, other = dev.stream(), dev.stream()
+    acc, x, y = arr(dev), arr(dev), arr(dev)
+    s.launch(P.accumulate, [acc, x])
+    other.launch(P.fill, [y], {"value": 1.0})
+    dev.free(x.buffer)  # returns at once; the queued reader has not executed
+    with pytest.raises(IllegalAddress, match=r"kernel 'accumulate' on stream\d+ touched .* not mapped") as first:
+        s.synchronize()
+    assert dev.sticky_error is first.value
+    assert other.pending == 0 and s.pending == 0 and dev.executed == []  # queues discarded
+    for call in (lambda: dev.malloc(16), lambda: s.launch(P.fill, [acc], {"value": 0.0}), dev.stream,
+                 dev.synchronize, other.synchronize, dev.event, lambda: dev.memcpy_dtoh(y, other)):
+        with pytest.raises(IllegalAddress) as again:
+            call()
+        assert again.value is first.value
+
+
+def test_kernel_body_exception_is_a_sticky_launch_failure():
+    boom = Kernel("boom_kernel", lambda xp, out: 1 // 0, writes=(0,))
+    dev = SimDevice()
+    s = dev.stream()
+    s.launch(boom, [arr(dev)])
+    with pytest.raises(LaunchFailure, match=r"kernel 'boom_kernel' on stream\d+ failed: ZeroDivisionError"):
+        s.synchronize()
+    assert dev.sticky_error.subject is boom
+    with pytest.raises(LaunchFailure, match="boom_kernel"):
+        dev.malloc(16)
+
+
+@pytest.mark.parametrize("which", ["stream", "device", "query"])
+def test_synchronize_or_query_in_capture_invalidates(which):
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    s.begin_capture()
+    s.launch(P.fill, [x], {"value": 2.0})
+    if which == "query":
+        assert s.query() is False  # no error at the call
+    else:
+        with pytest.raises(StreamCaptureUnsupported, match="capturing"):
+            (s if which == "stream" else dev).synchronize()
+    reason = {"stream": "stream synchronize", "device": "device synchronize", "query": "stream query"}[which]
+    with pytest.raises(StreamCaptureInvalidated, match=f"on {s.label} was invalidated by a {reason} during"):
+        s.end_capture()
+    assert not s.is_capturing and dev.executed == []
+
+
+def test_dtoh_and_cublas_in_capture_are_refused_without_invalidating():
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    c = ArrayRef(dev.malloc(16), (2, 2), F32)
+    a2 = ArrayRef(x.buffer, (2, 2), F32)
+    s.begin_capture()
+    s.launch(P.fill, [x], {"value": 3.0})
+    with pytest.raises(CaptureD2HRefused, match="capturing"):
+        dev.memcpy_dtoh(x, s)
+    with pytest.raises(CublasDuringCapture, match="kernel 'matmul_cublas' calls cuBLAS"):
+        s.launch(P.matmul_cublas, [c, a2, a2])
+    g = s.end_capture()
+    assert dev.executed == []
+    g.launch(s)
+    assert get(dev, x, s) == [3.0] * 4
+    s.launch(P.matmul_cublas, [c, a2, a2])  # fine outside a capture
+    assert get(dev, c, s) == [[18.0, 18.0], [18.0, 18.0]]
+
+
+def test_capture_state_errors():
+    dev = SimDevice()
+    with pytest.raises(CaptureOnLegacyStream, match="legacy default stream"):
+        dev.stream(legacy=True).begin_capture()
+    s = dev.stream()
+    with pytest.raises(IllegalState, match=f"end_capture on {s.label}, which is not capturing"):
+        s.end_capture()
+    s.begin_capture()
+    with pytest.raises(IllegalState, match=f"{s.label} is already capturing"):
+        s.begin_capture()
+    assert s.is_capturing and s.end_capture() is not None
+
+
+def test_graph_replay_resolves_addresses_at_execution():
+    dev = SimDevice()
+    s = dev.stream()
+    out, src = arr(dev), arr(dev)
+    s.launch(P.fill, [src], {"value": 7.0})
+    s.begin_capture()
+    s.launch(P.copy, [out, src])
+    g = s.end_capture()
+    g.launch(s)
+    assert get(dev, out, s) == [7.0] * 4
+    dev.free(src.buffer)
+    again = arr(dev)
+    assert again.addr == src.addr
+    dev.memcpy_htod_async(again, np.full(4, 9.0, np.float32), s)
+    g.launch(s)
+    assert get(dev, out, s) == [9.0] * 4
+
+
+def test_bad_frees_and_mismatched_copies_are_invalid_values():
+    dev = SimDevice()
+    buf = dev.malloc(16)
+    dev.free(buf)
+    with pytest.raises(InvalidValue, match=f"0x{buf.addr:x}.*double free"):
+        dev.free(buf)
+    va = dev.reserve(dev.granularity)
+    mapped = dev.mem_map(va, dev.granularity, dev.mem_create(dev.granularity))
+    with pytest.raises(InvalidValue, match=f"0x{va:x}.*is not pool memory \\(vmm\\)"):
+        dev.free(mapped)
+    with pytest.raises(InvalidValue, match=r"is not pool memory \(raw\)"):
+        dev.free(dev.buffer_at(va, 16))
+    with pytest.raises(InvalidValue, match="belongs to another device"):
+        dev.free(SimDevice().malloc(16))
+    s = dev.stream()
+    x = ArrayRef(dev.malloc(16), (2, 2), F32)
+    with pytest.raises(InvalidValue, match=r"shape \(4,\) does not fit <ArrayRef .* float32\[2, 2\]>"):
+        dev.memcpy_htod_async(x, np.zeros(4, np.float32), s)
+    assert s.pending == 0
