@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kernels import Kernel
 from kernels import primitives as P
 from reference_runtime import GraphSlot, Runtime, RuntimeConfig
 from reference_runtime.backends import ArrayRef, Device, make_device
@@ -132,7 +133,7 @@ def scenario_capture_replays(dev, rec):
     ev = dev.event()
     s.synchronize()
     rec("begin", s.begin_capture)
-    fresh = P.Kernel("fresh_add", lambda xp, o, x: xp.add(o, x, out=o), writes=(0,))
+    fresh = Kernel("fresh_add", lambda xp, o, x: xp.add(o, x, out=o), writes=(0,))
     rec("kernel", lambda: s.launch(fresh, [acc, one]))
     rec("d2d", lambda: dev.memcpy_dtod_async(out, acc, s))
     rec("event record", lambda: s.record(ev))

@@ -70,7 +70,7 @@ class CupyEvent(Event):
             return bool(self.ev.done)
 
     def synchronize(self) -> None:
-        with self.device._errors("event synchronize", syncing=True):
+        with self.device._errors("event synchronize"):
             self.ev.synchronize()
 
 
@@ -136,7 +136,7 @@ class CupyStream(Stream):
             self.s.wait_event(event.ev)
 
     def synchronize(self) -> None:
-        with self.device._errors(f"synchronize {self.label}", syncing=True, stream=self):
+        with self.device._errors(f"synchronize {self.label}"):
             self.s.synchronize()
         self._since_sync.clear()
 
@@ -205,14 +205,14 @@ class CupyDevice(Device):
         CupyDevice.poisoned_any = True
 
     @contextlib.contextmanager
-    def _errors(self, what: str, *, syncing: bool = False, stream: CupyStream | None = None) -> Iterator[None]:
+    def _errors(self, what: str) -> Iterator[None]:
         from cupy.cuda import driver, runtime
 
         self._check()
         try:
             yield
         except (runtime.CUDARuntimeError, driver.CUDADriverError) as exc:
-            err = self._translate(exc, what, isinstance(exc, driver.CUDADriverError), stream)
+            err = self._translate(exc, what, isinstance(exc, driver.CUDADriverError))
             if err.sticky:
                 self._poison(err)
             raise err from exc
@@ -221,7 +221,7 @@ class CupyDevice(Device):
                 raise CaptureD2HRefused(f"{what}: {exc}") from exc
             raise
 
-    def _translate(self, exc: Exception, what: str, driver: bool, stream: CupyStream | None) -> CudaError:
+    def _translate(self, exc: Exception, what: str, driver: bool) -> CudaError:
         text = str(exc)
         name = text.split(":", 1)[0].strip()
         status = getattr(exc, "status", None)
@@ -252,7 +252,7 @@ class CupyDevice(Device):
         return CupyEvent(self)
 
     def synchronize(self) -> None:
-        with self._errors("device synchronize", syncing=True):
+        with self._errors("device synchronize"):
             self.xp.cuda.runtime.deviceSynchronize()
         for s in self._streams:
             s._since_sync.clear()
@@ -292,7 +292,7 @@ class CupyDevice(Device):
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
         assert isinstance(stream, CupyStream)
-        with self._errors("memcpy DtoH", syncing=True, stream=stream):
+        with self._errors("memcpy DtoH"):
             return self._as_cupy(src).get(stream=stream.s)
 
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
