@@ -1,0 +1,146 @@
+"""ONNX operator kernels: the declaration every op module makes, and the helpers most ops use.
+
+An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
+
+- ``op_type``, ``domain`` ("" is ai.onnx), ``since``/``until``: the opset versions it implements;
+- ``capture``: ``"safe"``, ``"unsupported"`` (with ``reason``), or ``"conditional"`` (with
+  ``reason``; the capture planner asks ``capture_ok(node, specs)``);
+- ``host_inputs``: input indices whose *values* shape inference needs on the host (Reshape's
+  shape, Slice's starts): the executor reads them back, which makes the node a host seam;
+- ``shapes(node, specs) -> list[Spec]``: output shapes and dtypes from input specs and attributes;
+- ``compute(xp, node, *arrays) -> tuple[array, ...]``: the outputs, computed with ``xp`` only.
+
+The executor allocates each output from ``shapes`` before launching, then the kernel copies what
+``compute`` returned into it, checking shape and dtype, so a wrong ``shapes`` is an error, never a
+silently wrong result. ``compute`` must not read device values on the host (no ``.item()``,
+``float(x)``, ``bool(x)``, ``if x.any()``): values it needs on the host go in ``host_inputs``.
+
+Writing an op usually takes a few lines through the helper classes below (``Unary``, ``Binary``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Spec", "NodeInfo", "OpKernel", "Unary", "Binary", "Variadic", "broadcast", "OpError",
+    "normalize_axis",
+]
+
+
+class OpError(ValueError):
+    """A node's inputs or attributes are invalid for its operator; names the node."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What shape inference knows about a value: concrete shape, dtype, and its host value if known."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    value: np.ndarray | None = field(default=None, compare=False)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    attrs: dict[str, Any]
+    n_inputs: int  # including empty optional inputs, which appear as None
+    n_outputs: int
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def error(self, msg: str) -> OpError:
+        return OpError(f"node {self.name!r} ({self.op_type}, opset {self.opset}): {msg}")
+
+
+def normalize_axis(node: NodeInfo, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise node.error(f"axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def broadcast(node: NodeInfo, *shapes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise node.error(f"shapes {[tuple(s) for s in shapes]} do not broadcast") from None
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    op_type: str
+    shapes: Callable[[NodeInfo, list[Spec | None]], list[Spec]]
+    compute: Callable[..., tuple[Any, ...]]
+    domain: str = ""
+    since: int = 1
+    until: int | None = None
+    capture: str = "safe"
+    reason: str = ""
+    host_inputs: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.capture not in ("safe", "unsupported", "conditional"):
+            raise ValueError(f"{self.op_type}: capture must be safe/unsupported/conditional, got {self.capture!r}")
+        if self.capture != "safe" and not self.reason:
+            raise ValueError(f"{self.op_type}: capture={self.capture!r} needs a reason")
+
+    def covers(self, version: int) -> bool:
+        return self.since <= version and (self.until is None or version <= self.until)
+
+    def __repr__(self) -> str:
+        until = "" if self.until is None else str(self.until)
+        return f"<OpKernel {self.domain or 'ai.onnx'}::{self.op_type} v{self.since}-{until}>"
+
+
+def Unary(op_type: str, fn: Callable[[Any, Any], Any], *, out_dtype: Any = None, **kw: Any) -> OpKernel:
+    """An elementwise op of one input: ``fn(xp, x)``; output dtype = input dtype unless given."""
+
+    def shapes(node, specs):
+        x = specs[0]
+        return [Spec(x.shape, np.dtype(out_dtype) if out_dtype is not None else x.dtype)]
+
+    def compute(xp, node, x):
+        return (fn(xp, x),)
+
+    return OpKernel(op_type, shapes, compute, **kw)
+
+
+def Binary(op_type: str, fn: Callable[[Any, Any, Any], Any], *, out_dtype: Any = None, **kw: Any) -> OpKernel:
+    """An elementwise op of two broadcasting inputs: ``fn(xp, a, b)``; dtype of ``a`` unless given."""
+
+    def shapes(node, specs):
+        a, b = specs[0], specs[1]
+        return [Spec(broadcast(node, a.shape, b.shape), np.dtype(out_dtype) if out_dtype is not None else a.dtype)]
+
+    def compute(xp, node, a, b):
+        return (fn(xp, a, b),)
+
+    return OpKernel(op_type, shapes, compute, **kw)
+
+
+def Variadic(op_type: str, fn: Callable[[Any, Any, Any], Any], **kw: Any) -> OpKernel:
+    """An elementwise fold over any number of broadcasting inputs (Sum, Max, Min, Mean)."""
+
+    def shapes(node, specs):
+        present = [s for s in specs if s is not None]
+        return [Spec(broadcast(node, *[s.shape for s in present]), present[0].dtype)]
+
+    def compute(xp, node, *xs):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = fn(xp, acc, x)
+        return (acc,)
+
+    return OpKernel(op_type, shapes, compute, **kw)

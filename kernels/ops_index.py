@@ -1,0 +1,7 @@
+"""index ops."""
+
+from __future__ import annotations
+
+from ._op import OpKernel
+
+OPS: list[OpKernel] = []

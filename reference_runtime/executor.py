@@ -1,0 +1,247 @@
+"""The ONNX executor: a model on a runtime, run node by node through registered kernels.
+
+Load: the model is checked (``model.load_model``), its nodes are put in topological order,
+``Constant`` nodes and initializers become device tensors once, and every other node is matched to
+a kernel (``kernels.registry``). Any node without one is reported before anything executes,
+with op type, domain and opset (``UnsupportedModel``).
+
+Run: feeds are checked against the graph's declared inputs (names, dtypes, ranks, fixed dims, and
+symbolic dims bound consistently: one symbol, one value), uploaded, then each node's output specs
+are inferred (``OpKernel.shapes``; inputs in ``host_inputs`` are read back first, the node's host
+seam), outputs are allocated and the node's kernel is launched on the runtime. Only the runtime's
+primitives touch the device, so the simulated device's ordering and race checks apply to every op.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from kernels import Kernel
+from kernels._op import NodeInfo, OpKernel, Spec
+from kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
+
+from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
+from .runtime import Runtime, Tensor
+
+__all__ = ["Executor", "FeedError", "ModelError", "UnsupportedModel"]
+
+
+class FeedError(ValueError):
+    """A feed is missing, unknown, or of the wrong dtype or shape; names the input."""
+
+
+@dataclass
+class _Value:
+    tensor: Tensor | None  # None for an empty (0-element) value never placed on the device
+    spec: Spec
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: onnx.NodeProto
+    info: NodeInfo
+    kernel: OpKernel | None  # None: handled by the executor (Identity)
+    launch: Kernel | None
+
+
+def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, onnx.TensorProto):
+            v = tensor_to_numpy(v, base_dir)
+        elif isinstance(v, bytes):
+            v = v.decode("utf-8")
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode("utf-8") for x in v]
+        out[a.name] = v
+    return out
+
+
+def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto]:
+    produced = set(known)
+    pending = list(graph.node)
+    order: list[onnx.NodeProto] = []
+    while pending:
+        ready = [n for n in pending if all(i == "" or i in produced for i in n.input)]
+        if not ready:
+            missing = sorted({i for n in pending for i in n.input if i and i not in produced})
+            raise ModelError(f"graph {graph.name!r}: inputs {missing[:5]} are never produced (cycle or dangling edge)")
+        for n in ready:
+            order.append(n)
+            produced.update(o for o in n.output if o)
+        ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ids]
+    return order
+
+
+def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out: int) -> Kernel:
+    """Wrap an op into a launchable kernel: outputs first, then the present inputs."""
+
+    def body(xp, *arrays):
+        outs, ins = arrays[:n_out], iter(arrays[n_out:])
+        args = [next(ins) if p else None for p in present]
+        results = op.compute(xp, info, *args)
+        if len(results) < n_out:
+            raise info.error(f"compute returned {len(results)} outputs, {n_out} expected")
+        for out, res in zip(outs, results):
+            res = xp.asarray(res)
+            if tuple(res.shape) != tuple(out.shape):
+                raise info.error(f"compute gave shape {tuple(res.shape)}, shapes() promised {tuple(out.shape)}")
+            xp.copyto(out, res, casting="unsafe")
+
+    capture = "safe" if op.capture == "safe" else "unsupported"
+    return Kernel(f"{info.op_type}:{info.name}", body, writes=tuple(range(n_out)), capture=capture,
+                  reason=op.reason or "")
+
+
+class Executor:
+    """A loaded model bound to a runtime. ``run(feeds)`` returns the graph outputs as numpy arrays."""
+
+    def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
+        self.model, self.base_dir = load_model(model)
+        self.runtime = runtime
+        graph = self.model.graph
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
+        self._names = itertools.count()
+        init_names = {t.name for t in graph.initializer}
+        self.inputs = [vi for vi in graph.input if vi.name not in init_names]
+        self.outputs = [vi.name for vi in graph.output]
+        order = _topological(graph, init_names | {vi.name for vi in graph.input})
+        self.steps: list[_Step] = []
+        self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
+        unsupported: list[str] = []
+        for node in order:
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            opset = self.opsets.get(domain)
+            name = node.name or f"{node.op_type}_{next(self._names)}"
+            if opset is None:
+                unsupported.append(f"{name}: domain {domain!r} is not imported by the model")
+                continue
+            try:
+                attrs = _attrs(node, self.base_dir)
+            except Exception as exc:
+                raise ModelError(f"node {name!r} ({node.op_type}): bad attribute: {exc}") from exc
+            info = NodeInfo(name, node.op_type, domain, opset, attrs, len(node.input), len(node.output))
+            if (domain, node.op_type) in EXECUTOR_OPS:
+                if node.op_type == "Constant":
+                    self._constants[node.output[0]] = self._constant_value(info)
+                else:
+                    self.steps.append(_Step(node, info, None, None))
+                continue
+            kernel = registry.lookup(domain, node.op_type, opset)
+            if kernel is None:
+                unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")
+                continue
+            present = tuple(bool(i) for i in node.input)
+            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output))))
+        if unsupported:
+            raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
+        self._const_values: dict[str, _Value] = {}
+        for name, value in self._constants.items():
+            self._const_values[name] = self._place(value, name)
+
+    def _constant_value(self, info: NodeInfo) -> np.ndarray:
+        a = info.attrs
+        if "value" in a:
+            return np.asarray(a["value"])
+        for key, dt in (("value_float", np.float32), ("value_int", np.int64)):
+            if key in a:
+                return np.asarray(a[key], dtype=dt)
+        for key, dt in (("value_floats", np.float32), ("value_ints", np.int64)):
+            if key in a:
+                return np.asarray(a[key], dtype=dt)
+        raise UnsupportedModel("Constant", [f"{info.name}: attribute form {sorted(a)} is not supported"])
+
+    def _place(self, value: np.ndarray, name: str) -> _Value:
+        value = np.asarray(value)
+        if value.dtype == object:
+            raise UnsupportedModel("string tensors", [f"{name}: string tensors cannot be placed on the device"])
+        spec = Spec(tuple(value.shape), value.dtype, value)
+        return _Value(self.runtime.upload(value, name=name), spec)
+
+    # -- feeds
+    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        declared = {vi.name: vi for vi in self.inputs}
+        unknown = sorted(set(feeds) - set(declared))
+        if unknown:
+            raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {sorted(declared)}")
+        missing = [n for n in declared if n not in feeds]
+        if missing:
+            raise FeedError(f"missing feed(s) {missing}")
+        symbols: dict[str, tuple[int, str]] = {}
+        out = {}
+        for name, vi in declared.items():
+            value = feeds[name]
+            if not isinstance(value, np.ndarray):
+                raise FeedError(f"input {name!r}: expected a numpy array, got {type(value).__name__}")
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                raise UnsupportedModel("inputs", [f"{name}: only tensor inputs are supported"])
+            want = np_dtype(tt.elem_type)
+            if value.dtype != want:
+                raise FeedError(f"input {name!r}: dtype {value.dtype} given, {want} declared")
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if len(dims) != value.ndim:
+                    raise FeedError(f"input {name!r}: rank {value.ndim} given (shape {value.shape}), rank {len(dims)} declared")
+                for axis, (d, n) in enumerate(zip(dims, value.shape)):
+                    if d.HasField("dim_value") and d.dim_value != n:
+                        raise FeedError(f"input {name!r}: dim {axis} is {n}, declared {d.dim_value}")
+                    if d.HasField("dim_param"):
+                        prev = symbols.setdefault(d.dim_param, (n, name))
+                        if prev[0] != n:
+                            raise FeedError(
+                                f"input {name!r}: dim {axis} ({d.dim_param!r}) is {n}, but {prev[1]!r} bound it to {prev[0]}"
+                            )
+            out[name] = value
+        return out
+
+    # -- run
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        rt = self.runtime
+        env: dict[str, _Value] = dict(self._const_values)
+        temps: list[Tensor] = []
+        for name, value in self._check_feeds(feeds).items():
+            v = _Value(rt.upload(value, name=name), Spec(tuple(value.shape), value.dtype))
+            env[name] = v
+            temps.append(v.tensor)
+        try:
+            for step in self.steps:
+                self._run_step(step, env, temps)
+            missing = [o for o in self.outputs if o not in env]
+            if missing:
+                raise ModelError(f"graph outputs {missing} were never produced")
+            return {o: rt.download(env[o].tensor) for o in self.outputs}
+        finally:
+            for t in temps:
+                if not t.freed:
+                    rt.free(t)
+
+    def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor]) -> None:
+        node, info, rt = step.node, step.info, self.runtime
+        values = [env[i] if i else None for i in node.input]
+        if step.kernel is None:  # Identity: alias, no launch
+            env[node.output[0]] = values[0]  # type: ignore[assignment]
+            return
+        specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
+        for i in step.kernel.host_inputs:
+            if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
+                host = rt.download(values[i].tensor)  # the node's host seam
+                specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
+        out_specs = step.kernel.shapes(info, specs)
+        outs: list[Tensor] = []
+        for name, spec in zip(node.output, out_specs):
+            t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
+            temps.append(t)
+            outs.append(t)
+            if name:
+                env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))
+        ins = [v.tensor for v in values if v is not None]
+        rt.launch(step.launch, *outs, *ins)

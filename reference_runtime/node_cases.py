@@ -1,0 +1,147 @@
+"""ONNX's backend node cases (``onnx.backend.test.loader``), cached, and run against an engine.
+
+onnx builds its 1,884 node cases in memory (about 5-10 s); ``load_cases`` keeps them in a pickle
+keyed by onnx's version (``$LOCKSTEP_CACHE_DIR``, default ``.lockstep-cache/`` in the working
+directory) so pytest-xdist workers do not each pay that. ``run_case`` compares outputs the way
+ONNX's own runner does (``Runner.assert_similar_outputs``: shapes, dtypes, rtol/atol per case).
+
+As a command, for working on kernels: ``python -m reference_runtime.node_cases --engine ref-sim
+--match 'test_add*'`` prints each case's outcome and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import pickle
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .model import ModelError, UnsupportedModel
+
+__all__ = ["NodeCase", "load_cases", "run_case", "Outcome"]
+
+
+@dataclass(frozen=True)
+class NodeCase:
+    name: str
+    model: bytes
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+    rtol: float
+    atol: float
+
+    def proto(self) -> onnx.ModelProto:
+        return onnx.load_from_string(self.model)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # passed | failed | unsupported | error
+    detail: str = ""
+
+
+def _cache_path() -> Path:
+    base = Path(os.environ.get("LOCKSTEP_CACHE_DIR", ".lockstep-cache"))
+    return base / f"node-cases-onnx-{onnx.__version__}.pkl"
+
+
+def _build() -> list[NodeCase]:
+    from onnx.backend.test import loader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = loader.load_model_tests(kind="node")
+    cases = []
+    for c in raw:
+        if c.model is None or not c.data_sets:
+            continue
+        ins, outs = c.data_sets[0]
+        cases.append(NodeCase(c.name, c.model.SerializeToString(), list(ins), list(outs), c.rtol, c.atol))
+    return cases
+
+
+def load_cases() -> list[NodeCase]:
+    path = _cache_path()
+    if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception:
+            pass  # a corrupt or foreign cache is rebuilt, never trusted
+    cases = _build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)  # atomic: concurrent workers never read half a file
+    return cases
+
+
+def _feeds(model: onnx.ModelProto, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    init = {t.name for t in model.graph.initializer}
+    names = [vi.name for vi in model.graph.input if vi.name not in init]
+    return dict(zip(names, inputs))
+
+
+def run_case(engine, case: NodeCase) -> Outcome:
+    from onnx.backend.test.runner import Runner
+
+    if any(not isinstance(x, np.ndarray) for x in [*case.inputs, *case.outputs]):
+        return Outcome("unsupported", "sequence or optional values (not tensors)")
+    model = case.proto()
+    try:
+        run = engine.prepare(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs = run(_feeds(model, case.inputs))
+    except UnsupportedModel as exc:
+        return Outcome("unsupported", str(exc))
+    except ModelError as exc:
+        return Outcome("error", f"ModelError: {exc}")
+    except Exception as exc:
+        return Outcome("error", f"{type(exc).__name__}: {str(exc)[:500]}")
+    try:
+        Runner.assert_similar_outputs(case.outputs, outs, case.rtol, case.atol)
+    except AssertionError as exc:
+        return Outcome("failed", str(exc).strip()[:800])
+    except Exception as exc:
+        return Outcome("failed", f"{type(exc).__name__}: {str(exc)[:500]}")
+    return Outcome("passed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .engines import make_engine
+
+    ap = argparse.ArgumentParser(prog="python -m reference_runtime.node_cases")
+    ap.add_argument("--engine", default="ref-sim")
+    ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
+    ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
+    args = ap.parse_args(argv)
+    engine = make_engine(args.engine)
+    ok, why = engine.available()
+    if not ok:
+        print(f"{args.engine} unavailable: {why}")
+        return 2
+    counts: dict[str, int] = {}
+    show = set(args.show.split(","))
+    for case in load_cases():
+        if args.match and not any(fnmatch.fnmatch(case.name, p) for p in args.match):
+            continue
+        out = run_case(engine, case)
+        counts[out.status] = counts.get(out.status, 0) + 1
+        if out.status in show:
+            print(f"{out.status:11} {case.name}: {out.detail.splitlines()[0] if out.detail else ''}")
+    print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
