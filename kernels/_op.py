@@ -8,7 +8,9 @@ An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
 - ``host_inputs``: input indices whose *values* shape inference needs on the host (Reshape's
   shape, Slice's starts): the executor reads them back, which makes the node a host seam;
 - ``shapes(node, specs) -> list[Spec]``: output shapes and dtypes from input specs and attributes;
-- ``compute(xp, node, *arrays) -> tuple[array, ...]``: the outputs, computed with ``xp`` only.
+- ``compute(xp, node, *arrays) -> tuple[array, ...]``: the outputs, computed with ``xp`` only;
+  ``node.out_specs`` holds what ``shapes`` returned for this run and ``node.host[i]`` the host value
+  of each input listed in ``host_inputs`` (so Reshape's compute knows its target shape).
 
 The executor allocates each output from ``shapes`` before launching, then the kernel copies what
 ``compute`` returned into it, checking shape and dtype, so a wrong ``shapes`` is an error, never a
@@ -57,6 +59,10 @@ class NodeInfo:
     attrs: dict[str, Any]
     n_inputs: int  # including empty optional inputs, which appear as None
     n_outputs: int
+    # Per run, filled by the executor before compute: the specs shapes() returned, and the host
+    # values of the inputs listed in ``host_inputs`` (index -> numpy array).
+    out_specs: tuple["Spec", ...] = ()
+    host: dict[int, np.ndarray] = field(default_factory=dict, compare=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -14,6 +14,7 @@ primitives touch the device, so the simulated device's ordering and race checks 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -84,16 +85,16 @@ def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto
 def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out: int) -> Kernel:
     """Wrap an op into a launchable kernel: outputs first, then the present inputs."""
 
-    def body(xp, *arrays):
+    def body(xp, *arrays, node):
         outs, ins = arrays[:n_out], iter(arrays[n_out:])
         args = [next(ins) if p else None for p in present]
-        results = op.compute(xp, info, *args)
+        results = op.compute(xp, node, *args)
         if len(results) < n_out:
-            raise info.error(f"compute returned {len(results)} outputs, {n_out} expected")
+            raise node.error(f"compute returned {len(results)} outputs, {n_out} expected")
         for out, res in zip(outs, results):
             res = xp.asarray(res)
             if tuple(res.shape) != tuple(out.shape):
-                raise info.error(f"compute gave shape {tuple(res.shape)}, shapes() promised {tuple(out.shape)}")
+                raise node.error(f"compute gave shape {tuple(res.shape)}, shapes() promised {tuple(out.shape)}")
             xp.copyto(out, res, casting="unsafe")
 
     capture = "safe" if op.capture == "safe" else "unsupported"
@@ -235,7 +236,7 @@ class Executor:
             if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
                 host = rt.download(values[i].tensor)  # the node's host seam
                 specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
-        out_specs = step.kernel.shapes(info, specs)
+        out_specs = list(step.kernel.shapes(info, specs))
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):
             t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
@@ -244,4 +245,6 @@ class Executor:
             if name:
                 env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))
         ins = [v.tensor for v in values if v is not None]
-        rt.launch(step.launch, *outs, *ins)
+        host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
+        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host)
+        rt.launch(step.launch, *outs, *ins, node=call)
