@@ -23,6 +23,7 @@ import pytest
 
 from reference_runtime import RuntimeConfig
 from reference_runtime.backends import DEVICES, available_devices, make_device
+from reference_runtime.engines import ENGINES, make_engine
 
 from .mutants import runtime_class
 
@@ -34,6 +35,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--devices", default=None, help=f"comma-separated devices to run on, of {list(DEVICES)} (default: all)")
     g.addoption("--lockstep-mutant", default=None, help="run the tests against this mutant runtime (see contracts.mutants)")
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
+    g.addoption("--lockstep-report-dir", default=None, help="write report.json and report.md (per-engine counts, op gaps) here")
+    g.addoption("--engines", default=None, help=f"comma-separated engines to run, of {list(ENGINES)} (default: all)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,12 +49,23 @@ def pytest_configure(config: pytest.Config) -> None:
     bad_required = [d for d in required if d not in DEVICES]
     if bad_required:
         raise pytest.UsageError(f"LOCKSTEP_REQUIRE_DEVICES names unknown device(s) {bad_required}")
+    raw_e = config.getoption("--engines")
+    engines = [e.strip() for e in raw_e.split(",") if e.strip()] if raw_e else list(ENGINES)
+    bad_e = [e for e in engines if e not in ENGINES]
+    if bad_e:
+        raise pytest.UsageError(f"--engines: unknown engine(s) {bad_e}; engines are {list(ENGINES)}")
+    req_e = [e.strip() for e in os.environ.get("LOCKSTEP_REQUIRE_ENGINES", "").split(",") if e.strip()]
+    if [e for e in req_e if e not in ENGINES]:
+        raise pytest.UsageError(f"LOCKSTEP_REQUIRE_ENGINES names unknown engine(s) {req_e}")
     mutant = config.getoption("--lockstep-mutant")
     runtime_class(mutant)  # fail early on an unknown name
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.stash[_STATE_KEY] = {
         "selected": selected,
         "required": required,
+        "engines": engines,
+        "required_engines": req_e,
+        "engine_objs": {},
         "availability": None,
         "mutant": mutant,
         "skipped": Counter(),
@@ -73,9 +87,67 @@ def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "device_name" in metafunc.fixturenames:
         metafunc.parametrize("device_name", _state(metafunc.config)["selected"])
+    if "engine_name" in metafunc.fixturenames:
+        metafunc.parametrize("engine_name", _state(metafunc.config)["engines"])
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest, engine_name: str):
+    """The parametrized engine (one object per engine and process); an unavailable engine is a
+    visible skip with its reason, or a failure when ``LOCKSTEP_REQUIRE_ENGINES`` names it."""
+    st = _state(request.config)
+    objs = st["engine_objs"]
+    if engine_name not in objs:
+        objs[engine_name] = make_engine(engine_name)
+    eng = objs[engine_name]
+    ok, reason = eng.available()
+    if not ok:
+        if engine_name in st["required_engines"]:
+            pytest.fail(f"engine {engine_name!r} is required by LOCKSTEP_REQUIRE_ENGINES but unavailable: {reason}")
+        pytest.skip(f"{UNAVAILABLE}{engine_name}: {reason}")
+    return eng
+
+
+def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark node-suite items per ``conformance/node_suite/expectations.toml`` (strict xfails, skips)."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    path = Path(str(config.rootpath)) / "conformance" / "node_suite" / "expectations.toml"
+    suite = [it for it in items if it.get_closest_marker("node_suite") is not None]
+    if not suite or not path.is_file():
+        return
+    try:
+        entries = tomllib.loads(path.read_text()).get("expect", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise pytest.UsageError(f"{path}: not valid TOML: {exc}") from None
+    problems = []
+    for n, e in enumerate(entries):
+        missing = [k for k in ("engine", "pattern", "kind", "reason") if not e.get(k)]
+        if missing or e.get("kind") not in ("xfail", "skip"):
+            problems.append(f"entry {n}: needs engine, pattern, kind (xfail|skip) and reason; got {e}")
+    if problems:
+        raise pytest.UsageError(f"{path}:\n  " + "\n  ".join(problems))
+    used = [False] * len(entries)
+    all_cases = {(it.callspec.params.get("engine_name"), it.callspec.params["case"].name) for it in suite}
+    for n, e in enumerate(entries):
+        used[n] = any(eng == e["engine"] and fnmatch.fnmatch(name, e["pattern"]) for eng, name in all_cases)
+    selected_engines = set(_state(config)["engines"])
+    stale = [e for e, u in zip(entries, used) if not u and e["engine"] in selected_engines]
+    if stale:
+        raise pytest.UsageError(f"{path}: entries matching no case: {stale}")
+    for it in suite:
+        eng, name = it.callspec.params.get("engine_name"), it.callspec.params["case"].name
+        for e in entries:
+            if e["engine"] == eng and fnmatch.fnmatch(name, e["pattern"]):
+                mark = pytest.mark.xfail(strict=True, reason=e["reason"]) if e["kind"] == "xfail" else pytest.mark.skip(reason=e["reason"])
+                it.add_marker(mark)
+                break
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _apply_expectations(config, items)
     problems = []
     for item in items:
         m = item.get_closest_marker("contract")
@@ -145,7 +217,23 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     m = item.get_closest_marker("contract")
     if m is not None and m.args:
         report.user_properties.append(("contract", m.args[0]))
+    if report.when == "setup":
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        who = params.get("engine_name") or params.get("device_name")
+        if who and "engine_name" not in params:
+            who = {"sim": "ref-sim", "cupy": "ref-cuda"}.get(who, who)
+        report.user_properties.append(("engine", who or "-"))
+        case = params.get("case")
+        if case is not None and hasattr(case, "model"):
+            report.user_properties.append(("ops", sorted(_op_types(case.model))))
     return report
+
+
+def _op_types(model_bytes: bytes) -> set[str]:
+    import onnx
+
+    m = onnx.load_from_string(model_bytes)
+    return {n.op_type for n in m.graph.node} | {n.op_type for f in m.functions for n in f.node}
 
 
 class _OutcomeRecorder:
@@ -156,13 +244,19 @@ class _OutcomeRecorder:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         st = _state(self.config)
-        contract = dict(report.user_properties).get("contract")
-        entry = st["outcomes"].setdefault(report.nodeid, {"outcome": "passed", "contract": contract})
+        props = dict(report.user_properties)
+        entry = st["outcomes"].setdefault(
+            report.nodeid, {"outcome": "passed", "contract": props.get("contract"), "engine": props.get("engine"),
+                            "ops": props.get("ops", [])}
+        )
         if report.failed:
             entry["outcome"] = "failed"
+        elif hasattr(report, "wasxfail"):
+            entry["outcome"] = "xfailed"
         elif report.skipped and entry["outcome"] == "passed":
             entry["outcome"] = "skipped"
             msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            entry["reason"] = msg
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
                 st["skipped"][(name, reason)] += 1
@@ -175,6 +269,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(st["outcomes"], f, indent=1)
+    report_dir = session.config.getoption("--lockstep-report-dir")
+    if report_dir:
+        from .report import write_report
+
+        st["report_paths"] = write_report(st["outcomes"], report_dir)
 
 
 @pytest.hookimpl(trylast=True)
@@ -192,7 +291,9 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if st["mutant"]:
         terminalreporter.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
     if st["skipped"]:
-        terminalreporter.section("lockstep: unavailable devices")
+        terminalreporter.section("lockstep: unavailable devices and engines")
         for (name, reason), n in sorted(st["skipped"].items()):
             terminalreporter.write_line(f"{name}: {n} test(s) skipped: {reason}", yellow=True)
-        terminalreporter.write_line("set LOCKSTEP_REQUIRE_DEVICES=cupy to make an absent device a failure")
+        terminalreporter.write_line(
+            "LOCKSTEP_REQUIRE_DEVICES=cupy / LOCKSTEP_REQUIRE_ENGINES=ref-cuda,... make an absent one a failure"
+        )

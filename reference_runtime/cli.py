@@ -12,6 +12,28 @@ def _mutants(args: argparse.Namespace) -> int:
     return run_mutants(args.device, args.mutant, jobs=args.jobs, timeout_s=args.timeout)
 
 
+def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
+    """The main job: the conformance suite on the available engines, with a report."""
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    suite = root / "conformance"
+    if not suite.is_dir():
+        print(f"{suite} not found: `lockstep check` needs a source checkout installed with `pip install -e .`")
+        return 2
+    argv = [str(suite), f"--lockstep-report-dir={args.report_dir}", f"--rootdir={root}"]
+    if args.engines:
+        argv.append(f"--engines={args.engines}")
+    rc = int(pytest.main(argv + passthrough))
+    md = Path(args.report_dir) / "report.md"
+    if md.is_file():
+        print(md.read_text())
+        print(f"report: {md} and {md.with_suffix('.json')}")
+    return rc
+
+
 def _parity(args: argparse.Namespace) -> int:
     from contracts import parity
 
@@ -36,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--timeout", type=float, default=600, help="seconds allowed per pytest process (default 600)")
     m.set_defaults(func=_mutants)
 
+    c = sub.add_parser("check", help="run the conformance suite on the available engines and write a report "
+                       "(unknown options are passed to pytest)")
+    c.add_argument("--engines", default=None, help="comma-separated engines (default: all available)")
+    c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
+    c.set_defaults(func=_check)
+
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")
     p.add_argument("--scenario", action="append")
@@ -43,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", help="observations from another device to compare with")
     p.set_defaults(func=_parity)
 
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if args.command == "check":
+        return _check(args, extra)
+    if extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 

@@ -87,7 +87,7 @@ class OrtEngine(Engine):
             import onnxruntime as ort
         except Exception as exc:
             return False, f"onnxruntime is not importable: {exc!r}"
-        ort.set_default_logger_severity(3)
+        ort.set_default_logger_severity(4)
         if self.provider not in ort.get_available_providers():
             return False, f"onnxruntime {ort.__version__} has no {self.provider}"
         probe = onnx.helper.make_model(
@@ -100,7 +100,7 @@ class OrtEngine(Engine):
         )
         try:
             so = ort.SessionOptions()
-            so.log_severity_level = 3
+            so.log_severity_level = 4
             sess = ort.InferenceSession(probe.SerializeToString(), so, providers=[self.provider])
         except Exception as exc:
             return False, f"{self.provider} failed to create a session: {str(exc)[:200]}"
@@ -113,7 +113,7 @@ class OrtEngine(Engine):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4
         try:
             sess = ort.InferenceSession(model.SerializeToString(), so, providers=[self.provider])
         except Exception as exc:

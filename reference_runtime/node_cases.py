@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="ref-sim")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
+    ap.add_argument("--emit-expectations", action="store_true",
+                    help="print TOML [[expect]] entries (strict xfail) for every failed or erroring case")
     args = ap.parse_args(argv)
     engine = make_engine(args.engine)
     ok, why = engine.available()
@@ -137,10 +139,26 @@ def main(argv: list[str] | None = None) -> int:
             continue
         out = run_case(engine, case)
         counts[out.status] = counts.get(out.status, 0) + 1
+        if args.emit_expectations:
+            if out.status in ("failed", "error"):
+                first = (out.detail.strip().splitlines() or [""])[0].replace('"', "'")[:200]
+                version = _engine_version(args.engine)
+                print(f'[[expect]]\nengine = "{args.engine}"\npattern = "{case.name}"\nkind = "xfail"\n'
+                      f'reason = "{version}: {out.status}: {first}"\n')
+            continue
         if out.status in show:
             print(f"{out.status:11} {case.name}: {out.detail.splitlines()[0] if out.detail else ''}")
-    print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    print(f"# {summary}" if args.emit_expectations else summary)
     return 0
+
+
+def _engine_version(name: str) -> str:
+    if name.startswith("ort"):
+        import onnxruntime
+
+        return f"onnxruntime {onnxruntime.__version__}"
+    return name
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""The executor's handling of bad input, and its ordering on the simulated device."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from reference_runtime import Runtime, RuntimeConfig
+from reference_runtime.backends.sim import SimDevice
+from reference_runtime.executor import Executor, FeedError
+from reference_runtime.model import ModelError, UnsupportedModel
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=21, ir=10):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
+
+
+def _rt():
+    return Runtime(SimDevice(), RuntimeConfig())
+
+
+def _vi(name, elem=TensorProto.FLOAT, shape=("n",)):
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def test_unsupported_ops_are_all_reported_before_execution():
+    m = _model(
+        [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy"),
+         helper.make_node("Identity", ["y"], ["z"])],
+        [_vi("x")], [_vi("z")],
+    )
+    m.opset_import.append(helper.make_opsetid("com.example", 3))
+    with pytest.raises(UnsupportedModel) as exc:
+        Executor(m, _rt())
+    assert exc.value.items == ["fancy: no kernel for com.example::FancyOp"]
+
+
+def test_unsupported_reason_names_the_opset():
+    from kernels._op import Unary
+    from kernels.registry import Registry
+
+    old_only = Registry([Unary("Neg", lambda xp, x: -x, since=1, until=5)])
+    m = _model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [_vi("x")], [_vi("y")])
+    with pytest.raises(UnsupportedModel, match=r"neg: no kernel for ai.onnx::Neg at opset 21 \(have 1-5\)"):
+        Executor(m, _rt(), registry=old_only)
+    m2 = _model([helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="tfidf", mode="TF", min_gram_length=1,
+                                  max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[0],
+                                  pool_int64s=[1])],
+                [_vi("x", TensorProto.INT64)], [_vi("y")])
+    with pytest.raises(UnsupportedModel, match=r"tfidf: no kernel for ai.onnx::TfIdfVectorizer"):
+        Executor(m2, _rt(), registry=old_only)
+
+
+def test_a_nonexistent_standard_op_fails_the_checker():
+    m = _model([helper.make_node("Frobnicate", ["x"], ["y"], name="frob")], [_vi("x")], [_vi("y")])
+    with pytest.raises(ModelError, match="No Op registered for Frobnicate"):
+        Executor(m, _rt())
+
+
+def test_malformed_protobuf_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelError, match="not a valid ONNX protobuf"):
+        Executor(b"\x08\x07garbage\xff\xff", _rt())
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x12\x34not onnx at all")
+    with pytest.raises(ModelError, match="bad.onnx"):
+        Executor(str(bad), _rt())
+    with pytest.raises(ModelError, match="does not exist"):
+        Executor(str(tmp_path / "missing.onnx"), _rt())
+
+
+def test_checker_failure_is_a_model_error():
+    m = _model([helper.make_node("Identity", ["x"], ["y"])], [_vi("x")], [_vi("nope")])
+    with pytest.raises(ModelError, match="onnx.checker"):
+        Executor(m, _rt())
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", "../outside.bin"
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=(4,))], [w])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = folder / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    (tmp_path / "outside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    with pytest.raises(ModelError, match="external data '../outside.bin' points outside the model folder"):
+        Executor(str(path), _rt())
+
+
+def _identity_model():
+    return _model([helper.make_node("Identity", ["a"], ["y"])],
+                  [_vi("a", shape=("n", 3)), _vi("b", shape=("n",))], [_vi("y", shape=("n", 3))])
+
+
+@pytest.mark.parametrize(
+    "feeds, match",
+    [
+        ({"a": np.zeros((2, 3), np.float32)}, r"missing feed\(s\) \['b'\]"),
+        ({"a": np.zeros((2, 3), np.float32), "b": np.zeros(2, np.float32), "c": np.zeros(1)}, r"unknown feed\(s\) \['c'\]"),
+        ({"a": np.zeros((2, 3), np.float64), "b": np.zeros(2, np.float32)}, r"input 'a': dtype float64 given, float32 declared"),
+        ({"a": np.zeros((2, 3, 1), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': rank 3 given"),
+        ({"a": np.zeros((2, 4), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': dim 1 is 4, declared 3"),
+        ({"a": np.zeros((2, 3), np.float32), "b": np.zeros(5, np.float32)}, r"input 'b': dim 0 \('n'\) is 5, but 'a' bound it to 2"),
+        ({"a": [[0.0] * 3] * 2, "b": np.zeros(2, np.float32)}, r"input 'a': expected a numpy array"),
+    ],
+)
+def test_bad_feeds_name_the_input(feeds, match):
+    ex = Executor(_identity_model(), _rt())
+    with pytest.raises(FeedError, match=match):
+        ex.run(feeds)
+
+
+def test_identity_round_trip_and_runtime_stays_usable_after_a_bad_feed():
+    rt = _rt()
+    ex = Executor(_identity_model(), rt)
+    with pytest.raises(FeedError):
+        ex.run({})
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = ex.run({"a": a, "b": np.zeros(2, np.float32)})
+    assert np.array_equal(out["y"], a)
+    assert rt.pending_frees == 0 or rt.drain_for_unmap() is None
