@@ -123,3 +123,15 @@ def test_identity_round_trip_and_runtime_stays_usable_after_a_bad_feed():
     out = ex.run({"a": a, "b": np.zeros(2, np.float32)})
     assert np.array_equal(out["y"], a)
     assert rt.pending_frees == 0 or rt.drain_for_unmap() is None
+
+
+def test_symbolic_dims_are_interned_at_load():
+    m = _model(
+        [helper.make_node("Identity", ["a"], ["t"]), helper.make_node("Identity", ["t"], ["y"])],
+        [_vi("a", shape=("batch", "seq")), _vi("b", shape=("seq",))], [_vi("y", shape=("batch", "seq"))],
+    )
+    ex = Executor(m, _rt())
+    batch, seq = ex.symbols["batch"], ex.symbols["seq"]
+    assert ex.symbolic_shapes["a"] == (batch, seq)
+    assert ex.symbolic_shapes["b"][0] is seq  # one name, one symbol object
+    assert ex.symbolic_shapes["t"] == (batch, seq)  # propagated through the graph
