@@ -26,7 +26,7 @@ CAPTURE_UNSUPPORTED = "unsupported"
 class Kernel:
     name: str
     body: Callable[..., None]
-    writes: tuple[int, ...]
+    writes: tuple[int, ...]  # indices of the arrays it writes; negative indices count from the end
     capture: str = CAPTURE_SAFE
     reason: str = ""
     uses_cublas: bool = False

@@ -8,6 +8,9 @@ An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
 - ``host_inputs``: input indices whose *values* shape inference needs on the host (Reshape's
   shape, Slice's starts): the executor reads them back, which makes the node a host seam;
 - ``shapes(node, specs) -> list[Spec]``: output shapes and dtypes from input specs and attributes;
+- ``index_checks(node, specs)`` (optional): which inputs are indices and their bound; the executor
+  validates them on the device into the runtime's error latch (no readback), so an out-of-range
+  index surfaces as ``DeviceAssert`` naming the node at the next synchronising point;
 - ``compute(xp, node, *arrays) -> tuple[array, ...]``: the outputs, computed with ``xp`` only;
   ``node.out_specs`` holds what ``shapes`` returned for this run and ``node.host[i]`` the host value
   of each input listed in ``host_inputs`` (so Reshape's compute knows its target shape).
@@ -63,6 +66,7 @@ class NodeInfo:
     # values of the inputs listed in ``host_inputs`` (index -> numpy array).
     out_specs: tuple["Spec", ...] = ()
     host: dict[int, np.ndarray] = field(default_factory=dict, compare=False)
+    index_checks: tuple[tuple[int, int], ...] = ()
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -95,6 +99,9 @@ class OpKernel:
     capture: str = "safe"
     reason: str = ""
     host_inputs: tuple[int, ...] = ()
+    # Inputs holding indices, validated on the device into the runtime's error latch:
+    # ``index_checks(node, specs) -> [(input_index, n), ...]``, valid indices lying in [-n, n).
+    index_checks: Callable[[NodeInfo, list[Spec | None]], list[tuple[int, int]]] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):

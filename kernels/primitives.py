@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._kernel import CAPTURE_UNSUPPORTED, Kernel
 from . import _spin
+from ._latch import flag_out_of_range
 
 __all__ = ["fill", "accumulate", "copy", "scale_add", "gather_checked", "spin", "matmul_cublas"]
 
@@ -38,13 +39,8 @@ def _gather_checked(xp, out, latch, table, idx, *, site):
     and the indices are clamped so the gather itself never reads out of bounds.
     """
     n = table.shape[0]
-    bad = xp.logical_or(idx < 0, idx >= n).any()
-    flag = bad.astype(latch.dtype)
-    # latch[0] = max(latch[0], flag); latch[1] = site where flag is set, else unchanged.
-    xp.copyto(latch[1:2], site, where=flag.reshape(1).astype(bool))
-    xp.maximum(latch[0:1], flag.reshape(1), out=latch[0:1])
-    safe = xp.clip(idx, 0, n - 1)
-    xp.take(table, safe, axis=0, out=out)
+    flag_out_of_range(xp, latch, idx, 0, n, site)
+    xp.take(table, xp.clip(idx, 0, n - 1), axis=0, out=out)
 
 
 def _matmul(xp, out, a, b):

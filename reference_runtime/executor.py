@@ -24,6 +24,7 @@ import onnx
 from onnx import helper
 
 from kernels import Kernel
+from kernels._latch import flag_out_of_range
 from kernels._op import NodeInfo, OpKernel, Spec
 from kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 
@@ -123,9 +124,13 @@ def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto
 def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out: int) -> Kernel:
     """Wrap an op into a launchable kernel: outputs first, then the present inputs."""
 
-    def body(xp, *arrays, node):
+    def body(xp, *arrays, node, site=0):
+        if node.index_checks:
+            arrays, latch = arrays[:-1], arrays[-1]
         outs, ins = arrays[:n_out], iter(arrays[n_out:])
         args = [next(ins) if p else None for p in present]
+        for i, n in node.index_checks:
+            flag_out_of_range(xp, latch, args[i], -n, n, site)  # ONNX: negative indices count from the end
         results = op.compute(xp, node, *args)
         if len(results) < n_out:
             raise node.error(f"compute returned {len(results)} outputs, {n_out} expected")
@@ -136,7 +141,8 @@ def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out:
             xp.copyto(out, res, casting="unsafe")
 
     capture = "safe" if op.capture == "safe" else "unsupported"
-    return Kernel(f"{info.op_type}:{info.name}", body, writes=tuple(range(n_out)), capture=capture,
+    # The error latch, when passed, is the last array and is written too.
+    return Kernel(f"{info.op_type}:{info.name}", body, writes=tuple(range(n_out)) + (-1,), capture=capture,
                   reason=op.reason or "")
 
 
@@ -285,5 +291,9 @@ class Executor:
                 env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))
         ins = [v.tensor for v in values if v is not None]
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
-        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host)
-        rt.launch(step.launch, *outs, *ins, node=call)
+        checks = tuple(step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
+        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
+        if checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
+        else:
+            rt.launch(step.launch, *outs, *ins, node=call)

@@ -135,3 +135,32 @@ def test_symbolic_dims_are_interned_at_load():
     assert ex.symbolic_shapes["a"] == (batch, seq)
     assert ex.symbolic_shapes["b"][0] is seq  # one name, one symbol object
     assert ex.symbolic_shapes["t"] == (batch, seq)  # propagated through the graph
+
+
+def test_out_of_range_index_sets_the_latch_without_readback():
+    from kernels._op import OpKernel, Spec
+    from kernels.registry import Registry
+    from reference_runtime import DeviceAssert
+
+    def shapes(node, specs):
+        return [Spec(specs[1].shape + specs[0].shape[1:], specs[0].dtype)]
+
+    def compute(xp, node, data, idx):
+        n = data.shape[0]
+        return (xp.take(data, xp.clip(xp.where(idx < 0, idx + n, idx), 0, n - 1), axis=0),)
+
+    gather = OpKernel("Gather", shapes, compute, index_checks=lambda node, specs: [(1, specs[0].shape[0])])
+    m = _model([helper.make_node("Gather", ["d", "i"], ["y"], name="Gather_7")],
+               [_vi("d", shape=(4,)), _vi("i", TensorProto.INT64, shape=(2,))], [_vi("y", shape=(2,))])
+    rt = _rt()
+    ex = Executor(m, rt, registry=Registry([gather]))
+    d = np.arange(4, dtype=np.float32)
+    assert ex.run({"d": d, "i": np.array([-1, 3])})["y"].tolist() == [3.0, 3.0]
+    downloads = rt.counters.downloads
+    with pytest.raises(DeviceAssert, match="Gather_7"):
+        ex.run({"d": d, "i": np.array([0, 4])})
+    assert rt.counters.downloads == downloads, "no readback before the synchronising read of the outputs"
+    with pytest.raises(DeviceAssert, match="Gather_7"):
+        ex.run({"d": d, "i": np.array([0, 1])})  # sticky until reset
+    rt.reset_error_latch()
+    assert ex.run({"d": d, "i": np.array([0, 1])})["y"].tolist() == [0.0, 1.0]

@@ -95,7 +95,8 @@ def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
 
 
 def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
-    return [(f"kernel {kernel.name!r}", ref, i in kernel.writes) for i, ref in enumerate(refs)]
+    n = len(refs)
+    return [(f"kernel {kernel.name!r}", ref, i in kernel.writes or i - n in kernel.writes) for i, ref in enumerate(refs)]
 
 
 class SimEvent(Event):
