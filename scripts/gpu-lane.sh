@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU lane: everything lockstep claims about CUDA, run in one go on a machine with a GPU.
-#   scripts/gpu-lane.sh LOGDIR
+#   scripts/gpu-lane.sh LOGDIR            (LANE_STEPS="contracts node-suite" runs only those steps)
 # Runs (each step's full log in LOGDIR/<step>.log):
 #   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
 #   parity      the sim-vs-CUDA parity scenarios on both devices, plus observations as JSON
 #   mutants     `lockstep mutants` on sim (must have no survivor) and on cupy (recorded)
-#   all-tests   the whole test suite, both devices
+#   all-tests   the whole test suite but the node suite, both devices (ONNX Runtime here is another
+#               version than CI's, whose expectations the node suite's ort entries record)
+#   node-suite  ONNX's node cases on ref-sim and ref-cuda, with a JSON/markdown report
 # and prints a summary table last. Uses the preinstalled python3 packages; a carried .whl/ folder
 # (syrupy, see docs/gpu-verification.md) is installed into a private target first.
 set -u
@@ -27,6 +29,9 @@ fi
 rows=()
 step() {
   local name=$1; shift
+  if [ -n "${LANE_STEPS:-}" ] && [[ " $LANE_STEPS " != *" $name "* ]]; then
+    rows+=("$(printf '%-14s skipped (LANE_STEPS)' "$name")"); return
+  fi
   local t0=$SECONDS
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
@@ -38,7 +43,8 @@ step() {
 export LOCKSTEP_REQUIRE_DEVICES=cupy
 step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
-step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy
+step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite"
+step node-suite    timeout 420 python3 -m pytest conformance -m node_suite -p no:cacheprovider -q -n 8 --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/node-report"
 step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
 step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150
