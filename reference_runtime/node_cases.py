@@ -94,8 +94,11 @@ def _feeds(model: onnx.ModelProto, inputs: list[np.ndarray]) -> dict[str, np.nda
 def run_case(engine, case: NodeCase) -> Outcome:
     from onnx.backend.test.runner import Runner
 
-    if any(not isinstance(x, np.ndarray) for x in [*case.inputs, *case.outputs]):
+    values = [*case.inputs, *case.outputs]
+    if any(not isinstance(x, (np.ndarray, np.generic)) for x in values):
         return Outcome("unsupported", "sequence or optional values (not tensors)")
+    case = NodeCase(case.name, case.model, [np.asarray(x) for x in case.inputs],
+                    [np.asarray(x) for x in case.outputs], case.rtol, case.atol)  # numpy scalars are 0-d tensors
     model = case.proto()
     try:
         run = engine.prepare(model)
