@@ -61,6 +61,10 @@ class RefEngine(Engine):
         from .executor import Executor
         from .runtime import Runtime
 
+        if self.device_name == "cupy":
+            exotic = _exotic_dtypes(model)
+            if exotic:
+                raise UnsupportedModel(f"{self.name}: CuPy has no array dtype for", sorted(exotic))
         rt = Runtime(self._fresh_device(), self.config)
         ex = Executor(model, rt)
 
@@ -69,6 +73,39 @@ class RefEngine(Engine):
             return [out[o] for o in ex.outputs]
 
         return run
+
+
+_CUPY_KINDS = set("biufc")
+
+
+def _exotic_dtypes(model: onnx.ModelProto) -> set[str]:
+    """Element types of the model's tensors that CuPy cannot hold (bfloat16, float8, int4, ...)."""
+    from .model import np_dtype
+
+    types: set[int] = set()
+    g = model.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.type.HasField("tensor_type"):
+            types.add(vi.type.tensor_type.elem_type)
+    types.update(t.data_type for t in g.initializer)
+    for n in g.node:
+        for a in n.attribute:
+            if a.name in ("to", "output_dtype") and a.type == onnx.AttributeProto.INT and a.i:
+                types.add(a.i)
+            if a.type == onnx.AttributeProto.TENSOR:
+                types.add(a.t.data_type)
+    out = set()
+    for t in types:
+        if t == onnx.TensorProto.UNDEFINED:
+            continue
+        try:
+            dt = np_dtype(t)
+        except Exception:
+            out.add(onnx.TensorProto.DataType.Name(t))
+            continue
+        if dt.kind not in _CUPY_KINDS or dt.name not in np.sctypeDict:
+            out.add(dt.name)
+    return out
 
 
 class OrtEngine(Engine):
@@ -124,7 +161,13 @@ class OrtEngine(Engine):
         names = [i.name for i in sess.get_inputs()]
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            return sess.run(None, {n: feeds[n] for n in names if n in feeds})
+            try:
+                return sess.run(None, {n: feeds[n] for n in names if n in feeds})
+            except RuntimeError as exc:
+                if "can't be converted to MLDataType" in str(exc):  # ml_dtypes feeds (bfloat16, float8, int4)
+                    raise UnsupportedModel(f"{self.name}: feed dtype not accepted by onnxruntime's Python API",
+                                           [str(exc)[:200]]) from exc
+                raise
 
         return run
 

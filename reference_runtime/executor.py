@@ -159,6 +159,10 @@ class Executor:
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]
+        strings = [vi.name for vi in [*graph.input, *graph.output]
+                   if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.STRING]
+        if strings:
+            raise UnsupportedModel("string tensors cannot live in device memory", strings)
         order = _topological(graph, init_names | {vi.name for vi in graph.input})
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from .model import ModelError, UnsupportedModel
 
@@ -94,11 +95,15 @@ def _feeds(model: onnx.ModelProto, inputs: list[np.ndarray]) -> dict[str, np.nda
 def run_case(engine, case: NodeCase) -> Outcome:
     from onnx.backend.test.runner import Runner
 
-    values = [*case.inputs, *case.outputs]
-    if any(not isinstance(x, (np.ndarray, np.generic)) for x in values):
+    def tensor(x):  # numpy scalars are 0-d tensors; TensorProtos hold the exotic dtypes
+        if isinstance(x, onnx.TensorProto):
+            return onnx.numpy_helper.to_array(x)
+        return np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else None
+
+    ins, outs = [tensor(x) for x in case.inputs], [tensor(x) for x in case.outputs]
+    if any(x is None for x in [*ins, *outs]):
         return Outcome("unsupported", "sequence or optional values (not tensors)")
-    case = NodeCase(case.name, case.model, [np.asarray(x) for x in case.inputs],
-                    [np.asarray(x) for x in case.outputs], case.rtol, case.atol)  # numpy scalars are 0-d tensors
+    case = NodeCase(case.name, case.model, ins, outs, case.rtol, case.atol)
     model = case.proto()
     try:
         run = engine.prepare(model)

@@ -177,6 +177,9 @@ class Runtime:
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
+        if dtype.hasobject or dtype.kind in "US":
+            raise InvalidValue(f"dtype {dtype} cannot live in device memory (strings and objects stay on the host)",
+                               subject=name or dtype)
         self._reap()
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         buf = self.device.malloc(nbytes)
