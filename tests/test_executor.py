@@ -164,3 +164,16 @@ def test_out_of_range_index_sets_the_latch_without_readback():
         ex.run({"d": d, "i": np.array([0, 1])})  # sticky until reset
     rt.reset_error_latch()
     assert ex.run({"d": d, "i": np.array([0, 1])})["y"].tolist() == [0.0, 1.0]
+
+
+def test_registered_gather_flags_out_of_range_indices():
+    """The real Gather kernel: an out-of-range index raises DeviceAssert naming the node."""
+    from reference_runtime import DeviceAssert
+
+    m = _model([helper.make_node("Gather", ["d", "i"], ["y"], name="Gather_lm_head", axis=0)],
+               [_vi("d", shape=(4, 2)), _vi("i", TensorProto.INT64, shape=(3,))], [_vi("y", shape=(3, 2))])
+    ex = Executor(m, _rt())
+    d = np.arange(8, dtype=np.float32).reshape(4, 2)
+    assert ex.run({"d": d, "i": np.array([-4, 0, 3])})["y"][:, 0].tolist() == [0.0, 0.0, 6.0]
+    with pytest.raises(DeviceAssert, match="Gather_lm_head"):
+        ex.run({"d": d, "i": np.array([0, -5, 1])})
