@@ -102,12 +102,16 @@ class OpKernel:
     # Inputs holding indices, validated on the device into the runtime's error latch:
     # ``index_checks(node, specs) -> [(input_index, n), ...]``, valid indices lying in [-n, n).
     index_checks: Callable[[NodeInfo, list[Spec | None]], list[tuple[int, int]]] | None = None
+    # For capture="conditional": whether this node, with these input specs, may be captured.
+    capture_ok: Callable[[NodeInfo, list[Spec | None]], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):
             raise ValueError(f"{self.op_type}: capture must be safe/unsupported/conditional, got {self.capture!r}")
         if self.capture != "safe" and not self.reason:
             raise ValueError(f"{self.op_type}: capture={self.capture!r} needs a reason")
+        if (self.capture == "conditional") != (self.capture_ok is not None):
+            raise ValueError(f"{self.op_type}: capture='conditional' and capture_ok go together")
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)
