@@ -528,4 +528,12 @@ def _dropout12_compute(xp, node, x, ratio=None, training_mode=None):
 
 
 OPS.append(OpKernel("Dropout", _dropout_shapes, _dropout_identity, since=1, until=11))
-OPS.append(OpKernel("Dropout", _dropout12_shapes, _dropout12_compute, since=12, host_inputs=(2,)))
+def _dropout_inference(node, specs):
+    """Capturable only in inference mode: training draws its mask on the host and uploads it."""
+    mode = specs[2] if len(specs) > 2 else None
+    return mode is None or (mode.value is not None and not bool(mode.value))
+
+
+OPS.append(OpKernel("Dropout", _dropout12_shapes, _dropout12_compute, since=12, host_inputs=(2,),
+                    capture="conditional", reason="training mode uploads a host-drawn mask",
+                    capture_ok=_dropout_inference))
