@@ -1,7 +1,153 @@
-"""linalg ops."""
+"""linalg ops: MatMul, Gemm, MatMulInteger, QLinearMatMul, Einsum, and (from ``_attention``)
+Attention, RotaryEmbedding, TensorScatter; (from ``_recurrent``) LinearAttention,
+CausalConvWithState.
+
+Every matrix product goes through ``_linalg.matmul`` (no cuBLAS on CuPy, so all are capture-safe).
+"""
 
 from __future__ import annotations
 
-from ._op import OpKernel
+import numpy as np
 
-OPS: list[OpKernel] = []
+from ._op import OpKernel, Spec, broadcast
+from ._linalg import bf16_as_float32, matmul, matmul_shape
+from ._einsum import EINSUM_OPS
+from ._attention import ATTENTION_OPS
+from ._recurrent import RECURRENT_OPS
+
+
+def _is_float(dt) -> bool:
+    return np.issubdtype(np.dtype(dt), np.floating)
+
+
+# -- MatMul -------------------------------------------------------------------------------------
+
+def _matmul_shapes(node, specs):
+    a, b = specs[0], specs[1]
+    try:
+        shape = matmul_shape(a.shape, b.shape)
+    except ValueError as exc:
+        raise node.error(str(exc)) from None
+    return [Spec(shape, a.dtype)]
+
+
+def _matmul_compute(xp, node, a, b):
+    return (matmul(xp, a, b),)
+
+
+# -- Gemm ---------------------------------------------------------------------------------------
+
+def _gemm_dims(node, specs):
+    a, b = specs[0], specs[1]
+    if a.rank != 2 or b.rank != 2:
+        raise node.error(f"A and B must be 2-D, got shapes {a.shape} and {b.shape}")
+    ta, tb = int(node.attr("transA", 0)), int(node.attr("transB", 0))
+    m, k = (a.shape[1], a.shape[0]) if ta else a.shape
+    k2, n = (b.shape[1], b.shape[0]) if tb else b.shape
+    if k != k2:
+        raise node.error(f"inner dimensions differ: A {a.shape} (transA={ta}), B {b.shape} (transB={tb})")
+    return m, n
+
+
+def _gemm_shapes(node, specs):
+    m, n = _gemm_dims(node, specs)
+    c = specs[2] if len(specs) > 2 else None
+    if c is not None:
+        if node.opset < 7 and int(node.attr("broadcast", 0)) == 0:
+            if tuple(c.shape) != (m, n):
+                raise node.error(f"C has shape {c.shape}, (M, N) = {(m, n)} required without broadcast")
+        elif broadcast(node, c.shape, (m, n)) != (m, n):
+            raise node.error(f"C of shape {c.shape} does not broadcast to (M, N) = {(m, n)}")
+    return [Spec((m, n), specs[0].dtype)]
+
+
+def _scale(xp, x, s, dtype):
+    """x * s keeping a float dtype (integers: float64, cast back by the caller)."""
+    if s == 1.0:
+        return x
+    if _is_float(dtype):
+        return x * np.dtype(dtype).type(s)  # a host scalar: no host-to-device copy
+    return x.astype(xp.float64) * s
+
+
+def _gemm_compute(xp, node, a, b, c=None):
+    dtype = np.dtype(node.out_specs[0].dtype)
+    if int(node.attr("transA", 0)):
+        a = xp.transpose(a)
+    if int(node.attr("transB", 0)):
+        b = xp.transpose(b)
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    y = _scale(xp, matmul(xp, a, b), alpha, dtype)
+    if c is not None and beta != 0.0:
+        y = y + _scale(xp, c, beta, dtype)
+    return (y.astype(dtype),)
+
+
+# -- MatMulInteger / QLinearMatMul ------------------------------------------------------------------
+
+def _minus_zero_point(xp, x, zp, per_row: bool):
+    x = x.astype(xp.int32)
+    if zp is None:
+        return x
+    zp = zp.astype(xp.int32)
+    if zp.ndim == 1 and zp.shape[0] > 1 and per_row and x.ndim >= 2:
+        zp = zp.reshape((zp.shape[0], 1))  # per-row zero point of A: one per row (M)
+    return x - zp
+
+
+def _matmulint_shapes(node, specs):
+    a, b = specs[0], specs[1]
+    try:
+        shape = matmul_shape(a.shape, b.shape)
+    except ValueError as exc:
+        raise node.error(str(exc)) from None
+    return [Spec(shape, np.dtype(np.int32))]
+
+
+def _matmulint_compute(xp, node, a, b, a_zp=None, b_zp=None):
+    A = _minus_zero_point(xp, a, a_zp, True)
+    B = _minus_zero_point(xp, b, b_zp, False)
+    return (matmul(xp, A, B).astype(xp.int32),)
+
+
+def _qlinear_shapes(node, specs):
+    a, b, yzp = specs[0], specs[3], specs[7] if len(specs) > 7 else None
+    try:
+        shape = matmul_shape(a.shape, b.shape)
+    except ValueError as exc:
+        raise node.error(str(exc)) from None
+    out = yzp.dtype if yzp is not None else a.dtype
+    if np.dtype(out) not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise node.error(f"output type {np.dtype(out)} is not supported (int8/uint8 only)")
+    return [Spec(shape, np.dtype(out))]
+
+
+def _per_row(xp, s):
+    return s.reshape((s.shape[0], 1)) if s.ndim == 1 and s.shape[0] > 1 else s
+
+
+def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp=None):
+    out = np.dtype(node.out_specs[0].dtype)
+    A = _minus_zero_point(xp, a, a_zp, True)
+    B = _minus_zero_point(xp, b, b_zp, False)
+    C = matmul(xp, A, B)
+    if A.ndim >= 2:
+        a_scale = _per_row(xp, a_scale)
+    # the multiplier in the scales' own precision (as the reference), applied in float64
+    mult = (a_scale * b_scale) / y_scale
+    D = C.astype(xp.float64) * mult.astype(xp.float64)
+    if y_zp is not None:
+        D = D + y_zp.astype(xp.float64)
+    info = np.iinfo(out)
+    return (xp.clip(xp.rint(D), float(info.min), float(info.max)).astype(out),)
+
+
+OPS: list[OpKernel] = [
+    OpKernel("MatMul", _matmul_shapes, bf16_as_float32(_matmul_compute), since=1),
+    OpKernel("Gemm", _gemm_shapes, bf16_as_float32(_gemm_compute), since=1),
+    OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10),
+    OpKernel("QLinearMatMul", _qlinear_shapes, _qlinear_compute, since=10),
+    *EINSUM_OPS,
+    *ATTENTION_OPS,
+    *RECURRENT_OPS,
+]

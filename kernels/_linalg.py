@@ -1,0 +1,186 @@
+"""Matrix product for op kernels: ``matmul(xp, a, b)`` with ``np.matmul`` semantics.
+
+This is the only module allowed to call ``np.matmul``. On numpy (the simulated device) it calls
+``np.matmul`` (float16 accumulates in float32 and is cast back). On CuPy it never calls
+``cupy.matmul``/``dot``/``tensordot``/``einsum`` (cuBLAS is refused during CUDA graph capture):
+it launches a RawKernel of its own on the current stream, with a fixed summation order (k
+ascending) and float32 accumulation for float16/float32, float64 for float64, and integer
+accumulation in the input's integer type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+__all__ = ["matmul", "matmul_shape", "bf16_as_float32"]
+
+
+def matmul_shape(a_shape, b_shape) -> tuple[int, ...]:
+    """The output shape of ``np.matmul`` for operands of these shapes (ValueError if invalid)."""
+    a_shape, b_shape = tuple(int(d) for d in a_shape), tuple(int(d) for d in b_shape)
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ValueError("matmul operands must have rank >= 1")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"matmul inner dimensions differ: {a_shape} x {b_shape}")
+    batch = tuple(int(d) for d in np.broadcast_shapes(a2[:-2], b2[:-2]))
+    out = batch + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b_shape) == 1:
+        out = out[:-1]
+    return out
+
+
+_TILE = 16
+
+_SRC = r"""
+extern "C" __global__ void lockstep_matmul_{name}(
+        const {T}* __restrict__ A, const {T}* __restrict__ B, {T}* __restrict__ C,
+        long long batch, long long M, long long N, long long K) {{
+    __shared__ {ACC} As[16][16];
+    __shared__ {ACC} Bs[16][16];
+    const int tx = threadIdx.x;
+    const int ty = threadIdx.y;
+    const long long row = (long long)blockIdx.y * 16 + ty;
+    const long long col = (long long)blockIdx.x * 16 + tx;
+    for (long long b = blockIdx.z; b < batch; b += gridDim.z) {{
+        const {T}* Ab = A + b * M * K;
+        const {T}* Bb = B + b * K * N;
+        {ACC} acc = ({ACC})0;
+        for (long long k0 = 0; k0 < K; k0 += 16) {{
+            const long long ka = k0 + tx;
+            const long long kb = k0 + ty;
+            As[ty][tx] = (row < M && ka < K) ? ({ACC})Ab[row * K + ka] : ({ACC})0;
+            Bs[ty][tx] = (kb < K && col < N) ? ({ACC})Bb[kb * N + col] : ({ACC})0;
+            __syncthreads();
+            for (int kk = 0; kk < 16; ++kk) {{
+                acc += As[ty][kk] * Bs[kk][tx];
+            }}
+            __syncthreads();
+        }}
+        if (row < M && col < N) {{
+            C[b * M * N + row * N + col] = ({T})acc;
+        }}
+    }}
+}}
+"""
+
+# dtype name -> (C element type, C accumulator type)
+_CTYPES = {
+    "float32": ("float", "float"),
+    "float64": ("double", "double"),
+    "int32": ("int", "int"),
+    "int64": ("long long", "long long"),
+}
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernel(xp, name: str):
+    k = _KERNELS.get(name)
+    if k is None:
+        t, acc = _CTYPES[name]
+        src = _SRC.format(name=name, T=t, ACC=acc)
+        k = xp.RawKernel(src, f"lockstep_matmul_{name}")
+        _KERNELS[name] = k
+    return k
+
+
+def _matmul_numpy(a, b):
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.dtype == np.float16 or b.dtype == np.float16:
+        dt = np.result_type(a.dtype, b.dtype)
+        if dt == np.float16:
+            return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+    return np.matmul(a, b)
+
+
+def _matmul_cupy(xp, a, b):
+    a = xp.asarray(a)
+    b = xp.asarray(b)
+    out_shape = matmul_shape(a.shape, b.shape)
+    dt = np.result_type(a.dtype, b.dtype)
+    # the dtype the kernel works in
+    if dt == np.float16 or dt == np.float32:
+        work = np.dtype(np.float32)
+    elif dt == np.float64:
+        work = np.dtype(np.float64)
+    elif dt == np.int32:
+        work = np.dtype(np.int32)
+    else:
+        # other integers and bool: int64 accumulation, cast back (wraps like numpy; bool = any)
+        work = np.dtype(np.int64)
+    a_vec, b_vec = a.ndim == 1, b.ndim == 1
+    a2 = a.reshape((1,) + a.shape) if a_vec else a
+    b2 = b.reshape(b.shape + (1,)) if b_vec else b
+    M, K = int(a2.shape[-2]), int(a2.shape[-1])
+    N = int(b2.shape[-1])
+    batch_shape = tuple(int(d) for d in np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    batch = int(np.prod(batch_shape, dtype=np.int64)) if batch_shape else 1
+    A = xp.ascontiguousarray(xp.broadcast_to(a2.astype(work, copy=False), batch_shape + (M, K)))
+    B = xp.ascontiguousarray(xp.broadcast_to(b2.astype(work, copy=False), batch_shape + (K, N)))
+    C = xp.empty(batch_shape + (M, N), dtype=work)
+    if C.size > 0:
+        grid_x = (N + _TILE - 1) // _TILE
+        grid_y = (M + _TILE - 1) // _TILE
+        grid_z = min(batch, 65535)
+        _kernel(xp, work.name)(
+            (grid_x, grid_y, grid_z), (_TILE, _TILE, 1),
+            (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)),
+        )
+    C = C.reshape(out_shape)
+    if C.dtype != dt:
+        C = C.astype(dt)
+    return C
+
+
+def matmul(xp, a, b):
+    """``np.matmul(a, b)`` (batch broadcasting, 1-D promotion) without cuBLAS on CuPy."""
+    if xp.__name__ == "numpy":
+        return _matmul_numpy(a, b)
+    return _matmul_cupy(xp, a, b)
+
+
+# -- bfloat16 on CuPy ------------------------------------------------------------------------------
+# CuPy has no bfloat16: such values reach a kernel as their raw uint16 bits. ``bf16_as_float32``
+# wraps an op's compute so that, when an output is bfloat16 and the device is CuPy, every uint16
+# input is decoded to float32, the op runs in float32, and bfloat16 outputs are encoded back to
+# bits (round to nearest even). On numpy (ml_dtypes arrays) the compute runs unchanged unless
+# ``BF16_ON_NUMPY`` is set (for testing this path without a GPU).
+
+BF16_ON_NUMPY = False
+
+
+def _bf16_decode(xp, x):
+    bits = x if x.dtype == np.uint16 else x.view(np.uint16)
+    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def _bf16_encode(xp, f, dtype):
+    f = xp.asarray(f).astype(xp.float32)
+    u = f.view(xp.uint32)
+    r = (u + (((u >> 16) & 1) + 0x7FFF)) >> 16
+    r = xp.where(f != f, 0x7FC0, r).astype(xp.uint16)
+    return r.view(dtype) if xp.__name__ == "numpy" else r
+
+
+def bf16_as_float32(compute):
+    @functools.wraps(compute)
+    def wrapped(xp, node, *args):
+        bf = [np.dtype(s.dtype).name == "bfloat16" for s in node.out_specs]
+        if not any(bf) or (xp.__name__ == "numpy" and not BF16_ON_NUMPY):
+            return compute(xp, node, *args)
+        args = [_bf16_decode(xp, a) if a is not None and (a.dtype == np.uint16 or a.dtype.name == "bfloat16") else a
+                for a in args]
+        specs = tuple(dataclasses.replace(s, dtype=np.dtype(np.float32)) if b else s for s, b in zip(node.out_specs, bf))
+        res = compute(xp, dataclasses.replace(node, out_specs=specs), *args)
+        return tuple(_bf16_encode(xp, r, s.dtype) if b else r for r, s, b in zip(res, node.out_specs, bf))
+
+    return wrapped
