@@ -75,7 +75,12 @@ class RefEngine(Engine):
         return run
 
 
-_CUPY_KINDS = set("biufc")
+# The dtypes CuPy arrays can hold. A whitelist by name: ml_dtypes types (bfloat16, float8_*, int4)
+# register themselves with numpy, and their kind differs across numpy versions (seen on the H200).
+_CUPY_DTYPES = {
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+}
 
 
 def _exotic_dtypes(model: onnx.ModelProto) -> set[str]:
@@ -103,7 +108,7 @@ def _exotic_dtypes(model: onnx.ModelProto) -> set[str]:
         except Exception:
             out.add(onnx.TensorProto.DataType.Name(t))
             continue
-        if dt.kind not in _CUPY_KINDS or dt.name not in np.sctypeDict:
+        if dt.name not in _CUPY_DTYPES:
             out.add(dt.name)
     return out
 
