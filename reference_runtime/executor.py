@@ -30,46 +30,9 @@ from kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 
 from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
 from .runtime import Runtime, Tensor
+from .symbols import Symbol, symbolic_shapes
 
 __all__ = ["Executor", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
-
-
-@dataclass(frozen=True, eq=False)
-class Symbol:
-    """A symbolic dimension, interned per executor: one name, one object (``is`` compares them)."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return f"Symbol({self.name!r})"
-
-
-def _symbolic_shapes(model: onnx.ModelProto) -> tuple[dict[str, Symbol], dict[str, tuple[int | Symbol | None, ...]]]:
-    """Load-time shapes of every value onnx's shape inference can reach, with symbolic dims interned.
-
-    Symbols with the same name are the same object; dims onnx cannot name are ``None``. (Which
-    symbol derives from which is not tracked yet: the capture classifier adds that.)
-    """
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
-        inferred = model
-    symbols: dict[str, Symbol] = {}
-    shapes: dict[str, tuple[int | Symbol | None, ...]] = {}
-    g = inferred.graph
-    for vi in [*g.input, *g.value_info, *g.output]:
-        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-            continue
-        dims: list[int | Symbol | None] = []
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
-                dims.append(symbols.setdefault(d.dim_param, Symbol(d.dim_param)))
-            else:
-                dims.append(None)
-        shapes[vi.name] = tuple(dims)
-    return symbols, shapes
 
 
 class FeedError(ValueError):
@@ -155,7 +118,7 @@ class Executor:
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
-        self.symbols, self.symbolic_shapes = _symbolic_shapes(self.model)
+        self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]

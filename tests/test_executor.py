@@ -135,6 +135,23 @@ def test_symbolic_dims_are_interned_at_load():
     assert ex.symbolic_shapes["a"] == (batch, seq)
     assert ex.symbolic_shapes["b"][0] is seq  # one name, one symbol object
     assert ex.symbolic_shapes["t"] == (batch, seq)  # propagated through the graph
+    assert batch.is_root and seq.is_root
+
+
+def test_derived_symbols_record_their_provenance():
+    m = _model(
+        [helper.make_node("Flatten", ["x"], ["f"], axis=2, name="flat"),
+         helper.make_node("Concat", ["a", "b"], ["c"], axis=0, name="cat")],
+        [_vi("x", shape=("batch", "seq", 4)), _vi("a", shape=("past",)), _vi("b", shape=("new",))],
+        [_vi("f", shape=(None, 4)), _vi("c", shape=(None,))],
+    )
+    ex = Executor(m, _rt())
+    sym = ex.symbols
+    flat0 = ex.symbolic_shapes["f"][0]
+    assert flat0.producer == "flat" and flat0.roots() == {sym["batch"], sym["seq"]}
+    cat0 = ex.symbolic_shapes["c"][0]
+    assert cat0.producer == "cat" and cat0.roots() == {sym["past"], sym["new"]}
+    assert ex.symbolic_shapes["f"][1] == 4
 
 
 def test_out_of_range_index_sets_the_latch_without_readback():
