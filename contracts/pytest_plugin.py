@@ -256,6 +256,7 @@ class _OutcomeRecorder:
         elif report.skipped and entry["outcome"] == "passed":
             entry["outcome"] = "skipped"
             msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            msg = msg.removeprefix("Skipped: ")
             entry["reason"] = msg
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
@@ -286,10 +287,34 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(_state(config).get("exitstatus", 1))
 
 
+def _reason_class(why: str) -> str:
+    """Group per-case reasons: 'no kernel for ai.onnx::Loop' -> itself; node names are dropped."""
+    if "no kernel for" in why:
+        return "no kernel for " + why.split("no kernel for ", 1)[1].split(";")[0].split(" (")[0]
+    parts = why.split(": ")
+    if parts[0] in ENGINES:
+        parts = parts[1:]
+    return parts[0][:100] if parts else why[:100]
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
     if st["mutant"]:
         terminalreporter.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
+    unsupported: dict[str, Counter] = {}
+    for o in st["outcomes"].values():
+        reason = o.get("reason") or ""
+        if o.get("outcome") == "skipped" and reason.startswith("unsupported: "):
+            engine, _, why = reason[len("unsupported: "):].partition(": ")
+            unsupported.setdefault(engine, Counter())[_reason_class(why)] += 1
+    if unsupported:
+        terminalreporter.section("lockstep: cases an engine reported it cannot run (skipped, by reason)")
+        for engine, reasons in sorted(unsupported.items()):
+            terminalreporter.write_line(f"{engine}: {sum(reasons.values())} skipped", yellow=True)
+            for why, n in reasons.most_common(8):
+                terminalreporter.write_line(f"    {n:5d}  {why}")
+            if len(reasons) > 8:
+                terminalreporter.write_line(f"    ... and {len(reasons) - 8} more reasons (see the JSON report)")
     if st["skipped"]:
         terminalreporter.section("lockstep: unavailable devices and engines")
         for (name, reason), n in sorted(st["skipped"].items()):
