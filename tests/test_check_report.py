@@ -1,0 +1,44 @@
+"""`lockstep check` end to end (a subprocess), and the report's aggregation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from contracts.report import render_markdown, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_lockstep_check_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "reference_runtime.cli", "check", "--engines", "ref-sim,ort-cpu",
+         "--report-dir", str(out), "-q", "-p", "no:cacheprovider", "-m", "node_suite", "-k", "test_abs or test_acos"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    engines = report["summary"]["engines"]
+    assert engines["ref-sim"]["passed"] >= 4 and engines["ref-sim"]["failed"] == 0
+    assert engines["ort-cpu"]["passed"] >= 4
+    assert "| ref-sim |" in (out / "report.md").read_text()
+    assert "| ref-sim |" in proc.stdout  # the summary is printed too
+
+
+def test_summary_counts_and_gaps():
+    outcomes = {
+        "a[ref-sim-test_x]": {"outcome": "passed", "engine": "ref-sim", "ops": ["Add"]},
+        "a[ref-sim-test_y]": {"outcome": "failed", "engine": "ref-sim", "ops": ["Add", "Loop"]},
+        "a[ort-cpu-test_y]": {"outcome": "skipped", "engine": "ort-cpu", "ops": ["Add", "Loop"],
+                              "reason": "unsupported: ort-cpu: operator or type not implemented"},
+        "a[ref-cuda-test_y]": {"outcome": "skipped", "engine": "ref-cuda", "ops": ["Loop"],
+                               "reason": "lockstep: device unavailable: ref-cuda: no GPU"},
+    }
+    s = summarize(outcomes)
+    assert s["engines"]["ref-sim"] == {"passed": 1, "failed": 1, "xfailed": 0, "skipped": 0}
+    assert s["gaps"] == {"Add": {"ort-cpu": 1, "ref-sim": 1}, "Loop": {"ort-cpu": 1, "ref-sim": 1}}
+    md = render_markdown(s)
+    assert "| Loop | 1 | 1 |" in md and "ref-cuda" not in md.split("## Gaps")[1]
