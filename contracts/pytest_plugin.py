@@ -36,6 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-mutant", default=None, help="run the tests against this mutant runtime (see contracts.mutants)")
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
     g.addoption("--lockstep-report-dir", default=None, help="write report.json and report.md (per-engine counts, op gaps) here")
+    g.addoption("--lockstep-expectations", default=None,
+                help="node-suite expectations file (default: conformance/node_suite/expectations.toml)")
     g.addoption("--engines", default=None, help=f"comma-separated engines to run, of {list(ENGINES)} (default: all)")
 
 
@@ -114,7 +116,10 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
     import tomllib
     from pathlib import Path
 
-    path = Path(str(config.rootpath)) / "conformance" / "node_suite" / "expectations.toml"
+    given = config.getoption("--lockstep-expectations")
+    path = Path(given) if given else Path(str(config.rootpath)) / "conformance" / "node_suite" / "expectations.toml"
+    if given and not path.is_file():
+        raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
     suite = [it for it in items if it.get_closest_marker("node_suite") is not None]
     if not suite or not path.is_file():
         return

@@ -42,3 +42,28 @@ def test_summary_counts_and_gaps():
     assert s["gaps"] == {"Add": {"ort-cpu": 1, "ref-sim": 1}, "Loop": {"ort-cpu": 1, "ref-sim": 1}}
     md = render_markdown(s)
     assert "| Loop | 1 | 1 |" in md and "ref-cuda" not in md.split("## Gaps")[1]
+
+
+def _node_suite(tmp_path, toml: str, *extra: str):
+    exp = tmp_path / "exp.toml"
+    exp.write_text(toml)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/node_suite", "-m", "node_suite", "--engines=ref-sim", "-q",
+         "-p", "no:cacheprovider", f"--lockstep-expectations={exp}", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_expectations_that_match_nothing_or_lack_a_reason_are_errors(tmp_path):
+    stale = '[[expect]]\nengine = "ref-sim"\npattern = "test_no_such_case*"\nkind = "xfail"\nreason = "x"\n'
+    proc = _node_suite(tmp_path, stale, "-k", "test_abs")
+    assert proc.returncode == 4 and "entries matching no case" in proc.stdout + proc.stderr
+    no_reason = '[[expect]]\nengine = "ref-sim"\npattern = "test_abs"\nkind = "xfail"\n'
+    proc = _node_suite(tmp_path, no_reason, "-k", "test_abs")
+    assert proc.returncode == 4 and "needs engine, pattern, kind (xfail|skip) and reason" in proc.stdout + proc.stderr
+
+
+def test_an_xfail_that_passes_fails_the_run(tmp_path):
+    strict = '[[expect]]\nengine = "ref-sim"\npattern = "test_abs"\nkind = "xfail"\nreason = "stale"\n'
+    proc = _node_suite(tmp_path, strict, "-k", "test_abs")
+    assert proc.returncode == 1 and "XPASS(strict)" in proc.stdout
