@@ -180,7 +180,7 @@ class Executor:
         return _Value(self.runtime.upload(value, name=name), spec)
 
     # -- feeds
-    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, "np.ndarray | Tensor"]:
         declared = {vi.name: vi for vi in self.inputs}
         unknown = sorted(set(feeds) - set(declared))
         if unknown:
@@ -192,8 +192,11 @@ class Executor:
         out = {}
         for name, vi in declared.items():
             value = feeds[name]
-            if not isinstance(value, np.ndarray):
-                raise FeedError(f"input {name!r}: expected a numpy array, got {type(value).__name__}")
+            if isinstance(value, Tensor):
+                if value.runtime is not self.runtime or value.freed:
+                    raise FeedError(f"input {name!r}: device tensor {value!r} is freed or belongs to another runtime")
+            elif not isinstance(value, np.ndarray):
+                raise FeedError(f"input {name!r}: expected a numpy array or a device Tensor, got {type(value).__name__}")
             tt = vi.type.tensor_type
             if not vi.type.HasField("tensor_type"):
                 raise UnsupportedModel("inputs", [f"{name}: only tensor inputs are supported"])
@@ -202,8 +205,10 @@ class Executor:
                 raise FeedError(f"input {name!r}: dtype {value.dtype} given, {want} declared")
             if tt.HasField("shape"):
                 dims = tt.shape.dim
-                if len(dims) != value.ndim:
-                    raise FeedError(f"input {name!r}: rank {value.ndim} given (shape {value.shape}), rank {len(dims)} declared")
+                if len(dims) != len(value.shape):
+                    raise FeedError(
+                        f"input {name!r}: rank {len(value.shape)} given (shape {tuple(value.shape)}), rank {len(dims)} declared"
+                    )
                 for axis, (d, n) in enumerate(zip(dims, value.shape)):
                     if d.HasField("dim_value") and d.dim_value != n:
                         raise FeedError(f"input {name!r}: dim {axis} is {n}, declared {d.dim_value}")
@@ -217,24 +222,47 @@ class Executor:
         return out
 
     # -- run
-    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset()) -> dict[str, Any]:
+        """Run the graph. Feeds are numpy arrays (uploaded) or this runtime's device Tensors (bound
+        as they are, never freed here). Outputs named in ``keep`` come back as device Tensors the
+        caller owns (and frees); the others as numpy arrays."""
         rt = self.runtime
+        unknown = sorted(set(keep) - set(self.outputs))
+        if unknown:
+            raise FeedError(f"keep names {unknown}, which are not graph outputs {self.outputs}")
         env: dict[str, _Value] = dict(self._const_values)
         temps: list[Tensor] = []
         for name, value in self._check_feeds(feeds).items():
+            if isinstance(value, Tensor):
+                env[name] = _Value(value, Spec(tuple(value.shape), value.dtype))
+                continue
             v = _Value(rt.upload(value, name=name), Spec(tuple(value.shape), value.dtype))
             env[name] = v
             temps.append(v.tensor)
+        handed: set[int] = set()  # temporaries given to the caller through ``keep``
         try:
             for step in self.steps:
                 self._run_step(step, env, temps)
             missing = [o for o in self.outputs if o not in env]
             if missing:
                 raise ModelError(f"graph outputs {missing} were never produced")
-            return {o: rt.download(env[o].tensor) for o in self.outputs}
+            result: dict[str, Any] = {}
+            temp_ids = {id(t) for t in temps}
+            for o in self.outputs:
+                t = env[o].tensor
+                if o not in keep:
+                    result[o] = rt.download(t)
+                elif id(t) in temp_ids and id(t) not in handed:
+                    handed.add(id(t))
+                    result[o] = t
+                else:  # a constant, a feed, or already handed out: the caller gets its own copy
+                    own = rt.empty(t.shape, t.dtype, name=o)
+                    rt.copy(own, t)
+                    result[o] = own
+            return result
         finally:
             for t in temps:
-                if not t.freed:
+                if not t.freed and id(t) not in handed:
                     rt.free(t)
 
     def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor]) -> None:

@@ -194,3 +194,23 @@ def test_registered_gather_flags_out_of_range_indices():
     assert ex.run({"d": d, "i": np.array([-4, 0, 3])})["y"][:, 0].tolist() == [0.0, 0.0, 6.0]
     with pytest.raises(DeviceAssert, match="Gather_lm_head"):
         ex.run({"d": d, "i": np.array([0, -5, 1])})
+
+
+def test_device_feeds_and_kept_outputs():
+    rt = _rt()
+    m = _model([helper.make_node("Identity", ["a"], ["y"]), helper.make_node("Identity", ["a"], ["z"])],
+               [_vi("a", shape=("n",))], [_vi("y", shape=("n",)), _vi("z", shape=("n",))])
+    ex = Executor(m, rt)
+    a = rt.upload(np.arange(3, dtype=np.float32))
+    out = ex.run({"a": a}, keep={"y", "z"})
+    y, z = out["y"], out["z"]
+    assert y is not a and z is not a and y is not z, "kept outputs are the caller's own tensors"
+    assert rt.download(y).tolist() == [0.0, 1.0, 2.0] and not a.freed
+    rt.free(y)
+    rt.free(z)
+    assert rt.download(a).tolist() == [0.0, 1.0, 2.0], "a device feed is never freed by run"
+    with pytest.raises(FeedError, match="not graph outputs"):
+        ex.run({"a": a}, keep={"nope"})
+    rt.free(a)
+    with pytest.raises(FeedError, match="freed or belongs to another runtime"):
+        ex.run({"a": a})
