@@ -34,6 +34,35 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     return rc
 
 
+def _decode(args: argparse.Namespace) -> int:
+    """Greedy decode of a prompt; prints the text, token ids and runtime counters."""
+    import json
+    from pathlib import Path
+
+    import onnx
+
+    from .decode import greedy, make_decoder
+
+    path = Path(args.model)
+    if not path.is_file():
+        import golden
+
+        path = Path(golden.__file__).parent / "models" / f"{args.model}.onnx"
+    if not path.is_file():
+        print(f"model {args.model!r}: neither a file nor a golden model name (see golden/models/manifest.json)")
+        return 2
+    decoder = make_decoder(args.engine, onnx.load(str(path)))
+    prompt = list(args.prompt.encode("utf-8"))
+    result = greedy(decoder, prompt, args.tokens)
+    print(f"engine: {args.engine}  model: {path.name}")
+    print(f"prompt: {args.prompt!r}")
+    print(f"output: {result.text()!r}")
+    print(f"tokens: {result.tokens}")
+    if result.counters:
+        print(f"counters: {json.dumps(result.counters)}")
+    return 0
+
+
 def _parity(args: argparse.Namespace) -> int:
     from contracts import parity
 
@@ -63,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--engines", default=None, help="comma-separated engines (default: all available)")
     c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
     c.set_defaults(func=_check)
+
+    d = sub.add_parser("decode", help="greedy-decode a prompt with a golden (or any golden-contract) model")
+    d.add_argument("model", help="a .onnx path or a golden model name, e.g. tiny-fp32-standard")
+    d.add_argument("--prompt", required=True)
+    d.add_argument("--tokens", type=int, default=16)
+    d.add_argument("--engine", default="ref-sim", help="ref-sim, ref-cuda, ort-cpu, ort-cuda")
+    d.set_defaults(func=_decode)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")

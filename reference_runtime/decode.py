@@ -1,0 +1,170 @@
+"""Prefill plus greedy decode with a KV cache, on any engine, for decoder models with the
+golden models' I/O contract (``golden/models``): inputs ``input_ids``, ``position_ids`` and
+``past_key_values.{l}.key/value``; outputs ``logits`` and ``present.{l}.key/value``.
+
+On the reference engines the KV cache stays on the device between steps: each step binds the
+previous step's ``present`` tensors as its ``past`` feeds and keeps the new ones on the device
+(``Executor.run(..., keep=...)``); only the logits come back to the host. On ONNX Runtime the cache
+round-trips as numpy arrays (CPU provider).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .model import ModelError
+
+__all__ = ["DecodeResult", "Decoder", "RefDecoder", "OrtDecoder", "make_decoder", "greedy", "teacher_force"]
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+
+
+@dataclass
+class DecodeResult:
+    prompt: list[int]
+    tokens: list[int]
+    step_logits: list[np.ndarray]  # logits that chose each generated token
+    counters: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return bytes(t for t in self.tokens if t < 256).decode("utf-8", errors="replace")
+
+
+def _kv_layout(model: onnx.ModelProto) -> tuple[list[str], dict[str, str], list[int], np.dtype]:
+    """(past names, past -> present name, [n_kv_heads, head_dim], dtype) from the graph's inputs."""
+    from .model import np_dtype
+
+    pasts = [vi for vi in model.graph.input if _PAST.match(vi.name)]
+    outputs = {o.name for o in model.graph.output}
+    if not pasts or "input_ids" not in {i.name for i in model.graph.input} or "logits" not in outputs:
+        raise ModelError("not a decoder with the golden I/O contract (input_ids, position_ids, past_key_values.*, logits)")
+    mapping = {}
+    for vi in pasts:
+        layer, kind = _PAST.match(vi.name).groups()  # type: ignore[union-attr]
+        present = f"present.{layer}.{kind}"
+        if present not in outputs:
+            raise ModelError(f"{vi.name} has no matching output {present}")
+        mapping[vi.name] = present
+    dims = pasts[0].type.tensor_type.shape.dim
+    fixed = [d.dim_value for d in dims]
+    if len(fixed) != 4 or not fixed[1] or not fixed[3]:
+        raise ModelError(f"{pasts[0].name}: expected [batch, kv_heads, seq, head_dim] with fixed heads and head_dim")
+    return [vi.name for vi in pasts], mapping, [fixed[1], fixed[3]], np_dtype(pasts[0].type.tensor_type.elem_type)
+
+
+class Decoder:
+    """One sequence (batch 1). ``forward(ids)`` appends ``ids`` to the context and returns their logits."""
+
+    position = 0
+
+    def forward(self, ids: list[int]) -> np.ndarray:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def counters(self) -> dict[str, Any]:
+        return {}
+
+
+class RefDecoder(Decoder):
+    def __init__(self, model: onnx.ModelProto, runtime):
+        from .executor import Executor
+
+        self.rt = runtime
+        self.ex = Executor(model, runtime)
+        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype = _kv_layout(self.ex.model)
+        self.cache: dict[str, Any] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        for t in self.cache.values():
+            self.rt.free(t)
+        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+        self.cache = {p: self.rt.upload(empty, name=p) for p in self.pasts}
+        self.position = 0
+
+    def forward(self, ids: list[int]) -> np.ndarray:
+        n = len(ids)
+        feeds: dict[str, Any] = {
+            "input_ids": np.asarray([ids], np.int64),
+            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
+            **self.cache,
+        }
+        out = self.ex.run(feeds, keep=set(self.present_of.values()))
+        for t in self.cache.values():
+            self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
+        self.cache = {p: out[self.present_of[p]] for p in self.pasts}
+        self.position += n
+        return np.asarray(out["logits"][0])
+
+    def counters(self) -> dict[str, Any]:
+        return self.rt.counters.as_dict()
+
+
+class OrtDecoder(Decoder):
+    def __init__(self, model: onnx.ModelProto, engine):
+        self.run_fn = engine.prepare(model)
+        self.names = [o.name for o in model.graph.output]
+        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype = _kv_layout(model)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = {p: np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype) for p in self.pasts}
+        self.position = 0
+
+    def forward(self, ids: list[int]) -> np.ndarray:
+        n = len(ids)
+        feeds = {
+            "input_ids": np.asarray([ids], np.int64),
+            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
+            **self.cache,
+        }
+        out = dict(zip(self.names, self.run_fn(feeds)))
+        self.cache = {p: out[self.present_of[p]] for p in self.pasts}
+        self.position += n
+        return np.asarray(out["logits"][0])
+
+
+def make_decoder(engine_name: str, model: onnx.ModelProto, config=None) -> Decoder:
+    from .engines import RefEngine, make_engine
+
+    engine = make_engine(engine_name)
+    ok, why = engine.available()
+    if not ok:
+        raise RuntimeError(f"engine {engine_name} unavailable: {why}")
+    if isinstance(engine, RefEngine):
+        from .backends import make_device
+        from .config import RuntimeConfig
+        from .runtime import Runtime
+
+        return RefDecoder(model, Runtime(make_device(engine.device_name), config or RuntimeConfig()))
+    return OrtDecoder(model, engine)
+
+
+def greedy(decoder: Decoder, prompt: list[int], n_tokens: int) -> DecodeResult:
+    """Prefill ``prompt`` in one call, then ``n_tokens`` greedy steps of one token each."""
+    decoder.reset()
+    logits = decoder.forward(prompt)[-1]
+    tokens, steps = [], []
+    for i in range(n_tokens):
+        tok = int(np.argmax(logits))
+        tokens.append(tok)
+        steps.append(logits)
+        if i + 1 < n_tokens:
+            logits = decoder.forward([tok])[-1]
+    return DecodeResult(list(prompt), tokens, steps, decoder.counters())
+
+
+def teacher_force(decoder: Decoder, context: list[int], *, stepwise: bool) -> np.ndarray:
+    """Logits at every position of ``context`` [len, vocab]: as one prefill, or one token per step
+    through the decode path (the path a captured decode graph replays)."""
+    decoder.reset()
+    if not stepwise:
+        return decoder.forward(context)
+    return np.stack([decoder.forward([t])[-1] for t in context])

@@ -1,0 +1,99 @@
+"""Prefill + greedy decode on the reference runtime and ONNX Runtime, with a toy KV-cache model
+that has the golden I/O contract and a causal dependence on its cache (so a wrong cache shows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from reference_runtime.cli import main
+from reference_runtime.decode import greedy, make_decoder, teacher_force
+
+
+def toy_decoder(seed=0) -> onnx.ModelProto:
+    rng = np.random.RandomState(seed)
+    E = rng.randn(256, 4).astype(np.float32)
+    W = rng.randn(4, 256).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["x"]),  # [1, s, 4]
+        helper.make_node("Unsqueeze", ["x", "one"], ["k_new"]),  # [1, 1, s, 4]
+        helper.make_node("Concat", ["past_key_values.0.key", "k_new"], ["present.0.key"], axis=2),
+        helper.make_node("Mul", ["k_new", "two"], ["v_new"]),
+        helper.make_node("Concat", ["past_key_values.0.value", "v_new"], ["present.0.value"], axis=2),
+        helper.make_node("CumSum", ["present.0.key", "two_i"], ["cum"]),  # causal prefix sums over seq
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Gather", ["xs", "one_s"], ["s"]),  # seq length
+        helper.make_node("Neg", ["s"], ["neg_s"]),
+        helper.make_node("Slice", ["cum", "neg_s", "big", "two_1d"], ["ctx4"]),  # the last s positions
+        helper.make_node("Squeeze", ["ctx4", "one"], ["ctx"]),  # [1, s, 4]
+        helper.make_node("Add", ["x", "ctx"], ["h"]),
+        helper.make_node("MatMul", ["h", "W"], ["logits"]),
+    ]
+    inits = [
+        numpy_helper.from_array(E, "E"), numpy_helper.from_array(W, "W"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.float32(2.0), "two"),
+        numpy_helper.from_array(np.array(2, np.int64), "two_i"), numpy_helper.from_array(np.array([1], np.int64), "one_s"),
+        numpy_helper.from_array(np.array([2**31], np.int64), "big"),
+        numpy_helper.from_array(np.array([2], np.int64), "two_1d"),
+    ]
+    kv = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, s, 4])  # noqa: E731
+    g = helper.make_graph(
+        nodes, "toy",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+         helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "seq"]),
+         kv("past_key_values.0.key", "past"), kv("past_key_values.0.value", "past")],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "seq", 256]),
+         kv("present.0.key", "total"), kv("present.0.value", "total")],
+        initializer=inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+PROMPT = list(b"Hello")
+
+
+@pytest.mark.parametrize("engine", ["ref-sim", "ort-cpu"])
+def test_prefill_and_stepwise_teacher_forcing_agree(engine):
+    dec = make_decoder(engine, toy_decoder())
+    ctx = PROMPT + [7, 42, 99]
+    a = teacher_force(dec, ctx, stepwise=False)
+    b = teacher_force(dec, ctx, stepwise=True)
+    assert a.shape == (len(ctx), 256)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_matches_across_engines_and_keeps_the_cache_on_device():
+    model = toy_decoder()
+    ref = make_decoder("ref-sim", model)
+    res = greedy(ref, PROMPT, 8)
+    ort = greedy(make_decoder("ort-cpu", model), PROMPT, 8)
+    assert res.tokens == ort.tokens
+    for a, b in zip(res.step_logits, ort.step_logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert len(set(res.tokens)) > 1
+    # 8 forwards (the prompt, then one per generated token but the last), each downloading its
+    # logits and the toy's Slice starts (a host seam); the two cache tensors are never downloaded
+    assert res.counters["downloads"] == 8 * 2
+    assert ref.position == len(PROMPT) + 7
+
+
+def test_decode_cli_prints_text_tokens_and_counters(tmp_path, capsys):
+    path = tmp_path / "toy.onnx"
+    onnx.save(toy_decoder(), str(path))
+    assert main(["decode", str(path), "--prompt", "Hello", "--tokens", "4", "--engine", "ref-sim"]) == 0
+    out = capsys.readouterr().out
+    assert "output: " in out and "tokens: [" in out and '"launches"' in out
+    assert main(["decode", "no-such-model", "--prompt", "x"]) == 2
+
+
+def test_a_model_without_the_contract_is_refused():
+    from reference_runtime.model import ModelError
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    with pytest.raises(ModelError, match="golden I/O contract"):
+        make_decoder("ref-sim", m)
