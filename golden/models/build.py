@@ -1,0 +1,457 @@
+"""The golden-model generator: ``build(spec) -> onnx.ModelProto``, a pure function of the spec.
+
+Weights come from ``numpy.random.RandomState(spec.seed)`` in float64, in a fixed order, and are
+then cast to the spec's dtype, so the fp32 and fp16 variants of one seed share their values up to
+rounding. ``reference_forward`` is a float64 numpy forward pass that mirrors the graph op for op; it
+plants the near-tie and is the oracle the tests compare the engines against.
+
+Also here: the manifest (``write_models``, ``check_models``): each variant's sha256 of its
+deterministic serialization, its spec and the generator version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .spec import GENERATOR_VERSION, VARIANTS, ModelSpec, spec_dict
+
+__all__ = [
+    "IR_VERSION",
+    "MANIFEST",
+    "MODELS_DIR",
+    "OPSET",
+    "build",
+    "check_models",
+    "empty_past",
+    "prompt_feeds",
+    "prompt_ids",
+    "read_manifest",
+    "reference_forward",
+    "serialize",
+    "sha256_of",
+    "stored_weights",
+    "weights_from_model",
+    "write_models",
+]
+
+IR_VERSION = 10
+OPSET = 24
+MODELS_DIR = Path(__file__).resolve().parent
+MANIFEST = MODELS_DIR / "manifest.json"
+
+_ONNX_DTYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+# -- weights ------------------------------------------------------------------------------------
+
+def _raw_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """All weights in float64, drawn in a fixed order from RandomState(seed)."""
+    rs = np.random.RandomState(spec.seed)
+    d, L = spec.d_model, spec.n_layers
+    w: dict[str, np.ndarray] = {}
+
+    def normal(shape, scale):
+        return rs.standard_normal(shape) * scale
+
+    def norm_scale():
+        return 1.0 + normal((d,), spec.norm_jitter)
+
+    w["embed_tokens.weight"] = normal((spec.vocab, d), spec.embed_scale)
+    for l in range(L):
+        p = f"layers.{l}."
+        w[p + "attn_norm.weight"] = norm_scale()
+        w[p + "q_proj.weight"] = normal((d, spec.q_dim), spec.qk_scale / np.sqrt(d))
+        w[p + "k_proj.weight"] = normal((d, spec.kv_dim), spec.qk_scale / np.sqrt(d))
+        w[p + "v_proj.weight"] = normal((d, spec.kv_dim), spec.proj_scale / np.sqrt(d))
+        w[p + "o_proj.weight"] = normal((spec.q_dim, d), spec.proj_scale / np.sqrt(spec.q_dim))
+        w[p + "mlp_norm.weight"] = norm_scale()
+        w[p + "gate_proj.weight"] = normal((d, spec.d_ff), spec.proj_scale / np.sqrt(d))
+        w[p + "up_proj.weight"] = normal((d, spec.d_ff), spec.proj_scale / np.sqrt(d))
+        w[p + "down_proj.weight"] = normal((spec.d_ff, d), spec.proj_scale / np.sqrt(spec.d_ff))
+    w["norm.weight"] = norm_scale()
+    w["lm_head.weight"] = normal((d, spec.vocab), spec.lm_head_scale / np.sqrt(d))
+    half = spec.head_dim // 2
+    inv_freq = 1.0 / spec.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / spec.head_dim)
+    angles = np.arange(spec.max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    w["rope.cos_cache"] = np.cos(angles)
+    w["rope.sin_cache"] = np.sin(angles)
+    return w
+
+
+def _round(a: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64).astype(dtype).astype(np.float64)
+
+
+def stored_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
+    """The weights exactly as the model stores them (values rounded to the dtype), held in float64,
+    with the near-tie correction applied when the spec plants one."""
+    w = {k: _round(v, spec.dtype) for k, v in _raw_weights(spec).items()}
+    if spec.near_tie is not None:
+        w = _plant_near_tie(spec, w)
+    return w
+
+
+def weights_from_model(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every float initializer of a built model, as float64 (the ``reference_forward`` weights)."""
+    return {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer
+            if not t.name.startswith("const.")}
+
+
+# -- the float64 reference forward (mirrors the graph) -------------------------------------------
+
+def _rms(x: np.ndarray, scale: np.ndarray, eps: float) -> np.ndarray:
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * scale
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x (B, H, S, D); cos, sin (B, S, D/2): non-interleaved halves."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None], sin[:, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate((c * x1 - s * x2, s * x1 + c * x2), axis=-1)
+
+
+def _forward(spec: ModelSpec, w: dict[str, np.ndarray], input_ids: np.ndarray, position_ids: np.ndarray,
+             past: list[tuple[np.ndarray, np.ndarray]] | None):
+    B, S = input_ids.shape
+    H, KV, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    eps = float(np.float32(spec.eps))  # the graph carries eps as a float32 attribute / constant
+    x = w["embed_tokens.weight"][input_ids]
+    cos = w["rope.cos_cache"][position_ids]
+    sin = w["rope.sin_cache"][position_ids]
+    presents = []
+    for l in range(spec.n_layers):
+        p = f"layers.{l}."
+        h = _rms(x, w[p + "attn_norm.weight"], eps)
+        q = (h @ w[p + "q_proj.weight"]).reshape(B, S, H, D).transpose(0, 2, 1, 3)
+        k = (h @ w[p + "k_proj.weight"]).reshape(B, S, KV, D).transpose(0, 2, 1, 3)
+        v = (h @ w[p + "v_proj.weight"]).reshape(B, S, KV, D).transpose(0, 2, 1, 3)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if past is not None:
+            pk, pv = (np.asarray(a, dtype=np.float64) for a in past[l])
+        else:
+            pk = pv = np.zeros((B, KV, 0, D))
+        k, v = np.concatenate((pk, k), axis=2), np.concatenate((pv, v), axis=2)
+        presents.append((k, v))
+        T = k.shape[2]
+        allowed = np.arange(T)[None, None, None, :] <= position_ids[:, None, :, None]  # (B, 1, S, T)
+        kr, vr = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
+        scores = (q @ kr.swapaxes(-1, -2)) / np.sqrt(D)
+        scores = np.where(allowed, scores, -np.inf)
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        att = (e / e.sum(axis=-1, keepdims=True)) @ vr  # (B, H, S, D)
+        x = x + att.transpose(0, 2, 1, 3).reshape(B, S, H * D) @ w[p + "o_proj.weight"]
+        h = _rms(x, w[p + "mlp_norm.weight"], eps)
+        g, u = h @ w[p + "gate_proj.weight"], h @ w[p + "up_proj.weight"]
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "down_proj.weight"]
+    hidden = _rms(x, w["norm.weight"], eps)
+    return hidden @ w["lm_head.weight"], presents, hidden
+
+
+def reference_forward(spec: ModelSpec, weights: dict[str, np.ndarray] | None, input_ids: np.ndarray,
+                      position_ids: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]] | None = None):
+    """float64 forward: ``(logits (B, S, vocab), [(present_key, present_value) per layer])``.
+
+    ``weights`` defaults to ``stored_weights(spec)``; pass ``weights_from_model(model)`` to mirror
+    a model file. ``past`` is a list of (key, value) pairs (B, n_kv_heads, past_seq, head_dim)."""
+    w = stored_weights(spec) if weights is None else weights
+    logits, presents, _ = _forward(spec, w, np.asarray(input_ids), np.asarray(position_ids), past)
+    return logits, presents
+
+
+def prompt_ids(prompt: str) -> np.ndarray:
+    return np.frombuffer(prompt.encode("utf-8"), dtype=np.uint8).astype(np.int64)[None, :]
+
+
+def empty_past(spec: ModelSpec, batch: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    z = np.zeros((batch, spec.n_kv_heads, 0, spec.head_dim), dtype=spec.dtype)
+    return [(z, z.copy()) for _ in range(spec.n_layers)]
+
+
+def prompt_feeds(spec: ModelSpec, input_ids: np.ndarray, past=None, start: int | None = None) -> dict[str, np.ndarray]:
+    """Feeds for a (1, seq) token array: positions continue after ``past`` (empty when None)."""
+    input_ids = np.asarray(input_ids, dtype=np.int64).reshape(1, -1)
+    past = empty_past(spec) if past is None else past
+    start = past[0][0].shape[2] if start is None else start
+    feeds = {"input_ids": input_ids,
+             "position_ids": np.arange(start, start + input_ids.shape[1], dtype=np.int64)[None, :]}
+    for l, (k, v) in enumerate(past):
+        feeds[f"past_key_values.{l}.key"] = np.ascontiguousarray(k, dtype=spec.dtype)
+        feeds[f"past_key_values.{l}.value"] = np.ascontiguousarray(v, dtype=spec.dtype)
+    return feeds
+
+
+def _plant_near_tie(spec: ModelSpec, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rank-one correction of the runner-up's lm_head column: at the planted position the top-2
+    logits end ``margin`` apart (float64 forward of the stored, dtype-rounded weights)."""
+    nt = spec.near_tie
+    assert nt is not None
+    ids = prompt_ids(nt.prompt)
+    if not 0 <= nt.position < ids.shape[1]:
+        raise ValueError(f"{spec.name}: near-tie position {nt.position} outside the prompt ({ids.shape[1]} tokens)")
+    pos = np.arange(ids.shape[1], dtype=np.int64)[None, :]
+    logits, _, hidden = _forward(spec, w, ids, pos, None)
+    row, h = logits[0, nt.position], hidden[0, nt.position]
+    order = np.argsort(-row, kind="stable")
+    top1, top2 = int(order[0]), int(order[1])
+    if (top1, top2) != (nt.top1, nt.top2):
+        raise ValueError(f"{spec.name}: near-tie recorded tokens (top1={nt.top1}, top2={nt.top2}) but the model's "
+                         f"top-2 at position {nt.position} are (top1={top1}, top2={top2}); update NEAR_TIE in spec.py")
+    lm = w["lm_head.weight"].copy()
+    col = lm[:, top2]
+    target = row[top1] - nt.margin
+    col = col + (target - h @ col) * h / (h @ h)
+    lm[:, top2] = _round(col, spec.dtype)
+    out = dict(w)
+    out["lm_head.weight"] = lm
+    return out
+
+
+# -- the graph ----------------------------------------------------------------------------------
+
+class _Graph:
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._consts: dict[tuple, str] = {}
+        self._n = 0
+
+    def init(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def const(self, value, dtype) -> str:
+        """A small constant initializer, deduplicated by value."""
+        a = np.asarray(value, dtype=dtype)
+        key = (a.dtype.str, a.shape, a.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.init(f"const.{len(self._consts)}", a)
+        return self._consts[key]
+
+    def i64(self, value) -> str:
+        return self.const(value, np.int64)
+
+    def f(self, value) -> str:
+        return self.const(value, self.dtype)
+
+    def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, outputs: list[str] | None = None,
+           **attrs: Any) -> Any:
+        outs = outputs if outputs is not None else [name if n_out == 1 else f"{name}:{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+
+def _rms_node(g: _Graph, spec: ModelSpec, x: str, scale: str, name: str) -> str:
+    if spec.flavour == "standard":
+        return g.op("RMSNormalization", [x, scale], name, axis=-1, epsilon=float(spec.eps), stash_type=1)
+    # decomposed: x * Reciprocal(Sqrt(ReduceMean(x*x) + eps)) * scale, in float32 like stash_type=1
+    if spec.dtype != "float32":
+        x = g.op("Cast", [x], f"{name}/x_f32", to=TensorProto.FLOAT)
+        scale = g.op("Cast", [scale], f"{name}/scale_f32", to=TensorProto.FLOAT)
+    sq = g.op("Mul", [x, x], f"{name}/sq")
+    ms = g.op("ReduceMean", [sq, g.i64([-1])], f"{name}/mean", keepdims=1)
+    ms = g.op("Add", [ms, g.const(spec.eps, np.float32)], f"{name}/add_eps")
+    inv = g.op("Reciprocal", [g.op("Sqrt", [ms], f"{name}/sqrt")], f"{name}/inv")
+    y = g.op("Mul", [g.op("Mul", [x, inv], f"{name}/normed"), scale], name if spec.dtype == "float32" else f"{name}/y")
+    if spec.dtype != "float32":
+        y = g.op("Cast", [y], name, to=_ONNX_DTYPE[spec.dtype])
+    return y
+
+
+def _heads(g: _Graph, x: str, n: int, d: int, name: str) -> str:
+    """(B, S, n*d) -> (B, n, S, d)."""
+    r = g.op("Reshape", [x, g.i64([0, 0, n, d])], f"{name}/reshape")
+    return g.op("Transpose", [r], name, perm=[0, 2, 1, 3])
+
+
+def build(spec: ModelSpec) -> onnx.ModelProto:
+    """The ONNX model of a spec (see golden/models/README.md). Pure: same spec, same bytes."""
+    w = stored_weights(spec)
+    dt, odt = spec.dtype, _ONNX_DTYPE[spec.dtype]
+    H, KV, D, L = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_layers
+    g = _Graph(dt)
+    for k, v in w.items():
+        g.init(k, v.astype(dt))
+
+    # inputs / outputs
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("logits", odt, ["batch", "seq", spec.vocab])]
+    for l in range(L):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{l}.{kind}", odt,
+                                                        ["batch", KV, "past_seq", D]))
+            outputs.append(helper.make_tensor_value_info(f"present.{l}.{kind}", odt, ["batch", KV, "total_seq", D]))
+
+    # shared: causal mask from positions, key k attended by query q iff k <= position_ids[b, q]
+    past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
+                    "mask/past_len", axis=0)
+    seq_len = g.op("Gather", [g.op("Shape", ["input_ids"], "mask/ids_shape"), g.i64(1)], "mask/seq_len", axis=0)
+    total = g.op("Add", [past_len, seq_len], "mask/total_len")
+    kpos = g.op("Range", [g.i64(0), total, g.i64(1)], "mask/key_positions")  # (T,)
+    qpos = g.op("Unsqueeze", ["position_ids", g.i64([1, 3])], "mask/query_positions")  # (B, 1, S, 1)
+    allowed = g.op("LessOrEqual", [kpos, qpos], "mask/allowed")  # (B, 1, S, T) bool
+    if spec.flavour == "decomposed":
+        bias = g.op("Where", [allowed, g.f(0.0), g.f(-np.inf)], "mask/bias")  # (B, 1, S, T): 0 / -inf
+        half = D // 2
+        cos = g.op("Gather", ["rope.cos_cache", "position_ids"], "rope/cos_half", axis=0)  # (B, S, D/2)
+        sin = g.op("Gather", ["rope.sin_cache", "position_ids"], "rope/sin_half", axis=0)
+        cos = g.op("Unsqueeze", [g.op("Concat", [cos, cos], "rope/cos_full", axis=-1), g.i64([1])], "rope/cos")
+        sin = g.op("Unsqueeze", [g.op("Concat", [sin, sin], "rope/sin_full", axis=-1), g.i64([1])], "rope/sin")
+
+        def rope(x: str, name: str) -> str:  # x * cos + rotate_half(x) * sin, rotate_half = [-x2, x1]
+            x1 = g.op("Slice", [x, g.i64([0]), g.i64([half]), g.i64([-1])], f"{name}/x1")
+            x2 = g.op("Slice", [x, g.i64([half]), g.i64([D]), g.i64([-1])], f"{name}/x2")
+            rot = g.op("Concat", [g.op("Neg", [x2], f"{name}/neg_x2"), x1], f"{name}/rotate_half", axis=-1)
+            return g.op("Add", [g.op("Mul", [x, cos], f"{name}/x_cos"), g.op("Mul", [rot, sin], f"{name}/rot_sin")],
+                        name)
+
+        def repeat_kv(x: str, name: str) -> str:  # (B, KV, T, D) -> (B, H, T, D), head h uses kv head h // G
+            if H == KV:
+                return x
+            u = g.op("Unsqueeze", [x, g.i64([2])], f"{name}/unsqueeze")
+            e = g.op("Expand", [u, g.i64([1, 1, H // KV, 1, 1])], f"{name}/expand")
+            return g.op("Reshape", [e, g.i64([0, H, -1, D])], name)
+
+    x = g.op("Gather", ["embed_tokens.weight", "input_ids"], "embed", axis=0)
+    for l in range(L):
+        p, n = f"layers.{l}.", f"layers.{l}"
+        h = _rms_node(g, spec, x, p + "attn_norm.weight", f"{n}/attn_norm")
+        q = _heads(g, g.op("MatMul", [h, p + "q_proj.weight"], f"{n}/q_proj"), H, D, f"{n}/q")
+        k = _heads(g, g.op("MatMul", [h, p + "k_proj.weight"], f"{n}/k_proj"), KV, D, f"{n}/k")
+        v = _heads(g, g.op("MatMul", [h, p + "v_proj.weight"], f"{n}/v_proj"), KV, D, f"{n}/v")
+        past_k, past_v = f"past_key_values.{l}.key", f"past_key_values.{l}.value"
+        pres_k, pres_v = f"present.{l}.key", f"present.{l}.value"
+        if spec.flavour == "standard":
+            q = g.op("RotaryEmbedding", [q, "rope.cos_cache", "rope.sin_cache", "position_ids"], f"{n}/q_rope",
+                     interleaved=0)
+            k = g.op("RotaryEmbedding", [k, "rope.cos_cache", "rope.sin_cache", "position_ids"], f"{n}/k_rope",
+                     interleaved=0)
+            att = g.op("Attention", [q, k, v, allowed, past_k, past_v], f"{n}/attention", n_out=3,
+                       outputs=[f"{n}/attention", pres_k, pres_v], scale=float(1.0 / np.sqrt(D)))[0]
+        else:
+            q, k = rope(q, f"{n}/q_rope"), rope(k, f"{n}/k_rope")
+            kk = g.op("Concat", [past_k, k], f"{n}/present_key", axis=2, outputs=[pres_k])
+            vv = g.op("Concat", [past_v, v], f"{n}/present_value", axis=2, outputs=[pres_v])
+            kr, vr = repeat_kv(kk, f"{n}/k_repeat"), repeat_kv(vv, f"{n}/v_repeat")
+            kt = g.op("Transpose", [kr], f"{n}/k_t", perm=[0, 1, 3, 2])
+            s = g.op("Mul", [g.op("MatMul", [q, kt], f"{n}/qk"), g.f(1.0 / np.sqrt(D))], f"{n}/scores")
+            s = g.op("Add", [s, bias], f"{n}/masked_scores")
+            pr = g.op("Softmax", [s], f"{n}/probs", axis=-1)
+            att = g.op("MatMul", [pr, vr], f"{n}/attention")
+        att = g.op("Transpose", [att], f"{n}/attention_t", perm=[0, 2, 1, 3])
+        att = g.op("Reshape", [att, g.i64([0, 0, H * D])], f"{n}/attention_merged")
+        x = g.op("Add", [x, g.op("MatMul", [att, p + "o_proj.weight"], f"{n}/o_proj")], f"{n}/attn_residual")
+        h = _rms_node(g, spec, x, p + "mlp_norm.weight", f"{n}/mlp_norm")
+        gate = g.op("MatMul", [h, p + "gate_proj.weight"], f"{n}/gate_proj")
+        up = g.op("MatMul", [h, p + "up_proj.weight"], f"{n}/up_proj")
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/gate_sigmoid")], f"{n}/gate_silu")
+        down = g.op("MatMul", [g.op("Mul", [act, up], f"{n}/gated"), p + "down_proj.weight"], f"{n}/down_proj")
+        x = g.op("Add", [x, down], f"{n}/mlp_residual")
+    x = _rms_node(g, spec, x, "norm.weight", "final_norm")
+    g.op("MatMul", [x, "lm_head.weight"], "lm_head", outputs=["logits"])
+
+    graph = helper.make_graph(g.nodes, spec.name, inputs, outputs, initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                              producer_name="lockstep.golden.models", producer_version=GENERATOR_VERSION)
+    meta = {"spec": spec_dict(spec), "generator_version": GENERATOR_VERSION}
+    model.doc_string = json.dumps(meta, sort_keys=True)
+    helper.set_model_props(model, {"lockstep.golden.variant": spec.name,
+                                   "lockstep.golden.generator_version": GENERATOR_VERSION})
+    return model
+
+
+# -- serialization and the manifest --------------------------------------------------------------
+
+def serialize(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString(deterministic=True)
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _manifest_entry(spec: ModelSpec, data: bytes) -> dict[str, Any]:
+    return {"sha256": sha256_of(data), "spec": spec_dict(spec), "generator_version": GENERATOR_VERSION}
+
+
+def write_models(directory: Path | str = MODELS_DIR, variants: dict[str, ModelSpec] = VARIANTS) -> dict[str, Any]:
+    """Write ``<name>.onnx`` for every variant and ``manifest.json``; returns the manifest."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {}
+    for name, spec in variants.items():
+        data = serialize(build(spec))
+        _atomic_write(directory / f"{name}.onnx", data)
+        manifest[name] = _manifest_entry(spec, data)
+    _atomic_write(directory / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return manifest
+
+
+def read_manifest(directory: Path | str = MODELS_DIR) -> dict[str, Any]:
+    return json.loads((Path(directory) / "manifest.json").read_text())
+
+
+def check_models(directory: Path | str = MODELS_DIR, variants: dict[str, ModelSpec] = VARIANTS) -> list[str]:
+    """Rebuild every variant in memory; one line per problem (empty: all clean). Each line starts
+    with the model's name: drift (the generator's sha256 differs from the manifest's), a manifest
+    spec or generator version that differs, a file missing or differing from the build."""
+    directory = Path(directory)
+    try:
+        manifest = read_manifest(directory)
+    except FileNotFoundError:
+        return [f"manifest.json: missing in {directory}"]
+    except json.JSONDecodeError as exc:
+        return [f"manifest.json: not valid JSON: {exc}"]
+    problems: list[str] = []
+    for name, spec in variants.items():
+        data = serialize(build(spec))
+        want = _manifest_entry(spec, data)
+        got = manifest.get(name)
+        if got is None:
+            problems.append(f"{name}: not in the manifest")
+        else:
+            if got.get("sha256") != want["sha256"]:
+                problems.append(f"{name}: drift: the generator builds sha256 {want['sha256']}, "
+                                f"the manifest records {got.get('sha256')}")
+            if got.get("spec") != want["spec"]:
+                problems.append(f"{name}: the manifest's spec differs from spec.py")
+            if got.get("generator_version") != GENERATOR_VERSION:
+                problems.append(f"{name}: the manifest's generator_version {got.get('generator_version')!r} "
+                                f"differs from {GENERATOR_VERSION!r}")
+        path = directory / f"{name}.onnx"
+        if not path.is_file():
+            problems.append(f"{name}: file {path.name} is missing")
+        elif sha256_of(path.read_bytes()) != want["sha256"]:
+            problems.append(f"{name}: file {path.name} differs from the build (sha256 "
+                            f"{sha256_of(path.read_bytes())})")
+    for name in sorted(set(manifest) - set(variants)):
+        problems.append(f"{name}: in the manifest but not a variant in spec.py")
+    return problems

@@ -1,0 +1,112 @@
+"""Golden model specifications: one frozen ``ModelSpec`` per variant, and the planted near-tie.
+
+A spec is everything the generator needs: ``build(spec)`` (``golden.models.build``) is a pure
+function of it, so the manifest's sha256 of a variant only moves when its spec, the generator
+(``GENERATOR_VERSION``) or the serialization of onnx itself moves.
+
+The four ``tiny-*`` variants share seed and weights (generated in float64, then cast), so fp32
+versus fp16 and standard versus decomposed compute the same function up to the dtype's rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GENERATOR_VERSION", "NEAR_TIE", "PROMPT", "VARIANTS", "ModelSpec", "NearTie", "spec_dict"]
+
+GENERATOR_VERSION = "1"
+
+# The prompt the golden checks (greedy output, the planted near-tie) are stated against; tokens
+# are its UTF-8 bytes (the models are byte-level: vocab 256, token id = byte value).
+PROMPT = "The quick brown fox"
+
+
+@dataclass(frozen=True)
+class NearTie:
+    """A planted near-tie: for ``prompt`` (position_ids 0..n-1, no past) the logits at ``position``
+    have ``top1`` first and ``top2`` second, ``margin`` apart (float64 forward of the stored weights).
+
+    ``build`` plants it with a rank-one correction to the lm_head column of ``top2`` and refuses to
+    build when the tokens it finds differ from the recorded ones."""
+
+    prompt: str
+    position: int
+    top1: int
+    top2: int
+    margin: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A byte-level decoder LM (see golden/models/README.md for the graph)."""
+
+    name: str
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    d_ff: int = 128
+    vocab: int = 256
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+    max_positions: int = 512
+    dtype: str = "float32"  # "float32" | "float16"
+    flavour: str = "standard"  # "standard" (opset 23 fused ops) | "decomposed" (MatMul/Softmax/elementwise)
+    seed: int = 20240607
+    # Weight scales. Every projection is drawn N(0, 1) * scale / sqrt(fan_in); norm scales are
+    # 1 + norm_jitter * N(0, 1); the embedding is N(0, 1) * embed_scale.
+    embed_scale: float = 1.0
+    qk_scale: float = 2.0  # W_q and W_k: sharpens attention (scores of a few units)
+    proj_scale: float = 1.0  # W_v, W_o, W_gate, W_up, W_down
+    lm_head_scale: float = 4.0  # logits spread of several units
+    norm_jitter: float = 0.1
+    near_tie: NearTie | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"{self.name}: dtype must be float32 or float16, got {self.dtype!r}")
+        if self.flavour not in ("standard", "decomposed"):
+            raise ValueError(f"{self.name}: flavour must be standard or decomposed, got {self.flavour!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{self.name}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"{self.name}: head_dim {self.head_dim} must be even (rotary halves)")
+        if self.vocab != 256:
+            raise ValueError(f"{self.name}: the models are byte-level, vocab must be 256")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+def spec_dict(spec: ModelSpec) -> dict[str, Any]:
+    """The spec as plain JSON-able data (the manifest's ``spec`` and the model's doc_string)."""
+    return dataclasses.asdict(spec)
+
+
+_TINY = ModelSpec(name="tiny-fp32-standard")
+
+# The planted near-tie: found by ``build`` on tiny-fp32-standard's weights (float64 forward), then
+# recorded here. Margin 2e-4: well below float16 resolution at the logit scale (a few units: ulp
+# ~2e-3 to 4e-3), well above float32 error (~1e-6).
+NEAR_TIE = NearTie(prompt=PROMPT, position=len(PROMPT.encode("utf-8")) - 1, top1=207, top2=185, margin=2e-4)
+
+VARIANTS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _TINY,
+        dataclasses.replace(_TINY, name="tiny-fp32-decomposed", flavour="decomposed"),
+        dataclasses.replace(_TINY, name="tiny-fp16-standard", dtype="float16"),
+        dataclasses.replace(_TINY, name="tiny-fp16-decomposed", dtype="float16", flavour="decomposed"),
+        ModelSpec(name="small-fp32-standard", n_layers=4, d_model=128, n_heads=8, n_kv_heads=2, head_dim=16,
+                  d_ff=256),
+        dataclasses.replace(_TINY, name="tiny-neartie-fp32-standard", near_tie=NEAR_TIE),
+    )
+}
