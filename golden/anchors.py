@@ -1,0 +1,169 @@
+"""Golden anchors: what the fp32 oracle says at every position of a canonical context.
+
+A snapshot (``golden/snapshots/<model>.json``) holds, for one golden model:
+- provenance: the model file's sha256, generator version, the oracle's name and version, dtype;
+- the canonical context: the prompt plus a recorded prefix (the oracle's greedy continuation),
+  stored, never rebuilt from a live stream;
+- per position from the last prompt token on: the oracle's top-1 and top-2 tokens and their margin;
+- the near-tie band per engine dtype, from the error model below.
+
+Error model (``near_tie_band``): an engine storing activations in dtype ``s`` with unit roundoff
+``u_s`` and accumulating dot products of length up to ``K`` in ``a`` perturbs a logit of scale
+``L`` by about ``L * (R * (layers + 1) * u_s + sqrt(K) * u_a)``, with ``R = 6`` roundings per layer
+(norm, q/k/v, attention, output projection, MLP, residual). The band is ``KAPPA = 2`` times that
+(both compared logits carry it). Positions whose oracle margin lies inside the band are near-ties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .models.spec import GENERATOR_VERSION, PROMPT, VARIANTS, ModelSpec
+from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, oracle_logits
+
+__all__ = [
+    "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "compute_anchors", "load_snapshot",
+    "snapshot_text", "write_snapshot", "diff_snapshots", "model_sha256", "OracleDisagreement",
+]
+
+ROOT = Path(__file__).resolve().parent
+SNAPSHOT_DIR = ROOT / "snapshots"
+MODEL_DIR = ROOT / "models"
+PREFIX_TOKENS = 24
+SNAPSHOT_FORMAT = 1
+
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11}
+ROUNDINGS_PER_LAYER = 6
+KAPPA = 2.0
+# What each model dtype declares: activations stored in the model dtype, dot products accumulated in fp32.
+DECLARED = {"float32": ("float32", "float32"), "float16": ("float16", "float32")}
+
+
+class OracleDisagreement(RuntimeError):
+    """The oracle and its float64 cross-check disagree: regeneration refuses to write."""
+
+
+def near_tie_band(spec: ModelSpec, dtype: str, logit_scale: float) -> float:
+    storage, accum = DECLARED[dtype]
+    k = max(spec.d_model, spec.q_dim, spec.d_ff)
+    rel = ROUNDINGS_PER_LAYER * (spec.n_layers + 1) * UNIT_ROUNDOFF[storage] + math.sqrt(k) * UNIT_ROUNDOFF[accum]
+    return KAPPA * logit_scale * rel
+
+
+def model_sha256(name: str) -> str:
+    path = MODEL_DIR / f"{name}.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"golden model {path} is missing: run `python -m golden.models --write`")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _prompt(spec: ModelSpec) -> list[int]:
+    return list((spec.near_tie.prompt if spec.near_tie else PROMPT).encode("utf-8"))
+
+
+def compute_anchors(name: str, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Anchors for ``name`` from the oracle only (never from an engine under test)."""
+    from .models.build import build
+
+    say = progress or (lambda msg: None)
+    spec = VARIANTS[name]
+    fp32 = build(dataclasses.replace(spec, dtype="float32"))
+    prompt = _prompt(spec)
+    say(f"{name}: oracle greedy prefix ({PREFIX_TOKENS} tokens)")
+    prefix = greedy_oracle(fp32, prompt, PREFIX_TOKENS)
+    context = prompt + prefix
+    say(f"{name}: oracle logits over the canonical context ({len(context)} tokens)")
+    logits = oracle_logits(fp32, context)
+    say(f"{name}: float64 cross-check on the reference runtime")
+    cross = float64_logits(decomposed_twin(spec), context)
+    scale = float(np.abs(logits).max())
+    bands = {d: near_tie_band(spec, d, scale) for d in DECLARED}
+    start = len(prompt) - 1
+    positions = []
+    for i in range(start, len(context) - 1):
+        row = logits[i]
+        order = np.argsort(-row, kind="stable")
+        top1, top2 = int(order[0]), int(order[1])
+        margin = float(row[top1] - row[top2])
+        if top1 != context[i + 1]:
+            raise OracleDisagreement(f"{name}: position {i}: the oracle's argmax {top1} is not its own greedy token")
+        diff = float(np.abs(row - cross[i]).max())
+        if diff > bands["float32"] or (margin > bands["float32"] and int(np.argmax(cross[i])) != top1):
+            raise OracleDisagreement(
+                f"{name}: position {i}: oracle and float64 cross-check differ by {diff:.3g} "
+                f"(fp32 band {bands['float32']:.3g}); refusing to write anchors"
+            )
+        positions.append({"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)})
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "model": name,
+        "provenance": {
+            "model_sha256": model_sha256(name),
+            "generator_version": GENERATOR_VERSION,
+            "oracle": ORACLE["name"],
+            "oracle_version": ORACLE["version"],
+            "crosscheck": "lockstep ref-sim, float64, decomposed flavour",
+            "dtype": spec.dtype,
+        },
+        "prompt": prompt,
+        "prefix": prefix,
+        "start": start,
+        "logit_scale": round(scale, 4),
+        "band": {d: float(f"{b:.4g}") for d, b in bands.items()},
+        "positions": positions,
+    }
+
+
+def snapshot_text(data: dict[str, Any]) -> str:
+    """The one serialization of a snapshot, shared by regeneration and syrupy's --snapshot-update."""
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def load_snapshot(name: str) -> dict[str, Any]:
+    path = SNAPSHOT_DIR / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no golden snapshot {path}: run `lockstep golden regenerate --model {name}`")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"golden snapshot {path} is corrupt ({exc}); regenerate it") from exc
+
+
+def write_snapshot(data: dict[str, Any]) -> Path:
+    SNAPSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    path = SNAPSHOT_DIR / f"{data['model']}.json"
+    fd, tmp = tempfile.mkstemp(dir=SNAPSHOT_DIR, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(snapshot_text(data))
+    os.replace(tmp, path)  # atomic: a crash never leaves half a snapshot
+    return path
+
+
+def diff_snapshots(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Human-readable changes: provenance, context, and per-position tokens and margins."""
+    if old is None:
+        return [f"new snapshot: {len(new['positions'])} positions"]
+    out = []
+    for k, v in new["provenance"].items():
+        if old.get("provenance", {}).get(k) != v:
+            out.append(f"provenance.{k}: {old.get('provenance', {}).get(k)!r} -> {v!r}")
+    if old.get("prefix") != new["prefix"]:
+        out.append(f"prefix: {old.get('prefix')} -> {new['prefix']}")
+    olds = {p["pos"]: p for p in old.get("positions", [])}
+    for p in new["positions"]:
+        o = olds.get(p["pos"])
+        if o is None:
+            out.append(f"pos {p['pos']}: new (top1 {p['top1']}, margin {p['margin']})")
+        elif (o["top1"], o["top2"]) != (p["top1"], p["top2"]) or abs(o["margin"] - p["margin"]) > 1e-5:
+            out.append(f"pos {p['pos']}: top1 {o['top1']}->{p['top1']} top2 {o['top2']}->{p['top2']} "
+                       f"margin {o['margin']}->{p['margin']}")
+    return out

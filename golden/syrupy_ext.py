@@ -1,0 +1,68 @@
+"""The syrupy extension for golden snapshots: one JSON file per model in ``golden/snapshots/``.
+
+``pytest --snapshot-update`` and ``lockstep golden regenerate`` write the same bytes (both use
+``anchors.snapshot_text``), atomically. Comparison is tolerant where floating point may differ
+between machines (margins, bands, logit scale within 1e-4 relative) and exact for tokens and
+provenance. Golden data is never deleted by syrupy's unused-snapshot cleanup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from syrupy.extensions.json import JSONSnapshotExtension
+
+from .anchors import SNAPSHOT_DIR, snapshot_text
+
+__all__ = ["GoldenSnapshotExtension", "same_anchors"]
+
+FLOAT_RTOL = 1e-4
+
+
+def same_anchors(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= FLOAT_RTOL * max(1.0, abs(float(a)), abs(float(b)))
+        except (TypeError, ValueError):
+            return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_anchors(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_anchors(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+class GoldenSnapshotExtension(JSONSnapshotExtension):
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(SNAPSHOT_DIR)
+
+    @classmethod
+    def get_snapshot_name(cls, *, test_location, index=0) -> str:
+        return str(index)  # the model name, given as snapshot(name=...)
+
+    def serialize(self, data, **kwargs) -> str:
+        return snapshot_text(data)
+
+    def matches(self, *, serialized_data, snapshot_data) -> bool:
+        try:
+            return same_anchors(json.loads(serialized_data), json.loads(snapshot_data))
+        except (TypeError, json.JSONDecodeError):
+            return False
+
+    @classmethod
+    def write_snapshot_collection(cls, *, snapshot_collection, name_order=None) -> None:
+        path = Path(snapshot_collection.location)
+        data = next(iter(snapshot_collection)).data
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def delete_snapshots(self, *, snapshot_location: str, snapshot_names: set[str]) -> None:
+        return  # golden data is only ever replaced by a regeneration, never deleted
