@@ -254,6 +254,9 @@ class _OutcomeRecorder:
             report.nodeid, {"outcome": "passed", "contract": props.get("contract"), "engine": props.get("engine"),
                             "ops": props.get("ops", [])}
         )
+        if "tripwire" in props:
+            entry["tripwire"] = json.loads(props["tripwire"])
+            st.setdefault("tripwires", []).append(entry["tripwire"])
         if report.failed:
             entry["outcome"] = "failed"
         elif hasattr(report, "wasxfail"):
@@ -306,6 +309,15 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
     if st["mutant"]:
         terminalreporter.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
+    if st.get("tripwires"):
+        terminalreporter.section("lockstep: golden tripwires (first divergence from the recorded stream)")
+        for t in st["tripwires"]:
+            kind = "near-tie, not fatal" if t["near_tie"] else "FATAL"
+            terminalreporter.write_line(
+                f"{t['engine']} {t['model']}: position {t['pos']}: recorded {t['recorded']}, engine {t['engine_token']}"
+                f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
+                yellow=t["near_tie"], red=not t["near_tie"],
+            )
     unsupported: dict[str, Counter] = {}
     for o in st["outcomes"].values():
         reason = o.get("reason") or ""

@@ -63,6 +63,50 @@ def _decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _golden(args: argparse.Namespace) -> int:
+    """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
+    from golden.anchors import compute_anchors, diff_snapshots, load_snapshot, write_snapshot
+    from golden.models.spec import VARIANTS
+
+    if args.source != "oracle":
+        print(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
+              "(an engine under test is never its own yardstick)")
+        return 2
+    names = args.model or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        print(f"unknown golden model(s) {unknown}; known: {sorted(VARIANTS)}")
+        return 2
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a nicety, not a dependency of correctness
+        def tqdm(it, **kw):
+            return it
+    changed = 0
+    for name in tqdm(names, desc="golden anchors", unit="model"):
+        new = compute_anchors(name)
+        try:
+            old = load_snapshot(name)
+        except FileNotFoundError:
+            old = None
+        diff = diff_snapshots(old, new)
+        if not diff:
+            print(f"{name}: unchanged")
+            continue
+        changed += 1
+        print(f"{name}: {len(diff)} change(s)")
+        for line in diff[:40]:
+            print(f"  {line}")
+        if len(diff) > 40:
+            print(f"  ... and {len(diff) - 40} more")
+        if args.dry_run:
+            continue
+        print(f"  written: {write_snapshot(new)}")
+    if args.dry_run and changed:
+        print(f"dry run: {changed} snapshot(s) would change; nothing written")
+    return 0
+
+
 def _parity(args: argparse.Namespace) -> int:
     from contracts import parity
 
@@ -99,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--tokens", type=int, default=16)
     d.add_argument("--engine", default="ref-sim", help="ref-sim, ref-cuda, ort-cpu, ort-cuda")
     d.set_defaults(func=_decode)
+
+    g = sub.add_parser("golden", help="golden anchors: `lockstep golden regenerate [--model NAME]`")
+    gsub = g.add_subparsers(dest="golden_command", required=True)
+    gr = gsub.add_parser("regenerate", help="recompute anchors from the fp32 oracle, show the diff, write atomically")
+    gr.add_argument("--model", action="append", help="golden model name (repeatable; default: all)")
+    gr.add_argument("--source", default="oracle", help="where anchors come from: only 'oracle' is accepted")
+    gr.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    gr.set_defaults(func=_golden)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")

@@ -8,6 +8,7 @@
 #   all-tests   the whole test suite but the node suite, both devices (ONNX Runtime here is another
 #               version than CI's, whose expectations the node suite's ort entries record)
 #   node-suite  ONNX's node cases on ref-sim and ref-cuda, with a JSON/markdown report
+#   golden      golden token locks and tripwires on ref-sim and ref-cuda
 # and prints a summary table last. Uses the preinstalled python3 packages; a carried .whl/ folder
 # (syrupy, see docs/gpu-verification.md) is installed into a private target first.
 set -u
@@ -40,11 +41,12 @@ step() {
   rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$last")")
 }
 
-export LOCKSTEP_REQUIRE_DEVICES=cupy
+export LOCKSTEP_REQUIRE_DEVICES=cupy LOCKSTEP_REQUIRE_ENGINES=ref-cuda
 step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
 step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite"
 step node-suite    timeout 330 python3 -m pytest conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/node-report"
+step golden        timeout 240 python3 -m pytest conformance/golden -m golden -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
 step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
 step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150

@@ -1,0 +1,113 @@
+"""Golden token locks: an engine against the oracle's anchors.
+
+- ``check_provenance``: the snapshot belongs to this model file and came from the oracle; a model
+  whose sha256 moved fails with "model changed: regenerate", never with a token diff.
+- ``teacher_forced_lock`` (fatal): over the canonical context, at every position whose oracle
+  margin lies outside the engine dtype's near-tie band, the engine's argmax is the anchor and its
+  margin (anchor minus best other) agrees with the oracle's within twice the band. Runs as one
+  prefill or step by step through the decode path.
+- ``tripwire``: the engine's autoregressive greedy stream against the recorded prefix. A first
+  divergence at a near-tie position is reported, not fatal; anywhere else it is fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .anchors import model_sha256
+from .models.spec import GENERATOR_VERSION
+from .oracle import ORACLE
+
+__all__ = ["ModelChanged", "NotFromOracle", "check_provenance", "LockResult", "teacher_forced_lock",
+           "TripResult", "tripwire"]
+
+
+class ModelChanged(AssertionError):
+    """The golden model no longer matches the snapshot's provenance: regenerate."""
+
+
+class NotFromOracle(AssertionError):
+    """The snapshot's anchors did not come from the oracle (an engine is never its own yardstick)."""
+
+
+def check_provenance(snap: dict[str, Any]) -> None:
+    prov = snap.get("provenance", {})
+    if prov.get("oracle") != ORACLE["name"]:
+        raise NotFromOracle(f"{snap.get('model')}: anchors came from {prov.get('oracle')!r}, not {ORACLE['name']}")
+    sha = model_sha256(snap["model"])
+    if prov.get("model_sha256") != sha or prov.get("generator_version") != GENERATOR_VERSION:
+        raise ModelChanged(
+            f"model changed: regenerate ({snap['model']}: snapshot sha256 {str(prov.get('model_sha256'))[:12]}…, "
+            f"file {sha[:12]}…; generator {prov.get('generator_version')} vs {GENERATOR_VERSION}). "
+            f"Run `lockstep golden regenerate --model {snap['model']}` and review the diff."
+        )
+
+
+@dataclass
+class LockResult:
+    mode: str
+    checked: int = 0
+    near_ties: int = 0
+    violations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.checked > 0 and not self.violations
+
+
+def teacher_forced_lock(decoder, snap: dict[str, Any], dtype: str, *, stepwise: bool) -> LockResult:
+    from reference_runtime.decode import teacher_force
+
+    context = snap["prompt"] + snap["prefix"]
+    band = snap["band"][dtype]
+    logits = np.asarray(teacher_force(decoder, context[:-1], stepwise=stepwise), np.float64)
+    res = LockResult("stepwise" if stepwise else "prefill")
+    for entry in snap["positions"]:
+        if entry["margin"] <= band:
+            res.near_ties += 1
+            continue
+        res.checked += 1
+        row = logits[entry["pos"]]
+        anchor = entry["top1"]
+        others = np.delete(row, anchor)
+        margin = float(row[anchor] - others.max())
+        got = int(np.argmax(row))
+        if got != anchor:
+            res.violations.append({"pos": entry["pos"], "kind": "argmax", "anchor": anchor, "engine": got,
+                                   "oracle_margin": entry["margin"], "engine_margin": round(margin, 6)})
+        elif abs(margin - entry["margin"]) > 2 * band:
+            res.violations.append({"pos": entry["pos"], "kind": "margin", "anchor": anchor,
+                                   "oracle_margin": entry["margin"], "engine_margin": round(margin, 6),
+                                   "band": band})
+    return res
+
+
+@dataclass
+class TripResult:
+    tokens: list[int]
+    divergence: dict[str, Any] | None = None
+
+    @property
+    def fatal(self) -> bool:
+        return self.divergence is not None and not self.divergence["near_tie"]
+
+
+def tripwire(decoder, snap: dict[str, Any], dtype: str) -> TripResult:
+    from reference_runtime.decode import greedy
+
+    prefix = snap["prefix"]
+    result = greedy(decoder, snap["prompt"], len(prefix))
+    band = snap["band"][dtype]
+    for i, (want, got) in enumerate(zip(prefix, result.tokens)):
+        if want != got:
+            entry = snap["positions"][i]
+            row = result.step_logits[i]
+            return TripResult(result.tokens, {
+                "pos": entry["pos"], "recorded": want, "engine_token": got,
+                "oracle_margin": entry["margin"], "band": band, "near_tie": entry["margin"] <= band,
+                "engine_logit_gap": round(float(row[got] - row[want]), 6),
+            })
+    return TripResult(result.tokens)

@@ -1,0 +1,38 @@
+"""`lockstep golden regenerate`: oracle only, shows changes, writes atomically; a corrupt snapshot is an error."""
+
+from __future__ import annotations
+
+import pytest
+
+import golden.anchors as anchors
+from reference_runtime.cli import main
+
+
+def test_regenerate_refuses_an_engine_as_the_source(capsys):
+    assert main(["golden", "regenerate", "--source", "ref-sim"]) == 2
+    assert "anchors come from the fp32 oracle only" in capsys.readouterr().out
+
+
+def test_regenerate_dry_run_reports_unchanged_committed_snapshots(capsys):
+    assert main(["golden", "regenerate", "--dry-run", "--model", "tiny-fp32-standard"]) == 0
+    assert "tiny-fp32-standard: unchanged" in capsys.readouterr().out
+
+
+def test_regenerate_shows_changes_then_writes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    assert main(["golden", "regenerate", "--model", "tiny-fp32-standard"]) == 0
+    out = capsys.readouterr().out
+    assert "new snapshot: 24 positions" in out and (tmp_path / "tiny-fp32-standard.json").is_file()
+    assert not list(tmp_path.glob("*.tmp")), "atomic write leaves no temporary file"
+    text = (tmp_path / "tiny-fp32-standard.json").read_text()
+    (tmp_path / "tiny-fp32-standard.json").write_text(text.replace('"top1": ', '"top1": 1', 1))
+    assert main(["golden", "regenerate", "--model", "tiny-fp32-standard"]) == 0
+    assert "top1" in capsys.readouterr().out  # the diff names the changed position before writing
+    assert (tmp_path / "tiny-fp32-standard.json").read_text() == text
+
+
+def test_a_corrupt_snapshot_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    (tmp_path / "tiny-fp32-standard.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="tiny-fp32-standard.json is corrupt"):
+        anchors.load_snapshot("tiny-fp32-standard")

@@ -1,0 +1,134 @@
+"""Proof the golden locks can fail: mutant engines break the fatal lock, the planted near-tie trips
+the tripwire without failing, and provenance problems fail loudly instead of passing."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+
+from golden.anchors import MODEL_DIR, load_snapshot
+from golden.locks import ModelChanged, NotFromOracle, check_provenance, teacher_forced_lock, tripwire
+from golden.models.spec import NEAR_TIE
+from reference_runtime import Runtime, RuntimeConfig
+from reference_runtime.backends.sim import SimDevice
+from reference_runtime.decode import Decoder, RefDecoder
+
+FP32 = "tiny-fp32-standard"
+
+
+def ref_decoder(name, cls=RefDecoder):
+    return cls(onnx.load(str(MODEL_DIR / f"{name}.onnx")), Runtime(SimDevice(), RuntimeConfig()))
+
+
+class RotaryOffByOne(RefDecoder):
+    """Decode steps use position p + 1 for the token at p (the cache was written at the right ones)."""
+
+    def forward(self, ids):
+        if len(ids) == 1 and self.position > 0:
+            self.position += 1
+            out = super().forward(ids)
+            self.position -= 1
+            return out
+        return super().forward(ids)
+
+
+class KvWrongSlot(RefDecoder):
+    """Each step writes its key/value one slot early, over the previous token's entry (so that
+    entry is lost and the new one appears twice). A mere swap of two slots would be invisible:
+    attention is order-free over keys that carry their rotary positions."""
+
+    def forward(self, ids):
+        out = super().forward(ids)
+        for name, t in list(self.cache.items()):
+            kv = self.rt.download(t)
+            if kv.shape[2] >= 2:
+                kv[:, :, -2] = kv[:, :, -1]
+                self.rt.write(t, kv)
+        return out
+
+
+class Perturbed(Decoder):
+    """Adds ``delta`` to the runner-up logit at every position: an fp16-scale perturbation."""
+
+    def __init__(self, inner, delta):
+        self.inner, self.delta = inner, delta
+
+    def reset(self):
+        self.inner.reset()
+
+    def forward(self, ids):
+        logits = np.array(self.inner.forward(ids), np.float64)
+        for row in logits:
+            row[np.argsort(-row)[1]] += self.delta
+        return logits
+
+
+@pytest.mark.parametrize("mutant", [RotaryOffByOne, KvWrongSlot])
+def test_decode_path_mutants_fail_the_fatal_lock(mutant):
+    snap = load_snapshot(FP32)
+    dec = ref_decoder(FP32, mutant)
+    prefill = teacher_forced_lock(dec, snap, "float32", stepwise=False)
+    stepwise = teacher_forced_lock(dec, snap, "float32", stepwise=True)
+    assert prefill.ok, "the mutant breaks only the decode path; one prefill is unaffected"
+    assert not stepwise.ok and stepwise.violations, f"{mutant.__name__} must break the stepwise lock"
+
+
+def test_the_real_decoder_passes_both_modes():
+    snap = load_snapshot(FP32)
+    dec = ref_decoder(FP32)
+    for stepwise in (False, True):
+        res = teacher_forced_lock(dec, snap, "float32", stepwise=stepwise)
+        assert res.ok and res.checked == len(snap["positions"]) - res.near_ties
+
+
+def test_fp16_accumulation_declared_as_fp32_fails_the_lock():
+    snap = load_snapshot(FP32)
+    fp16 = ref_decoder("tiny-fp16-standard")  # the same weights, computed in fp16
+    honest = teacher_forced_lock(fp16, snap, "float16", stepwise=False)
+    assert honest.ok, honest.violations
+    lying = teacher_forced_lock(fp16, snap, "float32", stepwise=False)
+    assert not lying.ok and any(v["kind"] == "margin" for v in lying.violations)
+
+
+def test_a_snapshot_not_from_the_oracle_or_for_another_model_fails():
+    snap = load_snapshot(FP32)
+    check_provenance(snap)
+    skipped = copy.deepcopy(snap)
+    skipped["provenance"]["oracle"] = "ref-sim"  # anchors taken from an engine: a skipped oracle
+    with pytest.raises(NotFromOracle):
+        check_provenance(skipped)
+    moved = copy.deepcopy(snap)
+    moved["provenance"]["model_sha256"] = "0" * 64
+    with pytest.raises(ModelChanged, match="model changed: regenerate"):
+        check_provenance(moved)
+
+
+def test_missing_model_or_snapshot_is_an_error_not_a_pass():
+    with pytest.raises(FileNotFoundError, match="run `lockstep golden regenerate"):
+        load_snapshot("no-such-model")
+    snap = copy.deepcopy(load_snapshot(FP32))
+    snap["model"] = "no-such-model"
+    with pytest.raises(FileNotFoundError, match="golden model .* is missing"):
+        check_provenance(snap)
+
+
+def test_the_planted_near_tie_trips_the_tripwire_without_failing():
+    name = "tiny-neartie-fp32-standard"
+    snap = load_snapshot(name)
+    planted = snap["positions"][0]
+    assert planted["pos"] == NEAR_TIE.position and planted["margin"] < 1e-3
+    dec = Perturbed(ref_decoder(name), delta=1e-3)  # flips a 2e-4 margin, not the others
+    trip = tripwire(dec, snap, "float16")
+    assert trip.divergence is not None and trip.divergence["pos"] == NEAR_TIE.position
+    assert trip.divergence["near_tie"] and not trip.fatal
+    lock = teacher_forced_lock(dec, snap, "float16", stepwise=False)
+    assert lock.ok, "the fatal lock skips the near-tie"
+
+
+def test_a_divergence_outside_the_band_is_fatal():
+    snap = load_snapshot(FP32)
+    trip = tripwire(Perturbed(ref_decoder(FP32), delta=5.0), snap, "float32")
+    assert trip.fatal and not trip.divergence["near_tie"]
