@@ -36,3 +36,16 @@ def test_a_corrupt_snapshot_names_the_file(tmp_path, monkeypatch):
     (tmp_path / "tiny-fp32-standard.json").write_text("{ not json")
     with pytest.raises(ValueError, match="tiny-fp32-standard.json is corrupt"):
         anchors.load_snapshot("tiny-fp32-standard")
+
+
+def test_snapshot_comparison_ignores_only_the_oracle_version():
+    from golden.syrupy_ext import same_anchors
+
+    snap = anchors.load_snapshot("tiny-fp32-standard")
+    other = {**snap, "provenance": {**snap["provenance"], "oracle_version": "1.23.1"}}
+    assert same_anchors(snap, other)
+    moved = {**snap, "provenance": {**snap["provenance"], "model_sha256": "0" * 64}}
+    assert not same_anchors(snap, moved)
+    nudged = {**snap, "positions": [{**snap["positions"][0], "margin": snap["positions"][0]["margin"] + 1e-2}]
+              + snap["positions"][1:]}
+    assert not same_anchors(snap, nudged)
