@@ -28,7 +28,7 @@ def _feeds(model: onnx.ModelProto, ids: list[int]) -> dict[str, np.ndarray]:
         if vi.name.startswith("past_key_values."):
             dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
             dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            feeds[vi.name] = np.zeros((1, dims[1], 0, dims[3]), dtype)
+            feeds[vi.name] = np.zeros((1, dims[1], dims[2], dims[3]), dtype)  # dims[2]: capacity, or 0 (growing)
     return feeds
 
 

@@ -2,10 +2,13 @@
 golden models' I/O contract (``golden/models``): inputs ``input_ids``, ``position_ids`` and
 ``past_key_values.{l}.key/value``; outputs ``logits`` and ``present.{l}.key/value``.
 
-On the reference engines the KV cache stays on the device between steps: each step binds the
-previous step's ``present`` tensors as its ``past`` feeds and keeps the new ones on the device
-(``Executor.run(..., keep=...)``); only the logits come back to the host. On ONNX Runtime the cache
-round-trips as numpy arrays (CPU provider).
+On the reference engines the KV cache stays on the device between steps. A growing cache: each
+step binds the previous ``present`` tensors as its ``past`` feeds and keeps the new ones on the
+device (``Executor.run(..., keep=...)``). A fixed-capacity cache (past/present of static length C):
+the buffers are allocated once and every step writes its ``present`` into its own ``past`` buffer
+(``Executor.run(..., bind=...)``), so a decode step has fixed shapes and fixed addresses, which is
+what a captured decode graph needs. Only the logits come back to the host. On ONNX Runtime the
+cache round-trips as numpy arrays (CPU provider).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ class DecodeResult:
         return bytes(t for t in self.tokens if t < 256).decode("utf-8", errors="replace")
 
 
-def _kv_layout(model: onnx.ModelProto) -> tuple[list[str], dict[str, str], list[int], np.dtype]:
-    """(past names, past -> present name, [n_kv_heads, head_dim], dtype) from the graph's inputs."""
+def _kv_layout(model: onnx.ModelProto) -> tuple[list[str], dict[str, str], list[int], np.dtype, int]:
+    """(past names, past -> present name, [n_kv_heads, head_dim], dtype, capacity) from the graph's
+    inputs; capacity is the fixed KV length, or 0 for a growing cache."""
     from .model import np_dtype
 
     pasts = [vi for vi in model.graph.input if _PAST.match(vi.name)]
@@ -54,7 +58,7 @@ def _kv_layout(model: onnx.ModelProto) -> tuple[list[str], dict[str, str], list[
     fixed = [d.dim_value for d in dims]
     if len(fixed) != 4 or not fixed[1] or not fixed[3]:
         raise ModelError(f"{pasts[0].name}: expected [batch, kv_heads, seq, head_dim] with fixed heads and head_dim")
-    return [vi.name for vi in pasts], mapping, [fixed[1], fixed[3]], np_dtype(pasts[0].type.tensor_type.elem_type)
+    return [vi.name for vi in pasts], mapping, [fixed[1], fixed[3]], np_dtype(pasts[0].type.tensor_type.elem_type), fixed[2]
 
 
 class Decoder:
@@ -78,28 +82,41 @@ class RefDecoder(Decoder):
 
         self.rt = runtime
         self.ex = Executor(model, runtime)
-        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype = _kv_layout(self.ex.model)
+        layout = _kv_layout(self.ex.model)
+        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = layout
         self.cache: dict[str, Any] = {}
         self.reset()
 
     def reset(self) -> None:
-        for t in self.cache.values():
-            self.rt.free(t)
-        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype)
-        self.cache = {p: self.rt.upload(empty, name=p) for p in self.pasts}
+        """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
+        place by every step; a growing one starts empty and is replaced by each step's present."""
+        if self.capacity and self.cache:
+            zeros = np.zeros((1, self.kv_heads, self.capacity, self.head_dim), self.kv_dtype)
+            for t in self.cache.values():
+                self.rt.write(t, zeros)
+        else:
+            for t in self.cache.values():
+                self.rt.free(t)
+            empty = np.zeros((1, self.kv_heads, self.capacity, self.head_dim), self.kv_dtype)
+            self.cache = {p: self.rt.upload(empty, name=p) for p in self.pasts}
         self.position = 0
 
     def forward(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
+        if self.capacity and self.position + n > self.capacity:
+            raise ValueError(f"KV capacity {self.capacity} exceeded: position {self.position} + {n} tokens")
         feeds: dict[str, Any] = {
             "input_ids": np.asarray([ids], np.int64),
             "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
             **self.cache,
         }
-        out = self.ex.run(feeds, keep=set(self.present_of.values()))
-        for t in self.cache.values():
-            self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
-        self.cache = {p: out[self.present_of[p]] for p in self.pasts}
+        if self.capacity:  # fixed shapes: each present is written into its own past buffer
+            out = self.ex.run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
+        else:
+            out = self.ex.run(feeds, keep=set(self.present_of.values()))
+            for t in self.cache.values():
+                self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
+            self.cache = {p: out[self.present_of[p]] for p in self.pasts}
         self.position += n
         return np.asarray(out["logits"][0])
 
@@ -111,11 +128,12 @@ class OrtDecoder(Decoder):
     def __init__(self, model: onnx.ModelProto, engine):
         self.run_fn = engine.prepare(model)
         self.names = [o.name for o in model.graph.output]
-        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype = _kv_layout(model)
+        self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = _kv_layout(model)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = {p: np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype) for p in self.pasts}
+        shape = (1, self.kv_heads, self.capacity, self.head_dim)
+        self.cache = {p: np.zeros(shape, self.kv_dtype) for p in self.pasts}
         self.position = 0
 
     def forward(self, ids: list[int]) -> np.ndarray:

@@ -156,6 +156,7 @@ class Executor:
             self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output))))
         if unsupported:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
+        self._bind: dict[str, Tensor] = {}
         self._const_values: dict[str, _Value] = {}
         for name, value in self._constants.items():
             self._const_values[name] = self._place(value, name)
@@ -222,14 +223,19 @@ class Executor:
         return out
 
     # -- run
-    def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset()) -> dict[str, Any]:
+    def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
+            bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
         """Run the graph. Feeds are numpy arrays (uploaded) or this runtime's device Tensors (bound
         as they are, never freed here). Outputs named in ``keep`` come back as device Tensors the
-        caller owns (and frees); the others as numpy arrays."""
+        caller owns (and frees); the others as numpy arrays. Outputs named in ``bind`` are written
+        into the given Tensors (IO binding), which may be feeds of this run (in place: refused
+        unless the producing node is the last reader of that feed)."""
         rt = self.runtime
-        unknown = sorted(set(keep) - set(self.outputs))
+        bind = dict(bind or {})
+        unknown = sorted((set(keep) | set(bind)) - set(self.outputs))
         if unknown:
-            raise FeedError(f"keep names {unknown}, which are not graph outputs {self.outputs}")
+            raise FeedError(f"keep/bind name {unknown}, which are not graph outputs {self.outputs}")
+        self._check_in_place(feeds, bind)
         env: dict[str, _Value] = dict(self._const_values)
         temps: list[Tensor] = []
         for name, value in self._check_feeds(feeds).items():
@@ -250,7 +256,9 @@ class Executor:
             temp_ids = {id(t) for t in temps}
             for o in self.outputs:
                 t = env[o].tensor
-                if o not in keep:
+                if o in bind:
+                    result[o] = t
+                elif o not in keep:
                     result[o] = rt.download(t)
                 elif id(t) in temp_ids and id(t) not in handed:
                     handed.add(id(t))
@@ -264,6 +272,20 @@ class Executor:
             for t in temps:
                 if not t.freed and id(t) not in handed:
                     rt.free(t)
+
+    def _check_in_place(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> None:
+        self._bind = bind
+        for out, t in bind.items():
+            if not isinstance(t, Tensor) or t.runtime is not self.runtime or t.freed:
+                raise FeedError(f"output {out!r}: bind needs a live device Tensor of this runtime, got {t!r}")
+            producer = next((i for i, st in enumerate(self.steps) if out in st.node.output), None)
+            if producer is None or self.steps[producer].kernel is None:
+                raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
+            for name, value in feeds.items():
+                if value is t:
+                    readers = [i for i, st in enumerate(self.steps) if name in st.node.input]
+                    if any(i > producer for i in readers):
+                        raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
 
     def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor]) -> None:
         node, info, rt = step.node, step.info, self.runtime
@@ -279,8 +301,14 @@ class Executor:
         out_specs = list(step.kernel.shapes(info, specs))
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):
-            t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
-            temps.append(t)
+            bound = self._bind.get(name)
+            if bound is not None:
+                if tuple(bound.shape) != tuple(spec.shape) or bound.dtype != spec.dtype:
+                    raise FeedError(f"output {name!r} is bound to {bound!r} but is {spec.dtype}{list(spec.shape)}")
+                t = bound
+            else:
+                t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
+                temps.append(t)
             outs.append(t)
             if name:
                 env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))

@@ -97,3 +97,43 @@ def test_a_model_without_the_contract_is_refused():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     with pytest.raises(ModelError, match="golden I/O contract"):
         make_decoder("ref-sim", m)
+
+
+def test_fixed_capacity_cache_is_written_in_place_with_fixed_shapes():
+    from golden.anchors import MODEL_DIR
+
+    dec = make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))
+    assert dec.capacity == 64
+    buffers = {p: (t, t.addr) for p, t in dec.cache.items()}
+    res = greedy(dec, list(b"The quick brown fox"), 6)
+    assert {p: (t, t.addr) for p, t in dec.cache.items()} == buffers, "same tensors, same addresses every step"
+    assert all(t.shape == (1, 2, 64, 16) for t in dec.cache.values())
+    growing = greedy(make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))),
+                     list(b"The quick brown fox"), 6)
+    assert res.tokens == growing.tokens
+    for a, b in zip(res.step_logits, growing.step_logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    dec.reset()
+    with pytest.raises(ValueError, match="KV capacity 64 exceeded"):
+        dec.forward([1] * 65)
+
+
+def test_binding_an_output_over_a_feed_read_later_is_refused():
+    from reference_runtime import Runtime, RuntimeConfig
+    from reference_runtime.backends.sim import SimDevice
+    from reference_runtime.executor import Executor, FeedError
+
+    # y = a + 1 is produced before z = a * 2 reads a: writing y over a in place would corrupt z
+    g = helper.make_graph(
+        [helper.make_node("Add", ["a", "one"], ["y"]), helper.make_node("Mul", ["a", "two"], ["z"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+        initializer=[numpy_helper.from_array(np.float32(1), "one"), numpy_helper.from_array(np.float32(2), "two")],
+    )
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), rt)
+    a = rt.upload(np.ones(2, np.float32))
+    with pytest.raises(FeedError, match="unsafe: a later node reads 'a'"):
+        ex.run({"a": a}, bind={"y": a})
+    out = ex.run({"a": a}, bind={"z": a})  # z's producer is a's last reader: in place is safe
+    assert out["z"] is a and rt.download(a).tolist() == [2.0, 2.0] and out["y"].tolist() == [2.0, 2.0]

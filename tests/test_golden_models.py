@@ -94,11 +94,14 @@ def test_variant_passes_checker_and_declares_io(models, name):
                ("position_ids", onnx.TensorProto.INT64, ["batch", "seq"])]
     want_out = [("logits", dt, ["batch", "seq", 256])]
     for l in range(spec.n_layers):
-        want_in += [(f"past_key_values.{l}.{k}", dt, kv("past_seq")) for k in ("key", "value")]
-        want_out += [(f"present.{l}.{k}", dt, kv("total_seq")) for k in ("key", "value")]
+        # a fixed-capacity cache has a static length; a growing one symbolic past/total lengths
+        want_in += [(f"past_key_values.{l}.{k}", dt, kv(spec.kv_capacity or "past_seq")) for k in ("key", "value")]
+        want_out += [(f"present.{l}.{k}", dt, kv(spec.kv_capacity or "total_seq")) for k in ("key", "value")]
     assert [sig(v) for v in model.graph.input] == want_in
     assert [sig(v) for v in model.graph.output] == want_out
     ops = {n.op_type for n in model.graph.node}
+    if spec.kv_capacity:
+        assert ("TensorScatter" in ops) == (spec.flavour == "standard")  # decomposed: one-hot MatMul writes
     if spec.flavour == "standard":
         assert {"RMSNormalization", "RotaryEmbedding", "Attention"} <= ops
         assert not any(a.name == "is_causal" and a.i for n in model.graph.node for a in n.attribute)

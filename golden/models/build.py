@@ -287,18 +287,30 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
     outputs = [helper.make_tensor_value_info("logits", odt, ["batch", "seq", spec.vocab])]
+    C = spec.kv_capacity
     for l in range(L):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{l}.{kind}", odt,
-                                                        ["batch", KV, "past_seq", D]))
-            outputs.append(helper.make_tensor_value_info(f"present.{l}.{kind}", odt, ["batch", KV, "total_seq", D]))
+                                                        ["batch", KV, C or "past_seq", D]))
+            outputs.append(helper.make_tensor_value_info(f"present.{l}.{kind}", odt,
+                                                         ["batch", KV, C or "total_seq", D]))
 
     # shared: causal mask from positions, key k attended by query q iff k <= position_ids[b, q]
     past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
                     "mask/past_len", axis=0)
     seq_len = g.op("Gather", [g.op("Shape", ["input_ids"], "mask/ids_shape"), g.i64(1)], "mask/seq_len", axis=0)
-    total = g.op("Add", [past_len, seq_len], "mask/total_len")
+    total = g.op("Add", [past_len, seq_len], "mask/total_len") if not C else past_len  # fixed: T = C
     kpos = g.op("Range", [g.i64(0), total, g.i64(1)], "mask/key_positions")  # (T,)
+    if C:  # where this step's keys/values go: from position_ids (batch start, or a one-hot over slots)
+        start = g.op("Squeeze", [g.op("Slice", ["position_ids", g.i64([0]), g.i64([1]), g.i64([1])],
+                                      "kv/first_position"), g.i64([1])], "kv/write_index")  # (B,)
+        onehot = g.op("Cast", [g.op("Equal", [g.op("Unsqueeze", ["position_ids", g.i64([2])], "kv/pos3"), kpos],
+                                    "kv/slot_hit")], "kv/onehot", to=odt)  # (B, S, C)
+        onehot_t = g.op("Unsqueeze", [g.op("Transpose", [onehot], "kv/onehot_t3", perm=[0, 2, 1]), g.i64([1])],
+                        "kv/onehot_t")  # (B, 1, C, S)
+        keep = g.op("Sub", [g.f(1.0), g.op("Unsqueeze", [g.op("ReduceSum", [onehot, g.i64([1])], "kv/written",
+                                                                keepdims=0), g.i64([1, 3])], "kv/written4")],
+                    "kv/keep")  # (B, 1, C, 1): 1 where the slot keeps its past value
     qpos = g.op("Unsqueeze", ["position_ids", g.i64([1, 3])], "mask/query_positions")  # (B, 1, S, 1)
     allowed = g.op("LessOrEqual", [kpos, qpos], "mask/allowed")  # (B, 1, S, T) bool
     if spec.flavour == "decomposed":
@@ -337,12 +349,25 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
                      interleaved=0)
             k = g.op("RotaryEmbedding", [k, "rope.cos_cache", "rope.sin_cache", "position_ids"], f"{n}/k_rope",
                      interleaved=0)
-            att = g.op("Attention", [q, k, v, allowed, past_k, past_v], f"{n}/attention", n_out=3,
-                       outputs=[f"{n}/attention", pres_k, pres_v], scale=float(1.0 / np.sqrt(D)))[0]
+            if C:  # write in place (functionally) at the write index, attend over all C slots
+                kk = g.op("TensorScatter", [past_k, k, start], f"{n}/present_key", outputs=[pres_k], axis=2)
+                vv = g.op("TensorScatter", [past_v, v, start], f"{n}/present_value", outputs=[pres_v], axis=2)
+                att = g.op("Attention", [q, kk, vv, allowed], f"{n}/attention", scale=float(1.0 / np.sqrt(D)))
+            else:
+                att = g.op("Attention", [q, k, v, allowed, past_k, past_v], f"{n}/attention", n_out=3,
+                           outputs=[f"{n}/attention", pres_k, pres_v], scale=float(1.0 / np.sqrt(D)))[0]
         else:
             q, k = rope(q, f"{n}/q_rope"), rope(k, f"{n}/k_rope")
-            kk = g.op("Concat", [past_k, k], f"{n}/present_key", axis=2, outputs=[pres_k])
-            vv = g.op("Concat", [past_v, v], f"{n}/present_value", axis=2, outputs=[pres_v])
+            if C:  # present = past * keep + onehot^T @ new: elementwise and MatMul only
+                def write(past: str, new: str, out: str, name: str) -> str:
+                    kept = g.op("Mul", [past, keep], f"{name}/kept")
+                    return g.op("Add", [kept, g.op("MatMul", [onehot_t, new], f"{name}/scattered")], name,
+                                outputs=[out])
+                kk = write(past_k, k, pres_k, f"{n}/present_key")
+                vv = write(past_v, v, pres_v, f"{n}/present_value")
+            else:
+                kk = g.op("Concat", [past_k, k], f"{n}/present_key", axis=2, outputs=[pres_k])
+                vv = g.op("Concat", [past_v, v], f"{n}/present_value", axis=2, outputs=[pres_v])
             kr, vr = repeat_kv(kk, f"{n}/k_repeat"), repeat_kv(vv, f"{n}/v_repeat")
             kt = g.op("Transpose", [kr], f"{n}/k_t", perm=[0, 1, 3, 2])
             s = g.op("Mul", [g.op("MatMul", [q, kt], f"{n}/qk"), g.f(1.0 / np.sqrt(D))], f"{n}/scores")

@@ -64,6 +64,10 @@ class ModelSpec:
     lm_head_scale: float = 4.0  # logits spread of several units
     norm_jitter: float = 0.1
     near_tie: NearTie | None = None
+    # Fixed-capacity KV cache: past/present are [batch, kv_heads, kv_capacity, head_dim] and a step
+    # writes its keys/values at its positions (TensorScatter in the standard flavour, a one-hot
+    # MatMul in the decomposed one), so decode steps have fixed shapes. None: a growing cache.
+    kv_capacity: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
@@ -87,8 +91,12 @@ class ModelSpec:
 
 
 def spec_dict(spec: ModelSpec) -> dict[str, Any]:
-    """The spec as plain JSON-able data (the manifest's ``spec`` and the model's doc_string)."""
-    return dataclasses.asdict(spec)
+    """The spec as plain JSON-able data (the manifest's ``spec`` and the model's doc_string).
+    Optional fields left at None are omitted, so adding one does not change existing models."""
+    d = dataclasses.asdict(spec)
+    if d.get("kv_capacity") is None:
+        d.pop("kv_capacity", None)
+    return d
 
 
 _TINY = ModelSpec(name="tiny-fp32-standard")
@@ -108,5 +116,7 @@ VARIANTS: dict[str, ModelSpec] = {
         ModelSpec(name="small-fp32-standard", n_layers=4, d_model=128, n_heads=8, n_kv_heads=2, head_dim=16,
                   d_ff=256),
         dataclasses.replace(_TINY, name="tiny-neartie-fp32-standard", near_tie=NEAR_TIE),
+        dataclasses.replace(_TINY, name="tiny-fp32-standard-kv64", kv_capacity=64),
+        dataclasses.replace(_TINY, name="tiny-fp32-decomposed-kv64", flavour="decomposed", kv_capacity=64),
     )
 }
