@@ -151,18 +151,26 @@ class OrtEngine(Engine):
             return False, f"{self.provider} requested but the session fell back to {got}"
         return True, f"onnxruntime {ort.__version__} {self.provider}"
 
-    def prepare(self, model: onnx.ModelProto) -> RunFn:
+    def session(self, model: onnx.ModelProto):
+        """An InferenceSession on exactly this engine's provider; cannot-run errors as UnsupportedModel."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.log_severity_level = 4
         try:
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=[self.provider])
+            return ort.InferenceSession(model.SerializeToString(), so, providers=[self.provider])
         except Exception as exc:
             what = _ort_unsupported(str(exc))
             if what:
                 raise UnsupportedModel(f"{self.name}: {what}", [str(exc).splitlines()[0][:300]]) from exc
             raise
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+
+    def prepare(self, model: onnx.ModelProto) -> RunFn:
+        sess = self.session(model)
         names = [i.name for i in sess.get_inputs()]
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

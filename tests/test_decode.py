@@ -137,3 +137,11 @@ def test_binding_an_output_over_a_feed_read_later_is_refused():
         ex.run({"a": a}, bind={"y": a})
     out = ex.run({"a": a}, bind={"z": a})  # z's producer is a's last reader: in place is safe
     assert out["z"] is a and rt.download(a).tolist() == [2.0, 2.0] and out["y"].tolist() == [2.0, 2.0]
+
+
+def test_ort_decoder_keeps_its_cache_in_ortvalues():
+    import onnxruntime as ort
+
+    dec = make_decoder("ort-cpu", toy_decoder())
+    dec.forward(PROMPT)
+    assert all(isinstance(v, ort.OrtValue) and v.shape() == [1, 1, len(PROMPT), 4] for v in dec.cache.values())
