@@ -273,6 +273,32 @@ class Executor:
                 if not t.freed and id(t) not in handed:
                     rt.free(t)
 
+    FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
+
+    def _fold_host_values(self, step: _Step, info: NodeInfo, specs: list[Spec | None], out_specs: list[Spec]) -> list[Spec]:
+        """When every input's value is known on the host and the outputs are small (shape
+        arithmetic: Shape -> Gather -> Range ...), compute the outputs' host values with the same
+        kernel body on numpy, so a later node that needs them (``host_inputs``) reads no device
+        memory. The device still computes them; this only saves readbacks (host seams)."""
+        if all(o.value is not None for o in out_specs) or step.kernel.capture != "safe":
+            return out_specs
+        present = [sp for sp in specs if sp is not None]
+        if not present or any(sp.value is None for sp in present):
+            return out_specs
+        if any(int(np.prod(o.shape, dtype=np.int64)) > self.FOLD_LIMIT for o in out_specs):
+            return out_specs
+        host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
+        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host)
+        try:
+            results = step.kernel.compute(np, call, *[sp.value if sp is not None else None for sp in specs])
+        except Exception:
+            return out_specs  # folding is an optimisation; the device run reports real errors
+        folded = []
+        for o, r in zip(out_specs, results):
+            r = np.asarray(r)
+            folded.append(Spec(o.shape, o.dtype, r.astype(o.dtype)) if r.shape == tuple(o.shape) else o)
+        return folded + out_specs[len(folded):]
+
     def _check_in_place(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> None:
         self._bind = bind
         for out, t in bind.items():
@@ -299,6 +325,7 @@ class Executor:
                 host = rt.download(values[i].tensor)  # the node's host seam
                 specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
         out_specs = list(step.kernel.shapes(info, specs))
+        out_specs = self._fold_host_values(step, info, specs, out_specs)
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):
             bound = self._bind.get(name)

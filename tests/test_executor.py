@@ -214,3 +214,22 @@ def test_device_feeds_and_kept_outputs():
     rt.free(a)
     with pytest.raises(FeedError, match="freed or belongs to another runtime"):
         ex.run({"a": a})
+
+
+def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
+    # Reshape's target shape comes from Shape -> Gather -> Concat: no device readback needed
+    m = _model(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+         helper.make_node("Concat", ["n", "minus1"], ["target"], axis=0),
+         helper.make_node("Reshape", ["x", "target"], ["y"])],
+        [_vi("x", shape=("a", 2, 3))], [_vi("y", shape=("a", 6))],
+        [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([-1], np.int64), "minus1")],
+    )
+    rt = _rt()
+    ex = Executor(m, rt)
+    x = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    before = rt.counters.downloads
+    assert ex.run({"x": x})["y"].shape == (2, 6)
+    assert rt.counters.downloads - before == 1, "only the graph output is downloaded"
