@@ -76,7 +76,10 @@ def compute_anchors(name: str, progress: Callable[[str], None] | None = None) ->
 
     say = progress or (lambda msg: None)
     spec = VARIANTS[name]
-    fp32 = build(dataclasses.replace(spec, dtype="float32"))
+    # The oracle runs standard ONNX ops: a genai model's oracle is its standard-flavour twin (same
+    # dequantized int4 weights, same function), since onnx's evaluator has no contrib ops.
+    flavour = "standard" if spec.flavour == "genai" else spec.flavour
+    fp32 = build(dataclasses.replace(spec, dtype="float32", flavour=flavour))
     prompt = _prompt(spec)
     say(f"{name}: oracle greedy prefix ({PREFIX_TOKENS} tokens)")
     prefix = greedy_oracle(fp32, prompt, PREFIX_TOKENS)

@@ -80,7 +80,8 @@ def test_variant_passes_checker_and_declares_io(models, name):
     spec, model = VARIANTS[name], models[name]
     onnx.checker.check_model(model, full_check=True)
     assert model.ir_version == 10
-    assert [(o.domain, o.version) for o in model.opset_import] == [("", 24)]
+    contrib = [("com.microsoft", 1)] if spec.flavour == "genai" else []
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 24)] + contrib
     assert model.graph.name == name
     assert json.loads(model.doc_string)["generator_version"] == GENERATOR_VERSION
     dt = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
@@ -102,7 +103,10 @@ def test_variant_passes_checker_and_declares_io(models, name):
     ops = {n.op_type for n in model.graph.node}
     if spec.kv_capacity:
         assert ("TensorScatter" in ops) == (spec.flavour == "standard")  # decomposed: one-hot MatMul writes
-    if spec.flavour == "standard":
+    if spec.flavour == "genai":
+        assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization", "MatMulNBits"} <= ops
+        assert not ops & {"Attention", "RotaryEmbedding"}
+    elif spec.flavour == "standard":
         assert {"RMSNormalization", "RotaryEmbedding", "Attention"} <= ops
         assert not any(a.name == "is_causal" and a.i for n in model.graph.node for a in n.attribute)
     else:
@@ -285,3 +289,32 @@ def test_file_hashes_are_the_manifests():
     for name, entry in manifest.items():
         assert sha256_of((MODELS_DIR / f"{name}.onnx").read_bytes()) == entry["sha256"]
         assert entry["generator_version"] == GENERATOR_VERSION
+
+
+def test_int4_quantization_round_trips_in_matmulnbits_layout():
+    from golden.models.build import quantize_int4
+
+    w = np.random.RandomState(0).standard_normal((64, 8))
+    packed, scales, deq = quantize_int4(w, 32)
+    assert packed.shape == (8, 2, 16) and packed.dtype == np.uint8 and scales.shape == (16,)
+    lo, hi = packed & 0xF, packed >> 4
+    q = np.stack([lo, hi], axis=-1).reshape(8, 2, 32).astype(np.float64)
+    np.testing.assert_allclose(((q - 8) * scales.reshape(8, 2, 1)).reshape(8, 64).T, deq)
+    assert np.abs(deq - w).max() <= np.abs(w).max() / 7 / 2 + 1e-12  # half a step at most
+
+
+def test_genai_flavour_on_ort_matches_its_standard_twin():
+    """The genai model (MatMulNBits int4, GroupQueryAttention, SkipSimplifiedLayerNormalization) on
+    ONNX Runtime computes what the oracle's standard twin computes on the reference runtime."""
+    import dataclasses
+
+    from golden.models.build import build
+    from reference_runtime.decode import greedy, make_decoder
+
+    spec = VARIANTS["tiny-int4-genai"]
+    prompt = list(b"The quick brown fox")
+    ort = greedy(make_decoder("ort-cpu", build(spec)), prompt, 8)
+    twin = greedy(make_decoder("ref-sim", build(dataclasses.replace(spec, flavour="standard"))), prompt, 8)
+    assert ort.tokens == twin.tokens
+    for a, b in zip(ort.step_logits, twin.step_logits):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)

@@ -91,10 +91,34 @@ def _round(a: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).astype(dtype).astype(np.float64)
 
 
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Symmetric 4-bit block quantization of ``w`` [K, N] (used as ``x @ w``), in MatMulNBits'
+    layout: packed uint8 [N, K/block, block/2] (low nibble first), scales [N * K/block], and the
+    dequantized [K, N] weights those two encode (zero point 8)."""
+    k, n = w.shape
+    if k % block:
+        raise ValueError(f"K={k} is not a multiple of the int4 block {block}")
+    wt = w.T.reshape(n, k // block, block)  # (N, blocks, block)
+    scales = np.abs(wt).max(axis=2) / 7.0
+    scales[scales == 0] = 1.0
+    q = np.clip(np.rint(wt / scales[..., None]) + 8, 0, 15).astype(np.uint8)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    deq = ((q.astype(np.float64) - 8.0) * scales[..., None]).reshape(n, k).T
+    return packed, scales.reshape(-1), deq
+
+
 def stored_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
     """The weights exactly as the model stores them (values rounded to the dtype), held in float64,
-    with the near-tie correction applied when the spec plants one."""
+    with int4 quantization (dequantized values) and the near-tie correction where the spec asks."""
     w = {k: _round(v, spec.dtype) for k, v in _raw_weights(spec).items()}
+    if spec.weights_int4:
+        for k in list(w):
+            if k.split(".")[-2] in _PROJECTIONS:
+                dequantized = quantize_int4(w[k], spec.int4_block)[2]
+                w[k] = _round(dequantized, spec.dtype)
     if spec.near_tie is not None:
         w = _plant_near_tie(spec, w)
     return w
@@ -276,6 +300,8 @@ def _heads(g: _Graph, x: str, n: int, d: int, name: str) -> str:
 
 def build(spec: ModelSpec) -> onnx.ModelProto:
     """The ONNX model of a spec (see golden/models/README.md). Pure: same spec, same bytes."""
+    if spec.flavour == "genai":
+        return _build_genai(spec)
     w = stored_weights(spec)
     dt, odt = spec.dtype, _ONNX_DTYPE[spec.dtype]
     H, KV, D, L = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_layers
@@ -283,17 +309,8 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     for k, v in w.items():
         g.init(k, v.astype(dt))
 
-    # inputs / outputs
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
-    outputs = [helper.make_tensor_value_info("logits", odt, ["batch", "seq", spec.vocab])]
+    inputs, outputs = _io(spec)
     C = spec.kv_capacity
-    for l in range(L):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{l}.{kind}", odt,
-                                                        ["batch", KV, C or "past_seq", D]))
-            outputs.append(helper.make_tensor_value_info(f"present.{l}.{kind}", odt,
-                                                         ["batch", KV, C or "total_seq", D]))
 
     # shared: causal mask from positions, key k attended by query q iff k <= position_ids[b, q]
     past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
@@ -386,8 +403,89 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     x = _rms_node(g, spec, x, "norm.weight", "final_norm")
     g.op("MatMul", [x, "lm_head.weight"], "lm_head", outputs=["logits"])
 
+    return _finish(spec, g, inputs, outputs)
+
+
+def _io(spec: ModelSpec) -> tuple[list, list]:
+    odt, KV, D, C = _ONNX_DTYPE[spec.dtype], spec.n_kv_heads, spec.head_dim, spec.kv_capacity
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("logits", odt, ["batch", "seq", spec.vocab])]
+    for l in range(spec.n_layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{l}.{kind}", odt,
+                                                        ["batch", KV, C or "past_seq", D]))
+            outputs.append(helper.make_tensor_value_info(f"present.{l}.{kind}", odt,
+                                                         ["batch", KV, C or "total_seq", D]))
+    return inputs, outputs
+
+
+def _build_genai(spec: ModelSpec) -> onnx.ModelProto:
+    """ONNX Runtime GenAI style: MatMulNBits int4 projections, GroupQueryAttention with rotary
+    inside, SkipSimplifiedLayerNormalization carrying the residual. The fp32 oracle runs the
+    standard flavour of the same spec (same dequantized weights)."""
+    w = stored_weights(spec)
+    raw = {k: _round(v, spec.dtype) for k, v in _raw_weights(spec).items()}
+    dt = spec.dtype
+    H, KV, D, L = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_layers
+    g = _Graph(dt)
+    for k, v in w.items():
+        if k.split(".")[-2] not in _PROJECTIONS:
+            g.init(k, v.astype(dt))
+    inputs, outputs = _io(spec)
+
+    def nbits(x: str, name: str, weight: str) -> str:
+        packed, scales, _ = quantize_int4(raw[weight], spec.int4_block)
+        k, n = raw[weight].shape
+        g.init(weight + ".qweight", packed)
+        g.init(weight + ".scales", scales.astype(dt))
+        return g.op("MatMulNBits", [x, weight + ".qweight", weight + ".scales"], name, domain="com.microsoft",
+                    K=k, N=n, bits=4, block_size=spec.int4_block)
+
+    past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "gqa/past_shape"), g.i64(2)],
+                    "gqa/past_len", axis=0)
+    seq_len = g.op("Gather", [g.op("Shape", ["input_ids"], "gqa/ids_shape"), g.i64(1)], "gqa/seq_len", axis=0)
+    batch = g.op("Gather", [g.op("Shape", ["input_ids"], "gqa/ids_shape2"), g.i64([0])], "gqa/batch", axis=0)
+    total = g.op("Add", [past_len, seq_len], "gqa/total")
+    total_i32 = g.op("Cast", [total], "gqa/total_sequence_length", to=TensorProto.INT32)
+    seqlens = g.op("Expand", [g.op("Cast", [g.op("Sub", [total, g.i64(1)], "gqa/last")], "gqa/last_i32",
+                                   to=TensorProto.INT32), batch], "gqa/seqlens_k")
+
+    x = g.op("Gather", ["embed_tokens.weight", "input_ids"], "embed", axis=0)
+    h = g.op("RMSNormalization", [x, "layers.0.attn_norm.weight"], "layers.0/attn_norm", axis=-1,
+             epsilon=float(spec.eps), stash_type=1)
+    for l in range(L):
+        p, n = f"layers.{l}.", f"layers.{l}"
+        q = nbits(h, f"{n}/q_proj", p + "q_proj.weight")
+        k = nbits(h, f"{n}/k_proj", p + "k_proj.weight")
+        v = nbits(h, f"{n}/v_proj", p + "v_proj.weight")
+        att = g.op("GroupQueryAttention",
+                   [q, k, v, f"past_key_values.{l}.key", f"past_key_values.{l}.value", seqlens, total_i32,
+                    "rope.cos_cache", "rope.sin_cache"],
+                   f"{n}/attention", n_out=3, outputs=[f"{n}/attention", f"present.{l}.key", f"present.{l}.value"],
+                   domain="com.microsoft", num_heads=H, kv_num_heads=KV, do_rotary=1, rotary_interleaved=0,
+                   scale=float(1.0 / np.sqrt(D)))[0]
+        o = nbits(att, f"{n}/o_proj", p + "o_proj.weight")
+        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [o, x, p + "mlp_norm.weight"], f"{n}/mlp_norm", n_out=4,
+                          outputs=[f"{n}/mlp_norm", "", "", f"{n}/attn_residual"], domain="com.microsoft",
+                          epsilon=float(spec.eps))
+        gate = nbits(h, f"{n}/gate_proj", p + "gate_proj.weight")
+        up = nbits(h, f"{n}/up_proj", p + "up_proj.weight")
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/gate_sigmoid")], f"{n}/gate_silu")
+        down = nbits(g.op("Mul", [act, up], f"{n}/gated"), f"{n}/down_proj", p + "down_proj.weight")
+        gamma = f"layers.{l + 1}.attn_norm.weight" if l + 1 < L else "norm.weight"
+        norm_name = f"layers.{l + 1}/attn_norm" if l + 1 < L else "final_norm"
+        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [down, x, gamma], norm_name, n_out=4,
+                          outputs=[norm_name, "", "", f"{n}/mlp_residual"], domain="com.microsoft",
+                          epsilon=float(spec.eps))
+    g.op("MatMul", [h, "lm_head.weight"], "lm_head", outputs=["logits"])
+    return _finish(spec, g, inputs, outputs, contrib=True)
+
+
+def _finish(spec: ModelSpec, g: _Graph, inputs: list, outputs: list, contrib: bool = False) -> onnx.ModelProto:
     graph = helper.make_graph(g.nodes, spec.name, inputs, outputs, initializer=g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if contrib else [])
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                               producer_name="lockstep.golden.models", producer_version=GENERATOR_VERSION)
     meta = {"spec": spec_dict(spec), "generator_version": GENERATOR_VERSION}
     model.doc_string = json.dumps(meta, sort_keys=True)

@@ -54,7 +54,7 @@ class ModelSpec:
     eps: float = 1e-5
     max_positions: int = 512
     dtype: str = "float32"  # "float32" | "float16"
-    flavour: str = "standard"  # "standard" (opset 23 fused ops) | "decomposed" (MatMul/Softmax/elementwise)
+    flavour: str = "standard"  # "standard" (opset 23 fused ops) | "decomposed" (MatMul/Softmax/elementwise) | "genai"
     seed: int = 20240607
     # Weight scales. Every projection is drawn N(0, 1) * scale / sqrt(fan_in); norm scales are
     # 1 + norm_jitter * N(0, 1); the embedding is N(0, 1) * embed_scale.
@@ -68,12 +68,18 @@ class ModelSpec:
     # writes its keys/values at its positions (TensorScatter in the standard flavour, a one-hot
     # MatMul in the decomposed one), so decode steps have fixed shapes. None: a growing cache.
     kv_capacity: int | None = None
+    # Projection weights quantized to 4-bit blocks (symmetric, zero point 8, ``int4_block`` values a
+    # block) and stored dequantized by the standard/decomposed flavours, packed by the genai one.
+    weights_int4: bool = False
+    int4_block: int = 32
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"{self.name}: dtype must be float32 or float16, got {self.dtype!r}")
-        if self.flavour not in ("standard", "decomposed"):
-            raise ValueError(f"{self.name}: flavour must be standard or decomposed, got {self.flavour!r}")
+        if self.flavour not in ("standard", "decomposed", "genai"):
+            raise ValueError(f"{self.name}: flavour must be standard, decomposed or genai, got {self.flavour!r}")
+        if self.flavour == "genai" and (not self.weights_int4 or self.kv_capacity or self.near_tie):
+            raise ValueError(f"{self.name}: the genai flavour has int4 weights, a growing cache and no near-tie")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"{self.name}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
@@ -96,6 +102,9 @@ def spec_dict(spec: ModelSpec) -> dict[str, Any]:
     d = dataclasses.asdict(spec)
     if d.get("kv_capacity") is None:
         d.pop("kv_capacity", None)
+    if not d.get("weights_int4"):
+        d.pop("weights_int4", None)
+        d.pop("int4_block", None)
     return d
 
 
@@ -118,5 +127,7 @@ VARIANTS: dict[str, ModelSpec] = {
         dataclasses.replace(_TINY, name="tiny-neartie-fp32-standard", near_tie=NEAR_TIE),
         dataclasses.replace(_TINY, name="tiny-fp32-standard-kv64", kv_capacity=64),
         dataclasses.replace(_TINY, name="tiny-fp32-decomposed-kv64", flavour="decomposed", kv_capacity=64),
+        # ONNX Runtime GenAI style: GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits int4
+        dataclasses.replace(_TINY, name="tiny-int4-genai", flavour="genai", weights_int4=True),
     )
 }
