@@ -26,6 +26,7 @@ MODULES = (
     "kernels.ops_nn",
     "kernels.ops_linalg",
     "kernels.ops_cast",
+    "kernels.ops_contrib",
 )
 
 # Ops the executor handles itself rather than through a kernel.

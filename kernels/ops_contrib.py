@@ -1,0 +1,371 @@
+"""ONNX Runtime contrib ops (domain ``com.microsoft``, version 1), computed as onnxruntime's CPU
+provider computes them (checked against onnxruntime 1.31.1; ``tests/test_contrib_ops.py``).
+
+SimplifiedLayerNormalization
+    RMS norm over the axes ``[axis, rank)``: ``Y = X / sqrt(mean(X^2) + epsilon) * scale``, in
+    float32 (float64 when an operand or ``stash_type`` is double); optional ``inv_std_var`` of shape
+    ``X.shape[:axis] + (1,) * (rank - axis)`` in the ``stash_type`` dtype (1: float, 11: double).
+    ``Y`` has the dtype of ``scale`` (ORT's type V).  ORT itself registers this op in the ai.onnx
+    domain (``""``), which ``onnx.checker`` rejects; the reference runtime registers it under
+    ``com.microsoft`` only.
+SkipSimplifiedLayerNormalization
+    ``s = input + skip (+ bias)``; ``output = s / sqrt(mean(s^2) + epsilon) * gamma`` over the
+    last axis (epsilon defaults to 1e-12).  ``input`` is 2-D or 3-D; ``skip`` has the input's shape
+    or its last two dims (``[S, H]`` or ``[1, S, H]``).  ``mean`` is all zeros (ORT writes zeros),
+    ``inv_std_var`` is float ``[..., 1]``, ``input_skip_bias_sum`` is ``s`` in the input dtype.
+MatMulNBits
+    ``Y = A @ dequant(B).T (+ bias)``, ``dequant = (q - zero_point) * scale`` per block of
+    ``block_size`` along K; ``bits`` 2, 4 or 8 (values packed low bits first); zero points absent
+    (``2**(bits-1)``), packed uint8 or float.  Dequantised on the device, multiplied through
+    ``_linalg.matmul`` in float32.  ``g_idx`` and ``weight_prepacked`` are refused;
+    ``accuracy_level`` is ignored (ORT's level 4 quantises A to int8; we stay in float32).
+GroupQueryAttention
+    Query ``[B, S, Nq*D]`` (or packed QKV when key/value are absent), key/value ``[B, S, Nkv*D]``,
+    past/present KV in BNSH.  What ORT 1.31.1's CPU provider does, probed case by case:
+
+    * Cache kind from the past length ``P`` (dim 2 of past_key; 0 when absent), the new length
+      ``S`` and ``T = total_sequence_length`` (a host value, ``host_inputs``): ``T == P + S`` is a
+      *dynamic* (growing, concat) cache and present has length ``T``; ``T <= P`` is a *static*
+      (shared-buffer, capacity ``P``) cache and present has length ``P``; anything else is an error.
+      Without past, ``T`` must equal ``S``.
+    * Per batch entry b the total length is ``t_b = seqlens_k[b] + 1`` (read on the device).  On the
+      first prompt (``S == T``) the past length is ``p_b = 0`` (rows ``S > t_b`` are right padding);
+      otherwise ``p_b = t_b - S`` (token generation, or a later prompt chunk, which needs B == 1).
+    * Present row ``r`` of entry b: ``past[r]`` for ``r < p_b``, the new (rotated) key/value
+      ``r - p_b`` for ``p_b <= r < p_b + S``, zero elsewhere -- ORT zeroes a present buffer that
+      is not the past buffer (onnxruntime's Python API never shares them; with IO binding in place
+      the rows past ``p_b + S`` are unspecified in ORT and zero here).
+    * Rotary (``do_rotary=1``, cos/sin caches ``[max_pos, rotary_dim/2]``) rotates Q and K at
+      position ``p_b + s`` for query row s -- ``0..S-1`` on the first prompt even for padded rows,
+      ``seqlens_k[b]`` when decoding one token; interleaved or half-split (``rotary_interleaved``);
+      features past ``rotary_dim`` pass through.
+    * Query row s (absolute position ``p_b + s``) attends to key rows ``j < t_b`` with
+      ``j <= p_b + s`` (``causal=1``), and ``j > p_b + s - local_window_size`` when the window is
+      positive.  Scores are ``scale * q.k`` (default ``1/sqrt(D)``), soft-capped as
+      ``softcap * tanh(x / softcap)`` when ``softcap > 0``.  A row with no key gives zeros.
+    * Refused with ``node.error``: ``smooth_softmax=1``, ``sliding_window_cache``, quantised KV
+      caches, ``qk_output``/``output_qk``, and the inputs position_ids, attention_bias, head_sink,
+      k_scale, v_scale, q_norm_weight, k_norm_weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
+from ._linalg import bf16_as_float32, matmul
+from ._op import OpKernel, Spec, normalize_axis
+
+OPS: list[OpKernel] = []
+
+_MS = "com.microsoft"
+_STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
+
+
+def _cast(x, dtype):
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _specs(specs, n):
+    return list(specs) + [None] * (n - len(specs))
+
+
+# -- SimplifiedLayerNormalization --------------------------------------------------------------
+
+def _sln_dims(node, x, scale):
+    axis = normalize_axis(node, int(node.attr("axis", -1)), x.rank)
+    norm = tuple(x.shape[axis:])
+    try:
+        ok = tuple(np.broadcast_shapes(tuple(scale.shape), tuple(x.shape))) == tuple(x.shape)
+    except ValueError:
+        ok = False
+    if not ok or scale.rank > x.rank:
+        raise node.error(f"scale shape {scale.shape} does not broadcast to input {x.shape} (normalized dims {norm})")
+    stash = int(node.attr("stash_type", 1))
+    if stash not in _STASH:
+        raise node.error(f"stash_type {stash} is not supported (1: float, 11: double)")
+    return axis, _STASH[stash]
+
+
+def _sln_shapes(node, specs):
+    x, scale = specs[0], specs[1]
+    axis, stash = _sln_dims(node, x, scale)
+    stat = tuple(x.shape[:axis]) + (1,) * (x.rank - axis)
+    return [Spec(x.shape, scale.dtype), Spec(stat, stash)][:max(node.n_outputs, 1)]
+
+
+@bf16_as_float32
+def _sln_compute(xp, node, x, scale):
+    axis = normalize_axis(node, int(node.attr("axis", -1)), x.ndim)
+    eps = float(node.attr("epsilon", 1e-5))
+    specs = node.out_specs
+    work = work_dtype(x.dtype, scale.dtype, *(s.dtype for s in specs[1:]))
+    xf = x.astype(work)
+    axes = tuple(range(axis, x.ndim))
+    inv = 1 / xp.sqrt(xp.mean(xf * xf, axis=axes, keepdims=True) + work.type(eps))
+    y = _cast(xf * inv * scale.astype(work), specs[0].dtype)
+    return (y, _cast(inv, specs[1].dtype)) if len(specs) > 1 else (y,)
+
+
+OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain=_MS, since=1))
+
+
+# -- SkipSimplifiedLayerNormalization ----------------------------------------------------------
+
+def _skip_shapes(node, specs):
+    x, skip, gamma, bias = _specs(specs, 4)[:4]
+    if x.rank not in (2, 3):
+        raise node.error(f"input is expected to have 2 or 3 dimensions, got shape {x.shape}")
+    H = x.shape[-1]
+    if skip.rank not in (2, 3):
+        raise node.error(f"skip is expected to have 2 or 3 dimensions, got shape {skip.shape}")
+    if tuple(skip.shape) != tuple(x.shape) and (
+            tuple(skip.shape[-2:]) != tuple(x.shape[-2:]) or (skip.rank == 3 and skip.shape[0] != 1)):
+        raise node.error(f"skip shape {skip.shape} must equal input shape {x.shape} or its last two dims")
+    for name, s in (("gamma", gamma), ("bias", bias)):
+        if s is not None and tuple(s.shape) != (H,):
+            raise node.error(f"{name} must have shape ({H},), got {s.shape}")
+    stat = tuple(x.shape[:-1]) + (1,)
+    f32 = np.dtype(np.float32)
+    return [Spec(x.shape, x.dtype), Spec(stat, f32), Spec(stat, f32), Spec(x.shape, x.dtype)][:max(node.n_outputs, 1)]
+
+
+@bf16_as_float32
+def _skip_compute(xp, node, x, skip, gamma, bias=None):
+    eps = float(node.attr("epsilon", 1e-12))
+    work = work_dtype(x.dtype)
+    s = x.astype(work) + skip.astype(work)  # float16: summed and normalised in float32, as ORT does
+    if bias is not None:
+        s = s + bias.astype(work)
+    inv = 1 / xp.sqrt(xp.mean(s * s, axis=-1, keepdims=True) + work.type(eps))
+    specs = node.out_specs
+    outs = [_cast(s * inv * gamma.astype(work), specs[0].dtype)]
+    if len(specs) > 1:
+        outs.append(xp.zeros(specs[1].shape, dtype=specs[1].dtype))
+    if len(specs) > 2:
+        outs.append(_cast(inv, specs[2].dtype))
+    if len(specs) > 3:
+        outs.append(_cast(s, specs[3].dtype))
+    return tuple(outs)
+
+
+OPS.append(OpKernel("SkipSimplifiedLayerNormalization", _skip_shapes, _skip_compute, domain=_MS, since=1))
+
+
+# -- MatMulNBits -------------------------------------------------------------------------------
+
+def _nbits_attrs(node):
+    for key in ("K", "N", "block_size"):
+        if node.attr(key) is None:
+            raise node.error(f"attribute {key} is required")
+    K, N, bs = int(node.attr("K")), int(node.attr("N")), int(node.attr("block_size"))
+    bits = int(node.attr("bits", 4))
+    if bits not in (2, 4, 8):
+        raise node.error(f"bits={bits} is not supported (2, 4 or 8)")
+    if bs < 16 or bs & (bs - 1):
+        raise node.error(f"block_size={bs} must be a power of 2 and at least 16")
+    if K <= 0 or N <= 0:
+        raise node.error(f"K={K} and N={N} must be positive")
+    if int(node.attr("weight_prepacked", 0)):
+        raise node.error("weight_prepacked=1 is not supported")
+    return K, N, bs, bits
+
+
+def _nbits_shapes(node, specs):
+    a, b, scales, zp, g_idx, bias = _specs(specs, 6)[:6]
+    K, N, bs, bits = _nbits_attrs(node)
+    nb = -(-K // bs)
+    if g_idx is not None:
+        raise node.error("input g_idx is not supported")
+    if a.rank < 1 or a.shape[-1] != K:
+        raise node.error(f"A's last dimension must be K={K}, got shape {a.shape}")
+    if np.dtype(b.dtype) != np.uint8 or int(np.prod(b.shape)) != N * nb * bs * bits // 8:
+        raise node.error(f"B must be uint8 [{N}, {nb}, {bs * bits // 8}], got {b.dtype}{list(b.shape)}")
+    if int(np.prod(scales.shape)) != N * nb:
+        raise node.error(f"scales must have N * n_blocks = {N * nb} elements, got shape {scales.shape}")
+    if zp is not None:
+        want = N * -(-nb * bits // 8) if np.dtype(zp.dtype) == np.uint8 else N * nb
+        if int(np.prod(zp.shape)) != want:
+            raise node.error(f"zero_points ({zp.dtype}) must have {want} elements, got shape {zp.shape}")
+    if bias is not None and int(np.prod(bias.shape)) != N:
+        raise node.error(f"bias must have N={N} elements, got shape {bias.shape}")
+    return [Spec(tuple(a.shape[:-1]) + (N,), a.dtype)]
+
+
+@bf16_as_float32
+def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
+    K, N, bs, bits = _nbits_attrs(node)
+    work = work_dtype(a.dtype)
+    w = dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work)
+    y = matmul(xp, a.astype(work), xp.transpose(w))
+    if bias is not None:
+        y = y + bias.reshape(N).astype(work)
+    return (_cast(y, node.out_specs[0].dtype),)
+
+
+OPS.append(OpKernel("MatMulNBits", _nbits_shapes, _nbits_compute, domain=_MS, since=1))
+
+
+# -- GroupQueryAttention -----------------------------------------------------------------------
+
+_GQA_UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink", 12: "k_scale",
+                           13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight"}
+
+
+def _gqa_attrs(node):
+    nq, nkv = node.attr("num_heads"), node.attr("kv_num_heads")
+    if nq is None or nkv is None:
+        raise node.error("attributes num_heads and kv_num_heads are required")
+    nq, nkv = int(nq), int(nkv)
+    if nq <= 0 or nkv <= 0 or nq % nkv:
+        raise node.error(f"num_heads={nq} must be a positive multiple of kv_num_heads={nkv}")
+    smooth = int(node.attr("smooth_softmax", 0))
+    if smooth not in (0, -1):
+        raise node.error(f"smooth_softmax={smooth} is not supported (only 0)")
+    for key in ("sliding_window_cache", "qk_output", "kv_cache_bit_width"):
+        if int(node.attr(key, 0)):
+            raise node.error(f"attribute {key}={node.attr(key)} is not supported")
+    for key in ("k_quant_type", "v_quant_type"):
+        if str(node.attr(key, "NONE")) != "NONE":
+            raise node.error(f"attribute {key}={node.attr(key)!r} is not supported (quantised KV cache)")
+    causal = int(node.attr("causal", 1))
+    window = int(node.attr("local_window_size", -1))
+    if causal not in (0, 1):
+        raise node.error(f"causal={causal} must be 0 or 1")
+    if not causal and window != -1:
+        raise node.error(f"local_window_size={window} must be -1 when causal is 0")
+    softcap = float(node.attr("softcap", 0.0))
+    if softcap < 0:
+        raise node.error(f"softcap={softcap} must be >= 0")
+    return nq, nkv, causal, window, softcap
+
+
+def _gqa_dims(node, specs):
+    """(B, S, D, P, T, L, rotary_dim) from the input specs; T from the host value of input 6."""
+    specs = _specs(specs, 16)
+    nq, nkv = _gqa_attrs(node)[:2]
+    for i, name in _GQA_UNSUPPORTED_INPUTS.items():
+        if specs[i] is not None:
+            raise node.error(f"input {name} is not supported")
+    if node.n_outputs > 3:
+        raise node.error("output output_qk is not supported")
+    q, k, v, pk, pv, seqlens, tsl, cos, sin = specs[:9]
+    if q.rank != 3:
+        raise node.error(f"query must be 3-D [B, S, hidden], got shape {q.shape}")
+    B, S, hidden = q.shape
+    if (k is None) != (v is None):
+        raise node.error("key and value must both be present, or both absent (packed QKV)")
+    heads = nq if k is not None else nq + 2 * nkv
+    if hidden % heads:
+        raise node.error(f"query hidden size {hidden} is not divisible by {heads} heads")
+    D = hidden // heads
+    if k is not None:
+        for name, s in (("key", k), ("value", v)):
+            if tuple(s.shape) != (B, S, nkv * D):
+                raise node.error(f"{name} shape {s.shape} must be {(B, S, nkv * D)}")
+    if (pk is None) != (pv is None):
+        raise node.error("past_key and past_value must both be present or both absent")
+    P = 0
+    if pk is not None:
+        if pk.rank != 4 or tuple(pk.shape[:2]) != (B, nkv) or pk.shape[3] != D:
+            raise node.error(f"past_key shape {pk.shape} must be [{B}, {nkv}, past, {D}] (BNSH)")
+        if tuple(pv.shape) != tuple(pk.shape):
+            raise node.error(f"past_value shape {pv.shape} differs from past_key {pk.shape}")
+        P = pk.shape[2]
+    if tuple(seqlens.shape) != (B,) or np.dtype(seqlens.dtype) != np.int32:
+        raise node.error(f"seqlens_k must be int32 [{B}], got {seqlens.dtype}{list(seqlens.shape)}")
+    if tsl.value is None or tsl.value.size != 1:
+        raise node.error("total_sequence_length must be a one-element int32 tensor")
+    T = int(np.asarray(tsl.value).reshape(-1)[0])
+    if T == P + S:
+        L = T  # growing cache: present = past ++ new
+    elif T <= P:
+        L = P  # shared-buffer cache of capacity P
+    else:
+        raise node.error(f"total_sequence_length={T} must equal past_sequence_length + sequence_length "
+                         f"({P} + {S}) for a growing cache, or be at most past_sequence_length for a static cache")
+    if S > 1 and S != T and B != 1:
+        raise node.error("batch_size must be 1 when sequence_length > 1 and past context is given")
+    rd = 0
+    if int(node.attr("do_rotary", 0)):
+        if cos is None or sin is None:
+            raise node.error("do_rotary=1 needs cos_cache and sin_cache")
+        if cos.rank != 2 or tuple(sin.shape) != tuple(cos.shape):
+            raise node.error(f"cos_cache {cos.shape} and sin_cache {sin.shape} must be the same 2-D shape")
+        rd = 2 * cos.shape[1]
+        if rd == 0 or rd > D:
+            raise node.error(f"rotary dim 2 * {cos.shape[1]} must be in (0, head_size={D}]")
+        if cos.shape[0] < T:
+            raise node.error(f"cos_cache has {cos.shape[0]} positions, fewer than total_sequence_length={T}")
+    elif (cos is None) != (sin is None):
+        raise node.error("cos_cache and sin_cache must both be present or both absent")
+    return B, S, D, P, T, L, rd
+
+
+def _gqa_shapes(node, specs):
+    B, S, D, _P, _T, L, _rd = _gqa_dims(node, specs)
+    nq, nkv = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
+    dt = specs[0].dtype
+    outs = [Spec((B, S, nq * D), dt), Spec((B, nkv, L, D), dt), Spec((B, nkv, L, D), dt)]
+    return outs[:max(node.n_outputs, 1)]
+
+
+def _heads(x, B, S, n, D):
+    return x.reshape(B, S, n, D).transpose(0, 2, 1, 3)
+
+
+@bf16_as_float32
+def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=None, *unused):
+    nq, nkv, causal, window, softcap = _gqa_attrs(node)
+    B, S = q.shape[0], q.shape[1]
+    D = q.shape[2] // (nq if k is not None else nq + 2 * nkv)
+    P = past_k.shape[2] if past_k is not None else 0
+    T = int(np.asarray(node.host[6]).reshape(-1)[0])
+    L = T if T == P + S else P
+    dt = np.dtype(q.dtype)
+    work = work_dtype(dt)
+    if k is None:  # packed QKV
+        k = q[:, :, nq * D:(nq + nkv) * D]
+        v = q[:, :, (nq + nkv) * D:]
+        q = q[:, :, :nq * D]
+    Q = _heads(q, B, S, nq, D).astype(work)
+    K = _heads(k, B, S, nkv, D).astype(work)
+    V = _heads(v, B, S, nkv, D).astype(work)
+
+    total = seqlens.astype(xp.int64) + 1  # t_b
+    past_len = xp.zeros_like(total) if S == T else total - S  # p_b
+    if int(node.attr("do_rotary", 0)):
+        pos = past_len.reshape(B, 1) + xp.arange(S, dtype=xp.int64).reshape(1, S)
+        pos = xp.clip(pos, 0, cos.shape[0] - 1)
+        c = xp.take(cos.astype(work), pos, axis=0).reshape(B, 1, S, -1)
+        s_ = xp.take(sin.astype(work), pos, axis=0).reshape(B, 1, S, -1)
+        inter = bool(int(node.attr("rotary_interleaved", 0)))
+        Q = rotary(xp, Q, c, s_, inter)
+        K = rotary(xp, K, c, s_, inter)
+        if dt != work:  # ORT stores the rotated Q and K in the input type
+            Q = Q.astype(dt).astype(work)
+            K = K.astype(dt).astype(work)
+
+    present_k = assemble_cache(xp, K, past_k.astype(work) if past_k is not None else None, past_len, L)
+    present_v = assemble_cache(xp, V, past_v.astype(work) if past_v is not None else None, past_len, L)
+
+    i = past_len.reshape(B, 1, 1, 1) + xp.arange(S, dtype=xp.int64).reshape(1, 1, S, 1)
+    j = xp.arange(L, dtype=xp.int64).reshape(1, 1, 1, L)
+    allowed = j < total.reshape(B, 1, 1, 1)
+    if causal:
+        allowed = allowed & (j <= i)
+        if window > 0:
+            allowed = allowed & (j > i - window)
+    scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / float(np.sqrt(D))
+    out = attention(xp, Q, present_k, present_v, allowed, scale=scale, softcap=softcap)
+    out = out.transpose(0, 2, 1, 3).reshape(B, S, nq * D)
+    specs = node.out_specs
+    res = [_cast(out, specs[0].dtype)]
+    if len(specs) > 1:
+        res.append(_cast(present_k, specs[1].dtype))
+    if len(specs) > 2:
+        res.append(_cast(present_v, specs[2].dtype))
+    return tuple(res)
+
+
+OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,)))
