@@ -51,13 +51,16 @@ def _decode(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"model {args.model!r}: neither a file nor a golden model name (see golden/models/manifest.json)")
         return 2
-    decoder = make_decoder(args.engine, onnx.load(str(path)))
+    decoder = make_decoder(args.engine, onnx.load(str(path)), capture=args.capture == "on")
     prompt = list(args.prompt.encode("utf-8"))
     result = greedy(decoder, prompt, args.tokens)
     print(f"engine: {args.engine}  model: {path.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {result.text()!r}")
     print(f"tokens: {result.tokens}")
+    if args.capture == "on":
+        fallback = getattr(decoder, "capture_fallback", None)
+        print(f"capture: {'fell back to eager: ' + fallback if fallback else 'decode steps replayed from PRIMARY'}")
     if result.counters:
         print(f"counters: {json.dumps(result.counters)}")
     return 0
@@ -142,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--prompt", required=True)
     d.add_argument("--tokens", type=int, default=16)
     d.add_argument("--engine", default="ref-sim", help="ref-sim, ref-cuda, ort-cpu, ort-cuda")
+    d.add_argument("--capture", choices=("on", "off"), default="off",
+                   help="replay the one-token decode step from a captured graph (reference engines, "
+                        "fixed-capacity KV models)")
     d.set_defaults(func=_decode)
 
     g = sub.add_parser("golden", help="golden anchors: `lockstep golden regenerate [--model NAME]`")

@@ -77,23 +77,68 @@ class Decoder:
 
 
 class RefDecoder(Decoder):
-    def __init__(self, model: onnx.ModelProto, runtime):
+    """The reference runtime. With ``capture=True`` and a fixed-capacity cache, the one-token
+    decode step is captured once into the PRIMARY graph slot (after an eager warm-up step) and
+    replayed for every later step: its inputs are persistent device buffers written before each
+    replay, its outputs are bound buffers, and its intermediates live as long as the graph. If
+    the step cannot be captured (a host seam, a capture-unsupported kernel), decoding stays eager
+    and ``capture_fallback`` says why."""
+
+    def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False):
         from .executor import Executor
 
         self.rt = runtime
         self.ex = Executor(model, runtime)
         layout = _kv_layout(self.ex.model)
         self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = layout
+        if capture and not self.capacity:
+            raise ValueError("capture needs a fixed-capacity KV cache (decode steps of fixed shapes)")
+        self.capture = capture
+        self.capture_fallback: str | None = None
+        self._graph_temps: list[Any] = []
+        self._step_io: dict[str, Any] | None = None
         self.cache: dict[str, Any] = {}
         self.reset()
+
+    def _captured_step(self, token: int) -> np.ndarray:
+        from .runtime import GraphSlot
+
+        rt = self.rt
+        if self._step_io is None:  # persistent step buffers: the graph bakes their addresses
+            self._step_io = {
+                "input_ids": rt.empty((1, 1), np.int64, name="step.input_ids"),
+                "position_ids": rt.empty((1, 1), np.int64, name="step.position_ids"),
+                "logits": rt.empty((1, 1, 256), self.kv_dtype, name="step.logits"),
+            }
+        io = self._step_io
+        rt.write(io["input_ids"], np.asarray([[token]], np.int64))
+        rt.write(io["position_ids"], np.asarray([[self.position]], np.int64))
+        if not rt.has_graph(GraphSlot.PRIMARY):
+            bind = {self.present_of[p]: t for p, t in self.cache.items()}
+            bind["logits"] = io["logits"]
+            rt.begin_capture(GraphSlot.PRIMARY)
+            try:
+                self.ex.run({"input_ids": io["input_ids"], "position_ids": io["position_ids"], **self.cache},
+                            bind=bind, retain=self._graph_temps)
+                rt.end_capture(GraphSlot.PRIMARY)
+            except Exception as exc:
+                if rt.is_capturing:
+                    rt.abort_capture(GraphSlot.PRIMARY)
+                self.capture_fallback = f"{type(exc).__name__}: {exc}"
+                self.capture = False
+                return self.forward([token])
+        rt.replay(GraphSlot.PRIMARY)
+        self.position += 1
+        return rt.download(io["logits"])[0]
 
     def reset(self) -> None:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
         place by every step; a growing one starts empty and is replaced by each step's present."""
+        self._warmed = False
         if self.capacity and self.cache:
             zeros = np.zeros((1, self.kv_heads, self.capacity, self.head_dim), self.kv_dtype)
             for t in self.cache.values():
-                self.rt.write(t, zeros)
+                self.rt.write(t, zeros)  # the same buffers: a captured step graph stays valid
         else:
             for t in self.cache.values():
                 self.rt.free(t)
@@ -105,6 +150,10 @@ class RefDecoder(Decoder):
         n = len(ids)
         if self.capacity and self.position + n > self.capacity:
             raise ValueError(f"KV capacity {self.capacity} exceeded: position {self.position} + {n} tokens")
+        # the first one-token step runs eagerly (warm-up: kernels compiled, shapes seen), the rest replay
+        if self.capture and n == 1 and self._warmed:
+            return self._captured_step(ids[0])
+        self._warmed = self._warmed or n == 1
         feeds: dict[str, Any] = {
             "input_ids": np.asarray([ids], np.int64),
             "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
@@ -160,7 +209,7 @@ class OrtDecoder(Decoder):
         return np.asarray(outs[0].numpy()[0])
 
 
-def make_decoder(engine_name: str, model: onnx.ModelProto, config=None) -> Decoder:
+def make_decoder(engine_name: str, model: onnx.ModelProto, config=None, *, capture: bool = False) -> Decoder:
     from .engines import RefEngine, make_engine
 
     engine = make_engine(engine_name)
@@ -172,7 +221,9 @@ def make_decoder(engine_name: str, model: onnx.ModelProto, config=None) -> Decod
         from .config import RuntimeConfig
         from .runtime import Runtime
 
-        return RefDecoder(model, Runtime(make_device(engine.device_name), config or RuntimeConfig()))
+        return RefDecoder(model, Runtime(make_device(engine.device_name), config or RuntimeConfig()), capture=capture)
+    if capture:
+        raise ValueError(f"{engine_name}: capture is implemented for the reference engines only")
     return OrtDecoder(model, engine)
 
 

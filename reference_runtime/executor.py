@@ -224,12 +224,14 @@ class Executor:
 
     # -- run
     def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
-            bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
+            bind: "dict[str, Tensor] | None" = None, retain: "list[Tensor] | None" = None) -> dict[str, Any]:
         """Run the graph. Feeds are numpy arrays (uploaded) or this runtime's device Tensors (bound
         as they are, never freed here). Outputs named in ``keep`` come back as device Tensors the
         caller owns (and frees); the others as numpy arrays. Outputs named in ``bind`` are written
         into the given Tensors (IO binding), which may be feeds of this run (in place: refused
-        unless the producing node is the last reader of that feed)."""
+        unless the producing node is the last reader of that feed). With ``retain``, the run's
+        intermediate tensors are appended to it instead of freed: a captured graph baked their
+        addresses, so they live as long as the graph."""
         rt = self.runtime
         bind = dict(bind or {})
         unknown = sorted((set(keep) | set(bind)) - set(self.outputs))
@@ -271,7 +273,10 @@ class Executor:
         finally:
             for t in temps:
                 if not t.freed and id(t) not in handed:
-                    rt.free(t)
+                    if retain is not None:
+                        retain.append(t)
+                    else:
+                        rt.free(t)
 
     FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
 

@@ -146,3 +146,37 @@ def test_ort_decoder_keeps_its_cache_in_ortvalues():
     dec = make_decoder("ort-cpu", toy_decoder())
     dec.forward(PROMPT)
     assert all(isinstance(v, ort.OrtValue) and v.shape() == [1, 1, len(PROMPT), 4] for v in dec.cache.values())
+
+
+def test_capture_needs_a_fixed_capacity_cache_and_falls_back_visibly():
+    from golden.anchors import MODEL_DIR
+
+    with pytest.raises(ValueError, match="capture needs a fixed-capacity KV cache"):
+        make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), capture=True)
+    with pytest.raises(ValueError, match="reference engines only"):
+        make_decoder("ort-cpu", toy_decoder(), capture=True)
+
+
+def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
+    """A host seam inside the step (here: TopK's k read back from the device) refuses the capture
+    cleanly (D2H during capture), the capture is aborted, and the decode continues eagerly."""
+    from golden.anchors import MODEL_DIR
+    from reference_runtime.decode import RefDecoder
+    from reference_runtime import Runtime, RuntimeConfig
+    from reference_runtime.backends.sim import SimDevice
+
+    model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
+    dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
+    real_run = dec.ex.run
+
+    def run_with_a_seam(feeds, **kw):
+        if dec.rt.is_capturing:
+            dec.rt.download(feeds["position_ids"])  # what a host seam does
+        return real_run(feeds, **kw)
+
+    dec.ex.run = run_with_a_seam
+    res = greedy(dec, list(b"The quick"), 5)
+    assert dec.capture_fallback and "CaptureD2HRefused" in dec.capture_fallback
+    assert res.counters["captures"] == 0 and res.counters["capture_aborts"] == 1 and not dec.rt.is_capturing
+    eager = greedy(make_decoder("ref-sim", model), list(b"The quick"), 5)
+    assert res.tokens == eager.tokens
