@@ -46,7 +46,7 @@ step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
 step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite"
 step node-suite    timeout 330 python3 -m pytest conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/node-report"
-step golden        timeout 240 python3 -m pytest conformance/golden -m golden -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
+step golden        timeout 240 python3 -m pytest conformance/golden -m "golden or capture" -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
 step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
 step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150
