@@ -78,11 +78,12 @@ class Decoder:
 
 class RefDecoder(Decoder):
     """The reference runtime. With ``capture=True`` and a fixed-capacity cache, the one-token
-    decode step is captured once into the PRIMARY graph slot (after an eager warm-up step) and
-    replayed for every later step: its inputs are persistent device buffers written before each
-    replay, its outputs are bound buffers, and its intermediates live as long as the graph. If
-    the step cannot be captured (a host seam, a capture-unsupported kernel), decoding stays eager
-    and ``capture_fallback`` says why."""
+    decode step is captured once into the PRIMARY graph slot and a fixed-width multi-token step
+    (teacher-forced verify of k tokens) into VERIFY, each after an eager warm-up step, and then
+    replayed: inputs are persistent device buffers written before each replay, outputs are bound
+    buffers, intermediates live as long as the graphs. The two slots alternate without
+    invalidating each other. If a step cannot be captured (a host seam, a capture-unsupported
+    kernel), decoding stays eager and ``capture_fallback`` says why."""
 
     def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False):
         from .executor import Executor
@@ -96,45 +97,46 @@ class RefDecoder(Decoder):
         self.capture = capture
         self.capture_fallback: str | None = None
         self._graph_temps: list[Any] = []
-        self._step_io: dict[str, Any] | None = None
+        self._step_io: dict[Any, dict[str, Any]] = {}
+        self._widths: dict[Any, int] = {}  # slot -> step width seen (warmed up)
         self.cache: dict[str, Any] = {}
         self.reset()
 
-    def _captured_step(self, token: int) -> np.ndarray:
-        from .runtime import GraphSlot
-
+    def _captured(self, slot, ids: list[int]) -> np.ndarray:
+        """Run ``ids`` (at the current position) as a replay of ``slot``'s graph, capturing it on
+        first use. Each slot has its own persistent input/output buffers and retained intermediates."""
         rt = self.rt
-        if self._step_io is None:  # persistent step buffers: the graph bakes their addresses
-            self._step_io = {
-                "input_ids": rt.empty((1, 1), np.int64, name="step.input_ids"),
-                "position_ids": rt.empty((1, 1), np.int64, name="step.position_ids"),
-                "logits": rt.empty((1, 1, 256), self.kv_dtype, name="step.logits"),
+        w = len(ids)
+        io = self._step_io.get(slot)
+        if io is None:  # persistent step buffers: the graph bakes their addresses
+            io = self._step_io[slot] = {
+                "input_ids": rt.empty((1, w), np.int64, name=f"{slot.value}.input_ids"),
+                "position_ids": rt.empty((1, w), np.int64, name=f"{slot.value}.position_ids"),
+                "logits": rt.empty((1, w, 256), self.kv_dtype, name=f"{slot.value}.logits"),
             }
-        io = self._step_io
-        rt.write(io["input_ids"], np.asarray([[token]], np.int64))
-        rt.write(io["position_ids"], np.asarray([[self.position]], np.int64))
-        if not rt.has_graph(GraphSlot.PRIMARY):
+        rt.write(io["input_ids"], np.asarray([ids], np.int64))
+        rt.write(io["position_ids"], np.arange(self.position, self.position + w, dtype=np.int64)[None, :])
+        if not rt.has_graph(slot):
             bind = {self.present_of[p]: t for p, t in self.cache.items()}
             bind["logits"] = io["logits"]
-            rt.begin_capture(GraphSlot.PRIMARY)
+            rt.begin_capture(slot)
             try:
                 self.ex.run({"input_ids": io["input_ids"], "position_ids": io["position_ids"], **self.cache},
                             bind=bind, retain=self._graph_temps)
-                rt.end_capture(GraphSlot.PRIMARY)
+                rt.end_capture(slot)
             except Exception as exc:
                 if rt.is_capturing:
-                    rt.abort_capture(GraphSlot.PRIMARY)
+                    rt.abort_capture(slot)
                 self.capture_fallback = f"{type(exc).__name__}: {exc}"
                 self.capture = False
-                return self.forward([token])
-        rt.replay(GraphSlot.PRIMARY)
-        self.position += 1
+                return self.forward(ids)
+        rt.replay(slot)
+        self.position += w
         return rt.download(io["logits"])[0]
 
     def reset(self) -> None:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
         place by every step; a growing one starts empty and is replaced by each step's present."""
-        self._warmed = False
         if self.capacity and self.cache:
             zeros = np.zeros((1, self.kv_heads, self.capacity, self.head_dim), self.kv_dtype)
             for t in self.cache.values():
@@ -150,10 +152,19 @@ class RefDecoder(Decoder):
         n = len(ids)
         if self.capacity and self.position + n > self.capacity:
             raise ValueError(f"KV capacity {self.capacity} exceeded: position {self.position} + {n} tokens")
-        # the first one-token step runs eagerly (warm-up: kernels compiled, shapes seen), the rest replay
-        if self.capture and n == 1 and self._warmed:
-            return self._captured_step(ids[0])
-        self._warmed = self._warmed or n == 1
+        if self.capture and self.position > 0:  # the prefill is always eager
+            # one-token decode steps replay PRIMARY; fixed-width multi-token (verify) steps replay
+            # VERIFY. The first step of each runs eagerly (warm-up: kernels compiled, shapes seen).
+            from .runtime import GraphSlot
+
+            slot = GraphSlot.PRIMARY if n == 1 else GraphSlot.VERIFY
+            width = self._widths.get(slot)
+            if width is None:
+                self._widths[slot] = n
+            elif width != n:
+                raise ValueError(f"the {slot.value} graph replays steps of {width} tokens, not {n}")
+            else:
+                return self._captured(slot, ids)
         feeds: dict[str, Any] = {
             "input_ids": np.asarray([ids], np.int64),
             "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],

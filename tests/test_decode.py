@@ -180,3 +180,28 @@ def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
     assert res.counters["captures"] == 0 and res.counters["capture_aborts"] == 1 and not dec.rt.is_capturing
     eager = greedy(make_decoder("ref-sim", model), list(b"The quick"), 5)
     assert res.tokens == eager.tokens
+
+
+def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
+    """The seeds' replays=0 bug class, end to end: with PRIMARY and VERIFY sharing one lifecycle
+    (contracts.mutants.SharedSlotLifecycle), alternating decode and verify steps no longer match
+    the eager run; with independent slots they do (conformance/golden/test_capture_identity.py)."""
+    from contracts.mutants import SharedSlotLifecycle
+    from golden.anchors import MODEL_DIR
+    from reference_runtime import RuntimeConfig
+    from reference_runtime.backends.sim import SimDevice
+    from reference_runtime.decode import RefDecoder
+
+    model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
+    steps = [list(b"The quick"), [66], [67, 68, 69], [70], [71, 72, 73], [74]]
+
+    def run(dec):
+        dec.reset()
+        try:
+            return [dec.forward(s).tobytes() for s in steps]
+        except Exception as exc:  # a replay of the wrong graph may also fail outright
+            return [repr(exc)]
+
+    eager = run(make_decoder("ref-sim", model))
+    broken = run(RefDecoder(model, SharedSlotLifecycle(SimDevice(), RuntimeConfig()), capture=True))
+    assert broken != eager
