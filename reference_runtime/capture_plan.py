@@ -1,0 +1,197 @@
+"""The capture plan: which nodes of a model may be recorded into CUDA graphs, and why not.
+
+One admission point decides every node, in this order (the first failing check is the seam's
+reason):
+1. structure: a node whose shape inference needs a value only the device holds (a ``host_inputs``
+   entry that is not host-known: not a constant, not shape arithmetic the executor folds) is a
+   host seam — "host read";
+2. the growing-symbol classifier, a hard veto: a node with any input or output dim that grows
+   with the KV length is "classifier: grows with <symbol>". Growing symbols are the sequence axes
+   of the declared KV inputs/outputs (``past_key_values.*``, ``present.*``), closed over
+   unifications (elementwise broadcasting, MatMul batch dims, Concat and Expand alignment) and
+   derivations (a symbol derived from a growing one, e.g. by Reshape/Flatten products or Concat
+   sums, is growing: ``Symbol.roots``). A symbol born on a node output from no symbolic parent
+   (a Range whose length comes from values) is growing if those values depend on a growing symbol
+   (value-level provenance through Shape and shape arithmetic) or on device data (unknown
+   provenance: fail-safe);
+3. the kernel's own declaration: "kernel: <reason>" for ``unsupported`` or a ``conditional`` whose
+   ``capture_ok`` says no (asked only after the veto, so a kernel that wrongly says "safe" cannot
+   bypass it).
+Admitted nodes form maximal segments in execution order; every other node is an eager seam.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import onnx
+
+from kernels._op import Spec
+from .symbols import Symbol
+
+__all__ = ["CapturePlan", "plan_capture", "growing_symbols"]
+
+
+@dataclass
+class CapturePlan:
+    decisions: list[tuple[str, str | None]]  # (node name, seam reason or None when admitted)
+    growing: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def segments(self) -> list[list[str]]:
+        out: list[list[str]] = []
+        current: list[str] = []
+        for name, reason in self.decisions:
+            if reason is None:
+                current.append(name)
+            elif current:
+                out.append(current)
+                current = []
+        if current:
+            out.append(current)
+        return out
+
+    def census(self) -> dict[str, Any]:
+        reasons = Counter(r.split(":")[0] for _, r in self.decisions if r is not None)
+        return {
+            "nodes": len(self.decisions),
+            "captured_nodes": sum(1 for _, r in self.decisions if r is None),
+            "segments": len(self.segments),
+            "seams_by_reason": dict(sorted(reasons.items())),
+            "growing_symbols": sorted(self.growing),
+        }
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Symbol, Symbol] = {}
+
+    def find(self, s: Symbol) -> Symbol:
+        self.parent.setdefault(s, s)
+        while self.parent[s] is not s:
+            self.parent[s] = self.parent[self.parent[s]]
+            s = self.parent[s]
+        return s
+
+    def union(self, a: Symbol, b: Symbol) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "LessOrEqual", "Greater",
+                 "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "PRelu", "Mod"}
+
+
+def growing_symbols(executor) -> set[Symbol]:
+    """Every symbol that may grow with the KV length (see the module docstring)."""
+    shapes: dict[str, tuple] = executor.symbolic_shapes
+    uf = _UnionFind()
+    seeds: set[Symbol] = set()
+    for name, dims in shapes.items():
+        if (name.startswith("past_key_values.") or name.startswith("present.")) and len(dims) == 4:
+            if isinstance(dims[2], Symbol):
+                seeds.add(dims[2])
+    for step in executor.steps:
+        node = step.node
+        ins = [shapes.get(i) for i in node.input if i]
+        outs = [shapes.get(o) for o in node.output if o]
+        aligned: list[tuple] = []
+        if node.op_type in _BROADCASTING or node.op_type == "Expand":
+            aligned = [s for s in ins + outs if s is not None]
+        elif node.op_type == "MatMul":  # batch dims (all but the last two) unify
+            aligned = [s[:-2] for s in ins + outs if s is not None and len(s) > 2]
+        elif node.op_type == "Concat":  # every non-axis dim unifies
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            aligned = [tuple(d for k, d in enumerate(s) if k != axis % max(len(s), 1)) for s in ins + outs if s]
+        if aligned:
+            width = max(len(s) for s in aligned)
+            for k in range(1, width + 1):  # right-aligned, as broadcasting aligns
+                syms = [s[-k] for s in aligned if len(s) >= k and isinstance(s[-k], Symbol)]
+                for a, b in zip(syms, syms[1:]):
+                    uf.union(a, b)
+    grown_roots = {uf.find(s) for s in seeds}
+
+    def grows(sym: Symbol) -> bool:
+        return any(uf.find(s) in grown_roots for s in {sym} | set(sym.roots()))
+
+    # Value-level provenance of host-known values (shape arithmetic): which symbols they depend on.
+    deps: dict[str, set[Symbol]] = {name: set() for name in executor._constants}
+    born: dict[Symbol, "onnx.NodeProto"] = {}
+    for step in executor.steps:
+        node = step.node
+        if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            value_deps = {d for d in shapes[node.input[0]] if isinstance(d, Symbol)}
+        elif all(i in deps for i in node.input if i):
+            value_deps = set().union(*[deps[i] for i in node.input if i]) if node.input else set()
+        else:
+            value_deps = None  # depends on device data
+        for o in node.output:
+            if o and value_deps is not None:
+                deps[o] = value_deps
+            for d in shapes.get(o, ()) if o else ():
+                if isinstance(d, Symbol) and d.is_root and d.producer and d not in born:
+                    born[d] = node
+
+    growing: set[Symbol] = set()
+    everything = set(executor.symbols.values()) | {d for dims in shapes.values() for d in dims if isinstance(d, Symbol)}
+    for sym in everything:
+        if grows(sym):
+            growing.add(sym)
+        elif sym in born:
+            # born on a node output from no symbolic parent (e.g. a Range whose length comes from
+            # values): growing if the values it came from depend on a growing symbol, or on device
+            # data (unknown provenance: fail-safe)
+            node = born[sym]
+            inputs = [i for i in node.input if i]
+            if not all(i in deps for i in inputs) or any(grows(d) for i in inputs for d in deps[i]):
+                growing.add(sym)
+    return growing
+
+
+def _host_known(executor) -> set[str]:
+    """Values whose contents the host knows without reading the device (constants, shapes, and
+    small shape arithmetic over them, which the executor folds)."""
+    known = set(executor._constants)
+    for step in executor.steps:
+        node = step.node
+        if node.op_type in ("Shape", "Size"):
+            known.update(o for o in node.output if o)
+        elif step.kernel is not None and step.kernel.capture == "safe" and all(i in known for i in node.input if i):
+            known.update(o for o in node.output if o)
+    return known
+
+
+def plan_capture(executor) -> CapturePlan:
+    growing = growing_symbols(executor)
+    known = _host_known(executor)
+    shapes = executor.symbolic_shapes
+    decisions: list[tuple[str, str | None]] = []
+    for step in executor.steps:
+        node, name = step.node, step.info.name
+        if step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
+            decisions.append((name, None))
+            continue
+        reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
+        unknown = [r for r in reads if r not in known]
+        if unknown:
+            decisions.append((name, f"host read: {unknown[0]}"))
+            continue
+        touched = [d for v in [*node.input, *node.output] if v for d in shapes.get(v, ()) if isinstance(d, Symbol)]
+        hit = next((d for d in touched if d in growing), None)
+        if hit is not None:
+            decisions.append((name, f"classifier: grows with {hit.name}"))
+            continue
+        k = step.kernel
+        if k.capture == "unsupported":
+            decisions.append((name, f"kernel: {k.reason}"))
+            continue
+        if k.capture == "conditional":
+            specs = [Spec(tuple(), np.dtype(np.float32)) if i else None for i in node.input]
+            if not k.capture_ok(step.info, specs):  # type: ignore[misc]
+                decisions.append((name, f"kernel: {k.reason}"))
+                continue
+        decisions.append((name, None))
+    return CapturePlan(decisions, frozenset(s.name for s in growing))

@@ -1,0 +1,84 @@
+"""The growing-symbol classifier and the admission order of the capture plan, with the mutants it
+must catch: a kernel that declares itself capture-safe over a growing extent, and growing symbols
+hidden behind a broadcast or a Reshape."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import numpy as np
+
+from golden.anchors import MODEL_DIR
+from reference_runtime import Runtime, RuntimeConfig
+from reference_runtime.backends.sim import SimDevice
+from reference_runtime.capture_plan import plan_capture
+from reference_runtime.executor import Executor
+
+
+def _ex(model):
+    return Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+
+
+def _kv_model(nodes, extra_inputs=(), extra_outputs=(), inits=()):
+    kv = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, ["b", 2, "past", 4])
+    out = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["b", 2, "total", 4])
+    g = helper.make_graph(nodes, "g", [kv, *extra_inputs], [out, *extra_outputs], initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_a_kernel_declared_safe_over_a_growing_extent_is_vetoed():
+    ex = _ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")))
+    plan = dict(plan_capture(ex).decisions)
+    att = [n for n in plan if n.endswith("/attention")]
+    assert att and all(plan[n].startswith("classifier: grows with") for n in att)
+    step = next(s for s in ex.steps if s.info.name == att[0])
+    assert step.kernel.capture == "safe", "the kernel says safe; the classifier overrules it"
+
+
+def test_growing_symbol_behind_a_broadcast_is_caught():
+    # y has its own symbol 'n', but Add(past, y) unifies n with past: Neg(y) grows too
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2, "n", 4])
+    nodes = [helper.make_node("Add", ["past_key_values.0.key", "y"], ["s"], name="add"),
+             helper.make_node("Neg", ["y"], ["ny"], name="neg_y"),
+             helper.make_node("Concat", ["past_key_values.0.key", "ny"], ["present.0.key"], axis=2, name="cat")]
+    plan = dict(plan_capture(_ex(_kv_model(nodes, [y]))).decisions)
+    assert plan["neg_y"] is not None and plan["neg_y"].startswith("classifier")
+
+
+def test_growing_symbol_behind_a_reshape_is_caught():
+    nodes = [helper.make_node("Reshape", ["past_key_values.0.key", "flat"], ["r"], name="flatten"),
+             helper.make_node("Relu", ["r"], ["rr"], name="relu"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    out = helper.make_tensor_value_info("rr", TensorProto.FLOAT, ["b", "flat_dim"])
+    model = _kv_model(nodes, extra_outputs=[out], inits=[numpy_helper.from_array(np.array([0, -1], np.int64), "flat")])
+    plan = dict(plan_capture(_ex(model)).decisions)
+    assert plan["relu"] is not None and plan["relu"].startswith("classifier"), plan
+
+
+def test_fixed_shapes_form_one_segment_and_unrelated_nodes_are_admitted():
+    plan = plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))))
+    assert len(plan.segments) == 1 and all(r is None for _, r in plan.decisions) and not plan.growing
+    grow = plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))))
+    admitted = [n for n, r in grow.decisions if r is None]
+    assert any(n.endswith("/q_proj") for n in admitted), "projections do not touch the KV length"
+
+
+def test_a_host_read_is_a_seam_before_the_classifier():
+    # TopK's k comes from data the device holds: a host read, whatever else the node touches
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, "past", 4])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=-1),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    outs = [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", 2, "past", "kk"]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, ["b", 2, "past", "kk"])]
+    plan = dict(plan_capture(_ex(_kv_model(nodes, [x, k], outs))).decisions)
+    assert plan["topk"] == "host read: k"
+
+
+def test_a_length_computed_from_the_kv_shape_is_growing_but_from_a_fixed_capacity_is_not():
+    """Range(0, past + seq) gets a symbol with no symbolic parent; its values come from Shape(past),
+    so it grows. Range(0, C) in the fixed-capacity model does not."""
+    grow = dict(plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")))).decisions)
+    assert grow["mask/key_positions"] is not None and grow["mask/key_positions"].startswith("classifier")
+    fixed = dict(plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))).decisions)
+    assert fixed["mask/key_positions"] is None
