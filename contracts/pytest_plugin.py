@@ -41,24 +41,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--engines", default=None, help=f"comma-separated engines to run, of {list(ENGINES)} (default: all)")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    raw = config.getoption("--devices")
-    selected = [d.strip() for d in raw.split(",") if d.strip()] if raw else list(DEVICES)
-    unknown = [d for d in selected if d not in DEVICES]
+def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[str]) -> list[str]:
+    """A comma-separated list of known names (an option or an environment variable)."""
+    names = [n.strip() for n in raw.split(",") if n.strip()] if raw else default
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise pytest.UsageError(f"--devices: unknown device(s) {unknown}; devices are {list(DEVICES)}")
-    required = [d.strip() for d in os.environ.get("LOCKSTEP_REQUIRE_DEVICES", "").split(",") if d.strip()]
-    bad_required = [d for d in required if d not in DEVICES]
-    if bad_required:
-        raise pytest.UsageError(f"LOCKSTEP_REQUIRE_DEVICES names unknown device(s) {bad_required}")
-    raw_e = config.getoption("--engines")
-    engines = [e.strip() for e in raw_e.split(",") if e.strip()] if raw_e else list(ENGINES)
-    bad_e = [e for e in engines if e not in ENGINES]
-    if bad_e:
-        raise pytest.UsageError(f"--engines: unknown engine(s) {bad_e}; engines are {list(ENGINES)}")
-    req_e = [e.strip() for e in os.environ.get("LOCKSTEP_REQUIRE_ENGINES", "").split(",") if e.strip()]
-    if [e for e in req_e if e not in ENGINES]:
-        raise pytest.UsageError(f"LOCKSTEP_REQUIRE_ENGINES names unknown engine(s) {req_e}")
+        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(known)}")
+    return names
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
+    required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
+    engines = _names(config.getoption("--engines"), ENGINES, "--engines", list(ENGINES))
+    req_e = _names(os.environ.get("LOCKSTEP_REQUIRE_ENGINES"), ENGINES, "LOCKSTEP_REQUIRE_ENGINES", [])
     mutant = config.getoption("--lockstep-mutant")
     runtime_class(mutant)  # fail early on an unknown name
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
