@@ -205,3 +205,26 @@ def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
     eager = run(make_decoder("ref-sim", model))
     broken = run(RefDecoder(model, SharedSlotLifecycle(SimDevice(), RuntimeConfig()), capture=True))
     assert broken != eager
+
+
+def test_a_graph_whose_intermediates_were_freed_fails_instead_of_replaying_silently():
+    """Mutant: the captured step's intermediates are freed after the capture (not retained with the
+    graph). Their addresses are baked in the graph, so a replay reads and writes memory that was
+    released or handed out again: the simulated device must not let that pass as a correct decode."""
+    from golden.anchors import MODEL_DIR
+    from reference_runtime import Runtime, RuntimeConfig
+    from reference_runtime.backends.sim import SimDevice
+    from reference_runtime.decode import RefDecoder
+
+    model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
+    prompt = list(b"The quick brown fox")
+    eager = greedy(make_decoder("ref-sim", model), prompt, 8)
+    dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
+    real_run = dec.ex.run
+    dec.ex.run = lambda feeds, **kw: real_run(feeds, **{**kw, "retain": None})  # drop the retention
+    try:
+        broken = greedy(dec, prompt, 8)
+    except Exception as exc:  # IllegalAddress (unmapped) or a race: the failure is loud
+        assert type(exc).__name__ in {"IllegalAddress", "StreamOrderRace", "LaunchFailure"}, exc
+        return
+    assert [l.tobytes() for l in broken.step_logits] != [l.tobytes() for l in eager.step_logits]
