@@ -12,7 +12,8 @@ import math
 import numpy as np
 from onnx import helper as _onnx_helper
 
-from ._nn_util import erf, sigmoid, softplus, stash_dtype, to_work, work_dtype
+from ._elementwise_util import erf
+from ._nn_util import sigmoid, softplus, stash_dtype, to_work, work_dtype
 from ._op import OpKernel, Spec, normalize_axis
 
 OPS: list[OpKernel] = []
