@@ -56,8 +56,8 @@ _GATHER_CHECK = lambda node, specs: [(1, _axis_bound(node, specs))]  # noqa: E73
 OPS.append(OpKernel("Gather", _gather_shapes, _gather, since=1, index_checks=_GATHER_CHECK))
 
 
-def _gather_elements_shapes(node, specs):
-    data, idx = specs[0], specs[1]
+def _check_elements_indices(node, data, idx, verb):
+    """The shape rules GatherElements and ScatterElements share; returns the normalized axis."""
     require_int(node, idx, "indices")
     if data.rank < 1 or idx.rank != data.rank:
         raise node.error(f"indices rank {idx.rank} must equal data rank {data.rank} (>= 1)")
@@ -66,7 +66,13 @@ def _gather_elements_shapes(node, specs):
         if d != axis and idx.shape[d] > data.shape[d]:
             raise node.error(f"indices dim {d} ({idx.shape[d]}) exceeds data dim {data.shape[d]}")
     if data.shape[axis] == 0 and prod(idx.shape) > 0:
-        raise node.error(f"cannot gather from an empty axis {axis}")
+        raise node.error(f"cannot {verb} an empty axis {axis}")
+    return axis
+
+
+def _gather_elements_shapes(node, specs):
+    data, idx = specs[0], specs[1]
+    _check_elements_indices(node, data, idx, "gather from")
     return [Spec(idx.shape, data.dtype)]
 
 
@@ -134,18 +140,10 @@ def _reduction(node):
 
 def _scatter_elements_shapes(node, specs):
     data, idx, upd = specs[0], specs[1], specs[2]
-    require_int(node, idx, "indices")
     _reduction(node)
-    if data.rank < 1 or idx.rank != data.rank:
-        raise node.error(f"indices rank {idx.rank} must equal data rank {data.rank} (>= 1)")
     if upd.shape != idx.shape:
         raise node.error(f"updates shape {upd.shape} must equal indices shape {idx.shape}")
-    axis = normalize_axis(node, node.attr("axis", 0), data.rank)
-    for d in range(data.rank):
-        if d != axis and idx.shape[d] > data.shape[d]:
-            raise node.error(f"indices dim {d} ({idx.shape[d]}) exceeds data dim {data.shape[d]}")
-    if data.shape[axis] == 0 and prod(idx.shape) > 0:
-        raise node.error(f"cannot scatter into an empty axis {axis}")
+    _check_elements_indices(node, data, idx, "scatter into")
     return [Spec(data.shape, data.dtype)]
 
 

@@ -22,13 +22,15 @@ def _is_float(dt) -> bool:
 
 # -- MatMul -------------------------------------------------------------------------------------
 
-def _matmul_shapes(node, specs):
-    a, b = specs[0], specs[1]
+def _product_shape(node, a, b):
     try:
-        shape = matmul_shape(a.shape, b.shape)
+        return matmul_shape(a.shape, b.shape)
     except ValueError as exc:
         raise node.error(str(exc)) from None
-    return [Spec(shape, a.dtype)]
+
+
+def _matmul_shapes(node, specs):
+    return [Spec(_product_shape(node, specs[0], specs[1]), specs[0].dtype)]
 
 
 def _matmul_compute(xp, node, a, b):
@@ -96,12 +98,7 @@ def _minus_zero_point(xp, x, zp, per_row: bool):
 
 
 def _matmulint_shapes(node, specs):
-    a, b = specs[0], specs[1]
-    try:
-        shape = matmul_shape(a.shape, b.shape)
-    except ValueError as exc:
-        raise node.error(str(exc)) from None
-    return [Spec(shape, np.dtype(np.int32))]
+    return [Spec(_product_shape(node, specs[0], specs[1]), np.dtype(np.int32))]
 
 
 def _matmulint_compute(xp, node, a, b, a_zp=None, b_zp=None):
@@ -112,10 +109,7 @@ def _matmulint_compute(xp, node, a, b, a_zp=None, b_zp=None):
 
 def _qlinear_shapes(node, specs):
     a, b, yzp = specs[0], specs[3], specs[7] if len(specs) > 7 else None
-    try:
-        shape = matmul_shape(a.shape, b.shape)
-    except ValueError as exc:
-        raise node.error(str(exc)) from None
+    shape = _product_shape(node, a, b)
     out = yzp.dtype if yzp is not None else a.dtype
     if np.dtype(out) not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise node.error(f"output type {np.dtype(out)} is not supported (int8/uint8 only)")
