@@ -163,13 +163,13 @@ _BY_STATUS = {
         StreamCaptureInvalidated,
     )
 }
-# Driver API codes that differ from runtime API codes for the same condition.
-_DRIVER_ALIASES = {201: InvalidValue, 400: InvalidResourceHandle, 700: IllegalAddress, 719: LaunchFailure}
+# The driver API uses the same numbers as the runtime API for every status mapped here
+# (1, 400, 401, 700, 710, 719, 900, 901), so one table serves both.
 
 
-def from_cuda_status(status: int, message: str, *, driver: bool = False) -> CudaError:
-    """Translate a CUDA status code into the lockstep exception that mirrors it."""
-    cls = (_DRIVER_ALIASES if driver else _BY_STATUS).get(status) or _BY_STATUS.get(status)
+def from_cuda_status(status: int, message: str) -> CudaError:
+    """Translate a CUDA (runtime or driver API) status code into the lockstep exception that mirrors it."""
+    cls = _BY_STATUS.get(status)
     if cls is None:
         err = CudaError(f"status {status}: {message}")
         err.status = status

@@ -44,13 +44,6 @@ def test_non_safe_capture_needs_a_reason_and_conditional_needs_a_predicate():
         _k(capture="maybe", reason="x")
 
 
-def test_every_registered_kernel_declares_capture():
-    for domain, op in REGISTRY.ops():
-        for k in REGISTRY._by_op[(domain, op)]:
-            assert k.capture in ("safe", "unsupported", "conditional")
-            assert k.capture == "safe" or k.reason, k
-
-
 def test_registry_covers_the_llm_decoder_ops():
     needed = ["MatMul", "Gemm", "Add", "Mul", "Sigmoid", "Softmax", "LogSoftmax", "Attention", "RotaryEmbedding",
               "RMSNormalization", "LayerNormalization", "Gather", "GatherElements", "ScatterElements", "Reshape",

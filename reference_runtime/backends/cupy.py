@@ -212,7 +212,7 @@ class CupyDevice(Device):
         try:
             yield
         except (runtime.CUDARuntimeError, driver.CUDADriverError) as exc:
-            err = self._translate(exc, what, isinstance(exc, driver.CUDADriverError))
+            err = self._translate(exc, what)
             if err.sticky:
                 self._poison(err)
             raise err from exc
@@ -221,14 +221,14 @@ class CupyDevice(Device):
                 raise CaptureD2HRefused(f"{what}: {exc}") from exc
             raise
 
-    def _translate(self, exc: Exception, what: str, driver: bool) -> CudaError:
+    def _translate(self, exc: Exception, what: str) -> CudaError:
         text = str(exc)
         name = text.split(":", 1)[0].strip()
         status = getattr(exc, "status", None)
         if name in _NAMES:
             err: CudaError = _NAMES[name](f"{what}: {text}")
         elif status is not None:
-            err = from_cuda_status(int(status), f"{what}: {text}", driver=driver)
+            err = from_cuda_status(int(status), f"{what}: {text}")
         else:
             err = CudaError(f"{what}: {text}")
         if err.sticky:
@@ -333,7 +333,7 @@ class CupyDevice(Device):
         out = fn(*args)
         res, rest = out[0], out[1:]
         if res != cu.CUresult.CUDA_SUCCESS:
-            err = from_cuda_status(int(res), f"{what}: {res.name}", driver=True)
+            err = from_cuda_status(int(res), f"{what}: {res.name}")
             if err.sticky:
                 self._poison(err)
             raise err
