@@ -32,7 +32,7 @@ from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, orac
 
 __all__ = [
     "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "compute_anchors", "load_snapshot",
-    "snapshot_text", "write_snapshot", "diff_snapshots", "model_sha256", "OracleDisagreement",
+    "snapshot_text", "write_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL", "model_sha256", "OracleDisagreement",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -151,6 +151,28 @@ def write_snapshot(data: dict[str, Any]) -> Path:
     return path
 
 
+FLOAT_RTOL = 1e-4
+
+
+# Provenance that informs but does not decide: a patch release of onnx on another machine (the
+# H200 has 1.23.1) must not fail an oracle whose anchors still agree within tolerance.
+INFORMATIONAL = {"oracle_version"}
+
+
+def same_anchors(a: Any, b: Any) -> bool:
+    """Equal as golden data: floats within FLOAT_RTOL, tokens and provenance exact, INFORMATIONAL keys ignored."""
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= FLOAT_RTOL * max(1.0, abs(float(a)), abs(float(b)))
+        except (TypeError, ValueError):
+            return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(k in INFORMATIONAL or same_anchors(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_anchors(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def diff_snapshots(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """Human-readable changes: provenance, context, and per-position tokens and margins."""
     if old is None:
@@ -158,7 +180,8 @@ def diff_snapshots(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]
     out = []
     for k, v in new["provenance"].items():
         if old.get("provenance", {}).get(k) != v:
-            out.append(f"provenance.{k}: {old.get('provenance', {}).get(k)!r} -> {v!r}")
+            note = " (informational)" if k in INFORMATIONAL else ""
+            out.append(f"provenance.{k}: {old.get('provenance', {}).get(k)!r} -> {v!r}{note}")
     if old.get("prefix") != new["prefix"]:
         out.append(f"prefix: {old.get('prefix')} -> {new['prefix']}")
     olds = {p["pos"]: p for p in old.get("positions", [])}

@@ -12,33 +12,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from syrupy.extensions.json import JSONSnapshotExtension
 
-from .anchors import SNAPSHOT_DIR, snapshot_text
+from .anchors import SNAPSHOT_DIR, same_anchors, snapshot_text
 
 __all__ = ["GoldenSnapshotExtension", "same_anchors"]
-
-FLOAT_RTOL = 1e-4
-
-
-# Provenance that informs but does not decide: a patch release of onnx on another machine (the
-# H200 has 1.23.1) must not fail an oracle whose anchors still agree within tolerance.
-INFORMATIONAL = {"oracle_version"}
-
-
-def same_anchors(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            return abs(float(a) - float(b)) <= FLOAT_RTOL * max(1.0, abs(float(a)), abs(float(b)))
-        except (TypeError, ValueError):
-            return False
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(k in INFORMATIONAL or same_anchors(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_anchors(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 class GoldenSnapshotExtension(JSONSnapshotExtension):

@@ -68,7 +68,7 @@ def _decode(args: argparse.Namespace) -> int:
 
 def _golden(args: argparse.Namespace) -> int:
     """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
-    from golden.anchors import compute_anchors, diff_snapshots, load_snapshot, write_snapshot
+    from golden.anchors import compute_anchors, diff_snapshots, load_snapshot, same_anchors, write_snapshot
     from golden.models.spec import VARIANTS
 
     if args.source != "oracle":
@@ -93,8 +93,10 @@ def _golden(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             old = None
         diff = diff_snapshots(old, new)
-        if not diff:
-            print(f"{name}: unchanged")
+        if old is not None and same_anchors(old, new):
+            # the same comparison `pytest --snapshot-update` makes: nothing to write
+            extra = f" ({'; '.join(diff)})" if diff else ""
+            print(f"{name}: unchanged{extra}")
             continue
         changed += 1
         print(f"{name}: {len(diff)} change(s)")

@@ -18,6 +18,20 @@ def test_regenerate_dry_run_reports_unchanged_committed_snapshots(capsys):
     assert "tiny-fp32-standard: unchanged" in capsys.readouterr().out
 
 
+def test_regenerate_treats_another_onnx_patch_release_as_unchanged(tmp_path, monkeypatch, capsys):
+    # result: on the H200 (onnx 1.23.1) the dry run reported the committed 1.23.2 snapshot as changed,
+    # while syrupy accepted it; both now use the same comparison, and nothing is rewritten
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    snap = anchors.compute_anchors("tiny-fp32-standard")
+    snap["provenance"]["oracle_version"] = "0.0.0-elsewhere"
+    path = anchors.write_snapshot(snap)
+    before = path.read_text()
+    assert main(["golden", "regenerate", "--model", "tiny-fp32-standard"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-fp32-standard: unchanged (provenance.oracle_version: '0.0.0-elsewhere'" in out
+    assert "(informational)" in out and path.read_text() == before
+
+
 def test_regenerate_shows_changes_then_writes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
     assert main(["golden", "regenerate", "--model", "tiny-fp32-standard"]) == 0
