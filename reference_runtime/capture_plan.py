@@ -2,15 +2,21 @@
 
 One admission point decides every node, in this order (the first failing check is the seam's
 reason):
-1. structure: a node whose shape inference needs a value only the device holds (a ``host_inputs``
-   entry that is not host-known: not a constant, not shape arithmetic the executor folds) is a
-   host seam — "host read";
+1. structure: control flow or a sequence op runs on the host — "host control flow"; a node whose
+   shape inference needs a value only the device holds (a ``host_inputs`` entry that is not
+   host-known: not a constant, not shape arithmetic the executor folds) is a host seam —
+   "host read"; a node with an input or output whose shape the model's shape inference could not
+   resolve (e.g. a contrib op onnx does not know) cannot be shown fixed — "unresolved shape";
+   an op type whose recording failed earlier in the session — "recording failed" (quarantine);
+   a node that has not run eagerly in this session — "kernel not warmed";
 2. the growing-symbol classifier, a hard veto: a node with any input or output dim that grows
    with the KV length is "classifier: grows with <symbol>". Growing symbols are the sequence axes
    of the declared KV inputs/outputs (``past_key_values.*``, ``present.*``), closed over
    unifications (elementwise broadcasting, MatMul batch dims, Concat and Expand alignment) and
    derivations (a symbol derived from a growing one, e.g. by Reshape/Flatten products or Concat
-   sums, is growing: ``Symbol.roots``). A symbol born on a node output from no symbolic parent
+   sums, is growing: ``Symbol.roots``). A node whose output *values* depend on a growing symbol
+   (shape arithmetic such as ``past_len + seq_len``, which the executor folds on the host) is
+   vetoed too: a replay recomputes it on the device but would leave the host's folded copy stale. A symbol born on a node output from no symbolic parent
    (a Range whose length comes from values) is growing if those values depend on a growing symbol
    (value-level provenance through Shape and shape arithmetic) or on device data (unknown
    provenance: fail-safe);
@@ -85,6 +91,31 @@ _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "L
                  "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "PRelu", "Mod"}
 
 
+def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "onnx.NodeProto"]]:
+    """Value-level provenance of host-known values (shape arithmetic): for each value computed
+    from constants and shapes only, the symbols its contents depend on; and the node each root
+    symbol was born on."""
+    shapes: dict[str, tuple] = executor.symbolic_shapes
+    deps: dict[str, set[Symbol]] = {name: set() for name in executor._constants}
+    born: dict[Symbol, "onnx.NodeProto"] = {}
+    for step in executor.steps:
+        node = step.node
+        if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            value_deps = {d for d in shapes[node.input[0]] if isinstance(d, Symbol)}
+        elif all(i in deps for i in node.input if i):
+            value_deps = set().union(*[deps[i] for i in node.input if i]) if node.input else set()
+        else:
+            value_deps = None  # depends on device data
+        for o in node.output:
+            if o and value_deps is not None:
+                deps[o] = value_deps
+            for d in shapes.get(o, ()) if o else ():
+                if isinstance(d, Symbol) and d.is_root and d.producer and d not in born:
+                    born[d] = node
+
+    return deps, born
+
+
 def growing_symbols(executor) -> set[Symbol]:
     """Every symbol that may grow with the KV length (see the module docstring)."""
     shapes: dict[str, tuple] = executor.symbolic_shapes
@@ -117,23 +148,7 @@ def growing_symbols(executor) -> set[Symbol]:
     def grows(sym: Symbol) -> bool:
         return any(uf.find(s) in grown_roots for s in {sym} | set(sym.roots()))
 
-    # Value-level provenance of host-known values (shape arithmetic): which symbols they depend on.
-    deps: dict[str, set[Symbol]] = {name: set() for name in executor._constants}
-    born: dict[Symbol, "onnx.NodeProto"] = {}
-    for step in executor.steps:
-        node = step.node
-        if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
-            value_deps = {d for d in shapes[node.input[0]] if isinstance(d, Symbol)}
-        elif all(i in deps for i in node.input if i):
-            value_deps = set().union(*[deps[i] for i in node.input if i]) if node.input else set()
-        else:
-            value_deps = None  # depends on device data
-        for o in node.output:
-            if o and value_deps is not None:
-                deps[o] = value_deps
-            for d in shapes.get(o, ()) if o else ():
-                if isinstance(d, Symbol) and d.is_root and d.producer and d not in born:
-                    born[d] = node
+    deps, born = _value_provenance(executor)
 
     growing: set[Symbol] = set()
     everything = set(executor.symbols.values()) | {d for dims in shapes.values() for d in dims if isinstance(d, Symbol)}
@@ -164,8 +179,16 @@ def _host_known(executor) -> set[str]:
     return known
 
 
-def plan_capture(executor) -> CapturePlan:
+_HOST_CONTROL = {"If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
+                 "SequenceInsert", "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence"}
+
+
+def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozenset(),
+                 warmed: "set[str] | None" = None) -> CapturePlan:
+    """The plan for ``executor``'s graph. ``quarantined``: op types whose recording failed in this
+    session; ``warmed``: names of the nodes that have run eagerly (None: treat all as warmed)."""
     growing = growing_symbols(executor)
+    deps, _ = _value_provenance(executor)
     known = _host_known(executor)
     shapes = executor.symbolic_shapes
     decisions: list[tuple[str, str | None]] = []
@@ -174,13 +197,31 @@ def plan_capture(executor) -> CapturePlan:
         if step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
             decisions.append((name, None))
             continue
+        if node.op_type in _HOST_CONTROL:
+            decisions.append((name, f"host control flow: {node.op_type}"))
+            continue
         reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
         unknown = [r for r in reads if r not in known]
         if unknown:
             decisions.append((name, f"host read: {unknown[0]}"))
             continue
+        unresolved = [v for v in [*node.input, *node.output] if v and v not in shapes and v not in executor._constants]
+        if unresolved:
+            decisions.append((name, f"unresolved shape: {unresolved[0]}"))
+            continue
+        if node.op_type in quarantined:
+            decisions.append((name, f"recording failed: {node.op_type} quarantined"))
+            continue
+        if warmed is not None and name not in warmed:
+            decisions.append((name, "kernel not warmed"))
+            continue
         touched = [d for v in [*node.input, *node.output] if v for d in shapes.get(v, ()) if isinstance(d, Symbol)]
         hit = next((d for d in touched if d in growing), None)
+        if hit is None:
+            # value-level: shape arithmetic whose *contents* grow (past_len + seq_len) is folded on
+            # the host at eager time; a replay would not refresh the host's copy, so it stays eager
+            hit = next((d for o in node.output if o for d in sorted(deps.get(o, ()), key=lambda d: d.name)
+                        if d in growing), None)
         if hit is not None:
             decisions.append((name, f"classifier: grows with {hit.name}"))
             continue

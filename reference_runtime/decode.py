@@ -77,13 +77,16 @@ class Decoder:
 
 
 class RefDecoder(Decoder):
-    """The reference runtime. With ``capture=True`` and a fixed-capacity cache, the one-token
-    decode step is captured once into the PRIMARY graph slot and a fixed-width multi-token step
-    (teacher-forced verify of k tokens) into VERIFY, each after an eager warm-up step, and then
-    replayed: inputs are persistent device buffers written before each replay, outputs are bound
-    buffers, intermediates live as long as the graphs. The two slots alternate without
-    invalidating each other. If a step cannot be captured (a host seam, a capture-unsupported
-    kernel), decoding stays eager and ``capture_fallback`` says why."""
+    """The reference runtime. With ``capture=True``:
+
+    - a fixed-capacity cache: the one-token decode step is captured whole into the PRIMARY graph
+      slot and a fixed-width multi-token step (teacher-forced verify of k tokens) into VERIFY, each
+      after an eager warm-up step, and then replayed: inputs are persistent device buffers written
+      before each replay, outputs are bound buffers, intermediates live as long as the graphs. The
+      two slots alternate without invalidating each other. If a step cannot be captured (a host
+      seam, a capture-unsupported kernel), decoding stays eager and ``capture_fallback`` says why;
+    - a growing cache: each step runs through a ``segments.CaptureSession``: the plan's captured
+      segments replay (one graph handle each), the seams where the cache grows run eagerly."""
 
     def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False):
         from .executor import Executor
@@ -92,8 +95,12 @@ class RefDecoder(Decoder):
         self.ex = Executor(model, runtime)
         layout = _kv_layout(self.ex.model)
         self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = layout
+        self.session = None
         if capture and not self.capacity:
-            raise ValueError("capture needs a fixed-capacity KV cache (decode steps of fixed shapes)")
+            from .segments import CaptureSession
+
+            self.session = CaptureSession(self.ex)
+            capture = False  # the slot path below is for fixed-capacity steps
         self.capture = capture
         self.capture_fallback: str | None = None
         self._graph_temps: list[Any] = []
@@ -173,7 +180,8 @@ class RefDecoder(Decoder):
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
             out = self.ex.run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
         else:
-            out = self.ex.run(feeds, keep=set(self.present_of.values()))
+            run = self.session.run if self.session is not None else self.ex.run
+            out = run(feeds, keep=set(self.present_of.values()))
             for t in self.cache.values():
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
             self.cache = {p: out[self.present_of[p]] for p in self.pasts}
@@ -181,30 +189,84 @@ class RefDecoder(Decoder):
         return np.asarray(out["logits"][0])
 
     def counters(self) -> dict[str, Any]:
-        return self.rt.counters.as_dict()
+        out = self.rt.counters.as_dict()
+        out["capture"] = self.capture_counters()
+        return out
+
+    def capture_counters(self) -> dict[str, Any]:
+        """Per-session capture counters: captures, replays, fallbacks, invalidations, segments,
+        seams by reason (the same keys on both capture paths; zeros when capture is off)."""
+        if self.session is not None:
+            return self.session.counters.as_dict()
+        from .segments import CaptureCounters
+
+        c = CaptureCounters()
+        if self._widths or self.capture_fallback:  # the slot path was asked for
+            from .capture_plan import plan_capture
+
+            census = plan_capture(self.ex).census()
+            c.captures = sum(self.rt.counters.captures_by_slot.values())
+            c.replays = sum(self.rt.counters.replays_by_slot.values())
+            c.fallbacks = int(self.capture_fallback is not None)
+            c.segments, c.seams_by_reason = census["segments"], census["seams_by_reason"]
+        return c.as_dict()
 
 
 class OrtDecoder(Decoder):
     """ONNX Runtime with IO binding: the KV cache stays in OrtValues on the provider's device
     (GPU memory for ort-cuda) and each step's present OrtValues are bound as the next past; only
-    the logits are bound to the host."""
+    the logits come back to the host.
 
-    def __init__(self, model: onnx.ModelProto, engine):
+    ``fixed_bindings=True`` (fixed-capacity models): every input and output is a persistent
+    OrtValue at a fixed address, as ONNX Runtime's CUDA graphs require: the KV cache ping-pongs
+    between two buffer sets (a step reads set A and writes set B, the next reads B and writes A:
+    no output aliases an input), ``input_ids``/``position_ids`` are updated in place. With
+    ``cuda_graphs=True`` (ort-cuda only) the session is created with ``enable_cuda_graph`` and
+    the one-token steps run under two graph annotations (``gpu_graph_id`` 1 and 2, one per
+    ping-pong direction); other widths (prefill, verify) run with ``gpu_graph_id=-1`` (no graph).
+    The binding logic is the same on the CPU provider, where CI checks it against the plain path."""
+
+    def __init__(self, model: onnx.ModelProto, engine, *, fixed_bindings: bool = False, cuda_graphs: bool = False):
         import onnxruntime as ort
 
         self.ort = ort
-        self.sess = engine.session(model)
         self.device = engine.device_type
         self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = _kv_layout(model)
+        if cuda_graphs and self.device != "cuda":
+            raise ValueError(f"{engine.name}: ONNX Runtime CUDA graphs need the CUDA execution provider")
+        if (fixed_bindings or cuda_graphs) and not self.capacity:
+            raise ValueError("fixed bindings and CUDA graphs need a fixed-capacity KV cache (fixed shapes and addresses)")
+        self.fixed = fixed_bindings or cuda_graphs
+        self.cuda_graphs = cuda_graphs
+        self.sess = engine.session(model, {"enable_cuda_graph": "1"} if cuda_graphs else None)
+        self.graph_runs = {1: 0, 2: 0}  # one-token steps run under each graph annotation
         self.reset()
 
     def reset(self) -> None:
         zeros = np.zeros((1, self.kv_heads, self.capacity, self.head_dim), self.kv_dtype)
-        self.cache = {p: self.ort.OrtValue.ortvalue_from_numpy(zeros, self.device, 0) for p in self.pasts}
+        new = self.ort.OrtValue.ortvalue_from_numpy
+        if not self.fixed:
+            self.cache = {p: new(zeros, self.device, 0) for p in self.pasts}
+        elif not hasattr(self, "_sets"):
+            # one host array per value: on the CPU provider an OrtValue may wrap the numpy memory,
+            # and buffers that are written must not alias
+            self._sets = [{p: new(zeros.copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
+            self._ids = new(np.zeros((1, 1), np.int64), self.device, 0)
+            self._pos = new(np.zeros((1, 1), np.int64), self.device, 0)
+            self._logits = new(np.zeros((1, 1, 256), self.kv_dtype), self.device, 0)
+        else:
+            for kv in self._sets:
+                for v in kv.values():
+                    v.update_inplace(zeros)  # same addresses: captured graphs stay valid
+        self._current = 0  # the buffer set holding the cache
         self.position = 0
 
     def forward(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
+        if self.capacity and self.position + n > self.capacity:
+            raise ValueError(f"KV capacity {self.capacity} exceeded: position {self.position} + {n} tokens")
+        if self.fixed:
+            return self._forward_fixed(ids)
         binding = self.sess.io_binding()
         binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
         binding.bind_cpu_input("position_ids", np.arange(self.position, self.position + n, dtype=np.int64)[None, :])
@@ -218,6 +280,40 @@ class OrtDecoder(Decoder):
         self.cache = {p: outs[1 + i] for i, p in enumerate(self.pasts)}
         self.position += n
         return np.asarray(outs[0].numpy()[0])
+
+    def _forward_fixed(self, ids: list[int]) -> np.ndarray:
+        n = len(ids)
+        src, dst = self._sets[self._current], self._sets[1 - self._current]
+        binding = self.sess.io_binding()
+        positions = np.arange(self.position, self.position + n, dtype=np.int64)[None, :]
+        if n == 1:
+            self._ids.update_inplace(np.asarray([ids], np.int64))
+            self._pos.update_inplace(positions)
+            binding.bind_ortvalue_input("input_ids", self._ids)
+            binding.bind_ortvalue_input("position_ids", self._pos)
+            binding.bind_ortvalue_output("logits", self._logits)
+        else:
+            binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
+            binding.bind_cpu_input("position_ids", positions)
+            binding.bind_output("logits", "cpu")
+        for p in self.pasts:
+            binding.bind_ortvalue_input(p, src[p])
+            binding.bind_ortvalue_output(self.present_of[p], dst[p])
+        options = self.ort.RunOptions()
+        graph_id = (1 + self._current) if n == 1 else -1  # one graph per ping-pong direction
+        if self.cuda_graphs:
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.sess.run_with_iobinding(binding, options)
+        if n == 1:
+            self.graph_runs[graph_id] += 1
+        logits = self._logits.numpy() if n == 1 else binding.get_outputs()[0].numpy()
+        self._current = 1 - self._current
+        self.position += n
+        return np.array(logits[0])
+
+    def counters(self) -> dict[str, Any]:
+        return {"capture": {"cuda_graphs": self.cuda_graphs, "fixed_bindings": self.fixed,
+                            "one_token_runs_by_graph_id": dict(self.graph_runs)}}
 
 
 def make_decoder(engine_name: str, model: onnx.ModelProto, config=None, *, capture: bool = False) -> Decoder:
@@ -233,8 +329,8 @@ def make_decoder(engine_name: str, model: onnx.ModelProto, config=None, *, captu
         from .runtime import Runtime
 
         return RefDecoder(model, Runtime(make_device(engine.device_name), config or RuntimeConfig()), capture=capture)
-    if capture:
-        raise ValueError(f"{engine_name}: capture is implemented for the reference engines only")
+    if capture:  # ONNX Runtime's own CUDA graphs (raises a clear error off the CUDA provider)
+        return OrtDecoder(model, engine, cuda_graphs=True)
     return OrtDecoder(model, engine)
 
 

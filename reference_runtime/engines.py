@@ -151,14 +151,15 @@ class OrtEngine(Engine):
             return False, f"{self.provider} requested but the session fell back to {got}"
         return True, f"onnxruntime {ort.__version__} {self.provider}"
 
-    def session(self, model: onnx.ModelProto):
+    def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
         """An InferenceSession on exactly this engine's provider; cannot-run errors as UnsupportedModel."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
         so.log_severity_level = 4
+        provider = (self.provider, provider_options) if provider_options else self.provider
         try:
-            return ort.InferenceSession(model.SerializeToString(), so, providers=[self.provider])
+            return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
         except Exception as exc:
             what = _ort_unsupported(str(exc))
             if what:

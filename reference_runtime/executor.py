@@ -29,6 +29,7 @@ from kernels._op import NodeInfo, OpKernel, Spec
 from kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 
 from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
+from .errors import IllegalState
 from .runtime import Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 
@@ -232,6 +233,18 @@ class Executor:
         unless the producing node is the last reader of that feed). With ``retain``, the run's
         intermediate tensors are appended to it instead of freed: a captured graph baked their
         addresses, so they live as long as the graph."""
+        env, temps, bind = self._start(feeds, keep, bind)
+        handed: set[int] = set()  # temporaries given to the caller through ``keep``
+        try:
+            for step in self.steps:
+                self._run_step(step, env, temps)
+            return self._collect(env, temps, keep, bind, handed)
+        finally:
+            self._release(temps, handed, retain)
+
+    def _start(self, feeds: dict[str, Any], keep: "set[str] | frozenset[str]",
+               bind: "dict[str, Tensor] | None") -> tuple[dict[str, _Value], list[Tensor], dict[str, Tensor]]:
+        """Check keep/bind and the feeds, upload host feeds: the environment a run starts from."""
         rt = self.runtime
         bind = dict(bind or {})
         unknown = sorted((set(keep) | set(bind)) - set(self.outputs))
@@ -247,36 +260,40 @@ class Executor:
             v = _Value(rt.upload(value, name=name), Spec(tuple(value.shape), value.dtype))
             env[name] = v
             temps.append(v.tensor)
-        handed: set[int] = set()  # temporaries given to the caller through ``keep``
-        try:
-            for step in self.steps:
-                self._run_step(step, env, temps)
-            missing = [o for o in self.outputs if o not in env]
-            if missing:
-                raise ModelError(f"graph outputs {missing} were never produced")
-            result: dict[str, Any] = {}
-            temp_ids = {id(t) for t in temps}
-            for o in self.outputs:
-                t = env[o].tensor
-                if o in bind:
-                    result[o] = t
-                elif o not in keep:
-                    result[o] = rt.download(t)
-                elif id(t) in temp_ids and id(t) not in handed:
-                    handed.add(id(t))
-                    result[o] = t
-                else:  # a constant, a feed, or already handed out: the caller gets its own copy
-                    own = rt.empty(t.shape, t.dtype, name=o)
-                    rt.copy(own, t)
-                    result[o] = own
-            return result
-        finally:
-            for t in temps:
-                if not t.freed and id(t) not in handed:
-                    if retain is not None:
-                        retain.append(t)
-                    else:
-                        rt.free(t)
+        return env, temps, bind
+
+    def _collect(self, env: dict[str, _Value], temps: list[Tensor], keep: "set[str] | frozenset[str]",
+                 bind: dict[str, Tensor], handed: set[int]) -> dict[str, Any]:
+        """The graph outputs: bound tensors, kept device tensors (the caller owns them), or numpy."""
+        rt = self.runtime
+        missing = [o for o in self.outputs if o not in env]
+        if missing:
+            raise ModelError(f"graph outputs {missing} were never produced")
+        result: dict[str, Any] = {}
+        temp_ids = {id(t) for t in temps}
+        for o in self.outputs:
+            t = env[o].tensor
+            if o in bind:
+                result[o] = t
+            elif o not in keep:
+                result[o] = rt.download(t)
+            elif id(t) in temp_ids and id(t) not in handed:
+                handed.add(id(t))
+                result[o] = t
+            else:  # a constant, a feed, a persistent buffer, or already handed out: the caller gets its own copy
+                own = rt.empty(t.shape, t.dtype, name=o)
+                rt.copy(own, t)
+                result[o] = own
+        return result
+
+    def _release(self, temps: list[Tensor], handed: set[int], retain: "list[Tensor] | None") -> None:
+        rt = self.runtime
+        for t in temps:
+            if not t.freed and id(t) not in handed:
+                if retain is not None:
+                    retain.append(t)
+                else:
+                    rt.free(t)
 
     FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
 
@@ -318,7 +335,10 @@ class Executor:
                     if any(i > producer for i in readers):
                         raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
 
-    def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor]) -> None:
+    def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor],
+                  persist: "dict[str, Tensor] | None" = None) -> None:
+        """Run one node. ``persist`` maps value names to persistent buffers (segmented capture: a
+        seam writes a value a captured segment reads into the buffer that segment's graph baked)."""
         node, info, rt = step.node, step.info, self.runtime
         values = [env[i] if i else None for i in node.input]
         if step.kernel is None:  # Identity: alias, no launch
@@ -334,10 +354,17 @@ class Executor:
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):
             bound = self._bind.get(name)
+            held = persist.get(name) if persist else None
             if bound is not None:
                 if tuple(bound.shape) != tuple(spec.shape) or bound.dtype != spec.dtype:
                     raise FeedError(f"output {name!r} is bound to {bound!r} but is {spec.dtype}{list(spec.shape)}")
                 t = bound
+            elif held is not None:
+                if tuple(held.shape) != tuple(spec.shape) or held.dtype != spec.dtype:
+                    raise IllegalState(
+                        f"node {info.name!r}: value {name!r} is {spec.dtype}{list(spec.shape)} but the captured "
+                        f"segment that reads it baked {held!r}; the step signature missed a shape", subject=name)
+                t = held
             else:
                 t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
                 temps.append(t)
@@ -352,3 +379,7 @@ class Executor:
             rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
         else:
             rt.launch(step.launch, *outs, *ins, node=call)
+        if not rt.is_capturing:
+            # A runtime's per-op synchronisation point (as in the runtimes of the seeds): a counted
+            # no-op under eager-sync deferral, a real drain without it; never inside a capture.
+            rt.synchronize()

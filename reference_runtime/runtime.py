@@ -22,6 +22,8 @@ side effect of another):
                      queued reader on both streams has executed; until then it cannot be reused.
 ``begin/end/abort_capture(slot)``, ``replay(slot)``, ``reset(slot)``: graph slots PRIMARY and
                      VERIFY with independent lifecycles; one capture at a time on the compute stream.
+``begin/end/abort_segment``, ``replay_segment``: graphs outside the two slots, one per captured
+                     segment of a step (segmented capture); each its own handle, same rules.
 ``error_latch``      a device int32[2] that kernels set ([1, site]) instead of reading values back;
                      read at synchronising points (``download``, a real ``synchronize``), raised
                      as ``DeviceAssert`` naming the site, sticky until ``reset_error_latch()``.
@@ -53,7 +55,7 @@ from .errors import (
     UseAfterFree,
 )
 
-__all__ = ["Runtime", "Tensor", "GraphSlot", "Counters"]
+__all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 
 
 class GraphSlot(enum.Enum):
@@ -68,6 +70,24 @@ class GraphSlot(enum.Enum):
             return cls(str(slot).lower())
         except ValueError:
             raise InvalidValue(f"unknown graph slot {slot!r}; slots are {[s.value for s in cls]}", subject=slot) from None
+
+
+class SegmentGraph:
+    """A graph handle outside the PRIMARY/VERIFY slots: one captured segment of a step. Its
+    lifecycle is its own; replaying it never touches a slot or another segment."""
+
+    _ids = itertools.count()
+
+    def __init__(self, label: str):
+        self.label = f"{label}#{next(self._ids)}"
+        self.graph: Graph | None = None
+
+    @property
+    def value(self) -> str:  # named like a slot in messages
+        return f"segment {self.label}"
+
+    def __repr__(self) -> str:
+        return f"<SegmentGraph {self.label} {'captured' if self.graph is not None else 'empty'}>"
 
 
 @dataclass
@@ -85,6 +105,8 @@ class Counters:
     captures: int = 0
     capture_aborts: int = 0
     replays: int = 0
+    segment_captures: int = 0
+    segment_replays: int = 0
     replays_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
     captures_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
 
@@ -154,7 +176,7 @@ class Runtime:
         self.counters = Counters()
         self._res = _Resources(device, device.stream(), device.stream())
         self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in GraphSlot}
-        self._capturing: GraphSlot | None = None
+        self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
         self._sites: dict[int, str] = {}
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
@@ -420,6 +442,49 @@ class Runtime:
 
     def has_graph(self, slot: GraphSlot | str) -> bool:
         return self._slots[GraphSlot.parse(slot)].graph is not None
+
+    # -- capture into segment graphs (handles outside the slots)
+    def begin_segment(self, label: str) -> SegmentGraph:
+        if self._capturing is not None:
+            raise IllegalState(f"already capturing into {self._capturing.value}", subject=label)
+        seg = SegmentGraph(label)
+        self.compute.begin_capture()
+        self._capturing = seg
+        return seg
+
+    def end_segment(self, seg: SegmentGraph) -> None:
+        if self._capturing is not seg:
+            what = "no capture is open" if self._capturing is None else f"{self._capturing.value} is capturing"
+            raise IllegalState(f"end_segment({seg.label}): {what}", subject=seg)
+        self._capturing = None
+        try:
+            seg.graph = self.compute.end_capture()
+        finally:
+            self._flush_frees_after_capture()
+        self.counters.captures += 1
+        self.counters.segment_captures += 1
+
+    def abort_segment(self, seg: SegmentGraph) -> None:
+        if self._capturing is not seg:
+            raise IllegalState(f"abort_segment({seg.label}): it is not capturing", subject=seg)
+        self._capturing = None
+        try:
+            self.compute.end_capture()
+        except StreamCaptureInvalidated:
+            pass
+        finally:
+            self._flush_frees_after_capture()
+        seg.graph = None
+        self.counters.capture_aborts += 1
+
+    def replay_segment(self, seg: SegmentGraph) -> None:
+        if seg.graph is None:
+            raise InvalidResourceHandle(f"replay_segment({seg.label}): it holds no graph", subject=seg)
+        if self._capturing is not None:
+            raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)
+        seg.graph.launch(self.compute)
+        self.counters.replays += 1
+        self.counters.segment_replays += 1
 
     # -- lifetime
     def close(self) -> None:

@@ -82,3 +82,45 @@ def test_a_length_computed_from_the_kv_shape_is_growing_but_from_a_fixed_capacit
     assert grow["mask/key_positions"] is not None and grow["mask/key_positions"].startswith("classifier")
     fixed = dict(plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))).decisions)
     assert fixed["mask/key_positions"] is None
+
+
+def test_shape_arithmetic_whose_values_grow_is_vetoed():
+    """past_len + seq_len has a fixed shape (1,) but growing contents; the executor folds it on
+    the host, and a replay would not refresh that copy (found by the segmented runner: the Range
+    after it got a stale length). The classifier vetoes it on value-level provenance."""
+    plan = dict(plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")))).decisions)
+    assert plan["mask/total_len"] is not None and plan["mask/total_len"].startswith("classifier: grows with")
+
+
+def test_session_reasons_quarantine_and_warm_up_come_before_the_kernel():
+    ex = _ex(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))
+    plan = dict(plan_capture(ex, quarantined={"MatMul"}).decisions)
+    matmuls = [s.info.name for s in ex.steps if s.info.op_type == "MatMul"]
+    assert matmuls and all(plan[n] == "recording failed: MatMul quarantined" for n in matmuls)
+    assert sum(r is not None for r in plan.values()) == len(matmuls)
+    cold = dict(plan_capture(ex, warmed=set()).decisions)
+    assert all(r == "kernel not warmed" for n, r in cold.items() if ex.steps[[s.info.name for s in ex.steps].index(n)].kernel)
+
+
+def test_a_value_without_a_resolved_shape_cannot_be_admitted():
+    # onnx's shape inference does not know com.microsoft ops: their outputs have no shape to check
+    plan = plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-int4-genai.onnx"))))
+    reasons = dict(plan.decisions)
+    assert reasons["layers.0/q_proj"] == "unresolved shape: layers.0/q_proj"
+    assert plan.census()["seams_by_reason"]["unresolved shape"] > 0
+
+
+def test_control_flow_is_a_host_seam():
+    from kernels._op import OpKernel, Spec
+    from kernels.registry import REGISTRY, Registry
+
+    # the shipped registry has no control-flow kernels (such models are refused at load); a
+    # registry that adds one gets a host seam for it, before any other check
+    loop_like = OpKernel("SequenceEmpty", shapes=lambda n, s: [Spec((0,), np.dtype(np.float32))],
+                         compute=lambda xp, n: (xp.zeros((0,), xp.float32),), since=11)
+    registry = Registry([k for ks in REGISTRY._by_op.values() for k in ks] + [loop_like])
+    nodes = [helper.make_node("SequenceEmpty", [], ["s"], name="seq"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    model = _kv_model(nodes)
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()), registry=registry)
+    assert dict(plan_capture(ex).decisions)["seq"] == "host control flow: SequenceEmpty"

@@ -1,11 +1,12 @@
-"""Capture on/off byte identity on the golden models with a fixed-capacity cache:
-``pytest conformance/ -m capture``.
+"""Capture on/off byte identity on every golden model: ``pytest conformance/ -m capture``.
 
-The same decode through the same engine, once eager and once with the one-token step captured
-into the PRIMARY slot and replayed: the token ids and the bytes of every step's logits must be
-identical. Each run proves which path it took (the "on" run: one capture, a replay per step after
-the warm-up, no fallback; the "off" run: no capture, no replay), so the comparison cannot pass
-with capture silently off. Capture is chosen per decoder, never by a process-wide switch.
+The same decode through the same engine, once eager and once captured: with a fixed-capacity
+cache the one-token step is one graph in the PRIMARY slot; with a growing cache each step runs
+as captured segments (one graph each) and eager seams. The token ids and the bytes of every step's
+logits must be identical. Each run proves which path it took (the "on" run: its captures, a replay
+per segment per step after the warm-up, no fallback; the "off" run: no capture, no replay), so
+the comparison cannot pass with capture silently off. Capture is chosen per decoder, never by a
+process-wide switch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from golden.models.spec import PROMPT, VARIANTS
 from reference_runtime.decode import greedy, make_decoder
 
 FIXED = sorted(n for n, s in VARIANTS.items() if s.kv_capacity)
+ALL = sorted(VARIANTS)
 TOKENS = 12
 # after the prompt: decode (1 token) and verify (3 teacher-forced tokens) steps, alternating
 ALTERNATION = [[66], [67, 68, 69], [70], [71, 72, 73], [74], [75, 76, 77], [78]]
@@ -30,19 +32,36 @@ def _digest(result):
 
 
 @pytest.mark.capture
-@pytest.mark.parametrize("model", FIXED)
+@pytest.mark.parametrize("model", ALL)
 def test_capture_on_off_byte_identity(engine, model):
-    if not engine.name.startswith("ref-"):
-        pytest.skip(f"unsupported: {engine.name}: engine-side capture of decode is implemented for the reference engines")
+    if engine.name == "ort-cpu":
+        pytest.skip("unsupported: ort-cpu: ONNX Runtime's graphs are CUDA graphs (CUDA execution provider)")
     proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
     prompt = list(PROMPT.encode())
+    if engine.name.startswith("ort-"):
+        if not VARIANTS[model].kv_capacity:
+            pytest.skip(f"unsupported: {engine.name}: ONNX Runtime's CUDA graphs need fixed shapes (a fixed-capacity cache)")
+        off = greedy(make_decoder(engine.name, proto, capture=False), prompt, TOKENS)
+        on_decoder = make_decoder(engine.name, proto, capture=True)
+        on = greedy(on_decoder, prompt, TOKENS)
+        options = on_decoder.sess.get_provider_options()["CUDAExecutionProvider"]
+        assert options.get("enable_cuda_graph") in ("1", "True", "true"), "contract: CUDA graphs were really on"
+        assert sum(on_decoder.graph_runs.values()) == TOKENS - 1, "contract: every one-token step ran under a graph id"
+        assert on.tokens == off.tokens and _digest(on) == _digest(off), "result: byte-identical to the plain run"
+        return
     off = greedy(make_decoder(engine.name, proto, capture=False), prompt, TOKENS)
     on_decoder = make_decoder(engine.name, proto, capture=True)
     on = greedy(on_decoder, prompt, TOKENS)
     assert on_decoder.capture_fallback is None, f"contract: the step must capture ({on_decoder.capture_fallback})"
-    # prefill, one eager warm-up step, then TOKENS - 2 steps replayed (the first right after its capture)
-    assert on.counters["captures"] == 1 and on.counters["replays"] == TOKENS - 2, "contract: capture was really on"
+    c = on.counters["capture"]
+    # prefill, one eager warm-up step, then TOKENS - 2 steps replayed (the first right after its capture):
+    # one graph per step with a fixed-capacity cache, one per segment with a growing one
+    segments = 1 if VARIANTS[model].kv_capacity else c["segments"]
+    assert segments >= 1 and c["captures"] == segments, "contract: capture was really on"
+    assert c["replays"] == segments * (TOKENS - 2) and c["fallbacks"] == 0, "contract: every later step replayed"
+    assert on.counters["replays"] == segments * (TOKENS - 2), "contract: the runtime launched those graphs"
     assert off.counters["captures"] == 0 and off.counters["replays"] == 0, "contract: capture was really off"
+    assert off.counters["capture"]["captures"] == 0
     assert on.tokens == off.tokens, "result: token ids identical"
     assert _digest(on) == _digest(off), "result: every step's logits byte-identical"
 

@@ -115,6 +115,8 @@ _TINY = ModelSpec(name="tiny-fp32-standard")
 # ~2e-3 to 4e-3), well above float32 error (~1e-6).
 NEAR_TIE = NearTie(prompt=PROMPT, position=len(PROMPT.encode("utf-8")) - 1, top1=207, top2=185, margin=2e-4)
 
+_SMALL = ModelSpec(name="small-fp32-standard", n_layers=4, d_model=128, n_heads=8, n_kv_heads=2, head_dim=16, d_ff=256)
+
 VARIANTS: dict[str, ModelSpec] = {
     s.name: s
     for s in (
@@ -122,11 +124,12 @@ VARIANTS: dict[str, ModelSpec] = {
         dataclasses.replace(_TINY, name="tiny-fp32-decomposed", flavour="decomposed"),
         dataclasses.replace(_TINY, name="tiny-fp16-standard", dtype="float16"),
         dataclasses.replace(_TINY, name="tiny-fp16-decomposed", dtype="float16", flavour="decomposed"),
-        ModelSpec(name="small-fp32-standard", n_layers=4, d_model=128, n_heads=8, n_kv_heads=2, head_dim=16,
-                  d_ff=256),
+        _SMALL,
         dataclasses.replace(_TINY, name="tiny-neartie-fp32-standard", near_tie=NEAR_TIE),
         dataclasses.replace(_TINY, name="tiny-fp32-standard-kv64", kv_capacity=64),
         dataclasses.replace(_TINY, name="tiny-fp32-decomposed-kv64", flavour="decomposed", kv_capacity=64),
+        # the largest model with a fixed-capacity cache: its decode step is one captured graph
+        dataclasses.replace(_SMALL, name="small-fp32-standard-kv64", kv_capacity=64),
         # ONNX Runtime GenAI style: GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits int4
         dataclasses.replace(_TINY, name="tiny-int4-genai", flavour="genai", weights_int4=True),
     )

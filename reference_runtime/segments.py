@@ -1,0 +1,290 @@
+"""Segmented capture: run a model's step as captured segments and eager seams (``capture_plan``).
+
+A ``CaptureSession`` wraps an ``Executor``. Each distinct *step signature* (the feeds' shapes with
+growing dims masked, plus the identity of device tensors the graphs would bake) is run eagerly
+``warmup`` times (kernels compiled, every node warmed), then captured once, then replayed:
+
+- a seam runs eagerly every step, on the same in-order compute stream;
+- a segment is recorded into its own graph handle (``Runtime.begin_segment``: as many as the plan
+  has segments, independent of the PRIMARY/VERIFY slots) and then launched; later steps only
+  launch it;
+- persistent bindings: a value a segment reads but does not produce (a host feed, a device feed, a
+  seam's output) lives in a buffer allocated once, whose address the graph bakes. Host feeds are
+  written into it (H2D, stream-ordered), device feeds copied into it by a kernel, and a seam
+  writes its output straight into it (``Executor._run_step(persist=...)``). Values a segment
+  produces live in the graph's retained intermediates, at fixed addresses the seams read;
+- no allocation during a replay; the seams allocate and free their own temporaries (stream-ordered);
+- a recording failure (a kernel that syncs, reads back, or calls cuBLAS while capturing) aborts
+  that segment's capture, quarantines the op type for the session, runs the segment eagerly (the
+  step's bytes are the eager bytes), and the next step of that signature is planned again without
+  it ("recording failed" seams);
+- per-session counters: captures, replays, fallbacks, invalidations, segments, seams by reason.
+
+Byte identity with eager execution holds because a replay launches the very kernels, on the very
+inputs, that the eager run launches; ``conformance/golden/test_capture_identity.py`` checks it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kernels import primitives
+
+from .capture_plan import CapturePlan, growing_symbols, plan_capture
+from .errors import (
+    CaptureD2HRefused,
+    CublasDuringCapture,
+    IllegalState,
+    StreamCaptureInvalidated,
+    StreamCaptureUnsupported,
+)
+from .executor import Executor, _Value
+from .runtime import SegmentGraph, Tensor
+from .symbols import Symbol
+
+__all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES"]
+
+# What a kernel may raise while being recorded (cuda-semantics.md): the capture cannot hold it.
+RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsupported, StreamCaptureInvalidated)
+
+
+@dataclass
+class CaptureCounters:
+    captures: int = 0  # segment graphs recorded
+    replays: int = 0  # segment graph launches (the launch right after recording included)
+    fallbacks: int = 0  # recordings that failed (the segment ran eagerly instead, its op types quarantined)
+    invalidations: int = 0  # recordings CUDA invalidated (found at end of capture)
+    eager_steps: int = 0  # steps run fully eagerly (warm-up)
+    captured_steps: int = 0  # steps run through segments and seams
+    segments: int = 0  # captured segments in the latest plan
+    seams_by_reason: dict[str, int] = field(default_factory=dict)  # of the latest plan
+    quarantined: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                for k, v in self.__dict__.items()}
+
+
+@dataclass
+class _Segment:
+    steps: list[int]  # indices into executor.steps
+    inputs: list[str]  # values read, produced before the segment (not constants)
+    produced: list[str]
+    graph: SegmentGraph | None = None
+    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values at baked addresses
+    retained: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class _Signature:
+    seen: int = 0
+    items: list[tuple[str, Any]] | None = None  # ("seam", step index) | ("segment", _Segment)
+    persist: dict[str, Tensor] = field(default_factory=dict)  # value name -> persistent buffer
+    baked: dict[str, Tensor] = field(default_factory=dict)  # device feeds/binds the graphs write or read in place
+
+
+class CaptureSession:
+    """Segmented capture over one executor; ``run`` has ``Executor.run``'s contract."""
+
+    def __init__(self, executor: Executor, *, warmup: int = 1):
+        if warmup < 1:
+            raise ValueError("warmup must be >= 1: a kernel is compiled and a plan's shapes seen eagerly first")
+        self.ex = executor
+        self.rt = executor.runtime
+        self.warmup = warmup
+        self.counters = CaptureCounters()
+        self.quarantined: set[str] = set()
+        self.warmed: set[str] = set()
+        self._growing: set[Symbol] = growing_symbols(executor)
+        self._sigs: dict[tuple, _Signature] = {}
+        self.plan: CapturePlan | None = None
+
+    # -- signature: what fixes the shapes and the baked addresses of a step's segments. Device feeds
+    # are not part of it: a segment reads them through a persistent buffer they are copied into.
+    # Bound outputs are (by identity): a segment writes them in place.
+    def _signature(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> tuple:
+        declared = self.ex.symbolic_shapes
+        parts = []
+        for name in sorted(feeds):
+            v = feeds[name]
+            dims = declared.get(name, ())
+            shape = tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing else int(n)
+                          for k, n in enumerate(np.shape(v) if not isinstance(v, Tensor) else v.shape))
+            parts.append((name, shape, str(v.dtype)))
+        parts.append(tuple(sorted((k, id(t)) for k, t in bind.items())))
+        return tuple(parts)
+
+    def _plan(self) -> CapturePlan:
+        plan = plan_capture(self.ex, quarantined=frozenset(self.quarantined), warmed=self.warmed)
+        self.plan = plan
+        self.counters.segments = len(plan.segments)
+        self.counters.seams_by_reason = plan.census()["seams_by_reason"]
+        self.counters.quarantined = sorted(self.quarantined)
+        return plan
+
+    def _items(self, plan: CapturePlan) -> list[tuple[str, Any]]:
+        ex = self.ex
+        admitted = {name for name, reason in plan.decisions if reason is None}
+        items: list[tuple[str, Any]] = []
+        from_segments: set[str] = set()  # produced by an earlier segment: already at a baked address
+        current: list[int] = []
+
+        def close() -> None:
+            if not current:
+                return
+            made = [o for i in current for o in ex.steps[i].node.output if o]
+            own = set(made)
+            reads = []
+            for i in current:
+                for v in ex.steps[i].node.input:
+                    if v and v not in own and v not in ex._const_values and v not in from_segments and v not in reads:
+                        reads.append(v)
+            items.append(("segment", _Segment(list(current), reads, made)))
+            from_segments.update(made)
+            current.clear()
+
+        for i, step in enumerate(ex.steps):
+            if step.info.name in admitted:
+                current.append(i)
+            else:
+                close()
+                items.append(("seam", i))
+        close()
+        return items
+
+    # -- run
+    def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
+            bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
+        bind = dict(bind or {})
+        sig_key = self._signature(feeds, bind)
+        sig = self._sigs.setdefault(sig_key, _Signature())
+        if sig.seen < self.warmup:
+            sig.seen += 1
+            self.counters.eager_steps += 1
+            out = self.ex.run(feeds, keep=keep, bind=bind)
+            self.warmed.update(st.info.name for st in self.ex.steps)
+            return out
+        for name, t in sig.baked.items():
+            if t.freed:  # a graph baked its address: replaying would touch freed (maybe reused) memory
+                raise IllegalState(f"a captured segment baked {name!r} = {t!r}, which has been freed; "
+                                   "a new step signature needs new tensors, not reused handles", subject=name)
+        if sig.items is None:
+            sig.items = self._items(self._plan())
+        self.counters.captured_steps += 1
+        return self._run_segmented(sig, feeds, keep, bind)
+
+    def _stage(self, sig: _Signature, name: str, value: _Value) -> _Value:
+        """The persistent buffer for ``name`` holding this step's value (allocated on first use)."""
+        rt = self.rt
+        held = sig.persist.get(name)
+        if held is None:
+            held = sig.persist[name] = rt.empty(value.tensor.shape, value.tensor.dtype, name=f"persist:{name}")
+        if held is not value.tensor:
+            if tuple(held.shape) != tuple(value.tensor.shape) or held.dtype != value.tensor.dtype:
+                raise IllegalState(f"value {name!r} is {value.tensor!r}, but the captured segment baked {held!r}",
+                                   subject=name)
+            rt.launch(primitives.copy, held, value.tensor)  # on the compute stream, in order: no sync
+        return _Value(held, value.spec)
+
+    def _run_segmented(self, sig: _Signature, feeds: dict[str, Any], keep, bind: dict[str, Tensor]) -> dict[str, Any]:
+        ex, rt = self.ex, self.rt
+        # host feeds a segment reads go straight into their persistent buffers (no upload + copy)
+        seg_inputs = {v for kind, it in sig.items if kind == "segment" for v in it.inputs}  # type: ignore[union-attr]
+        direct: dict[str, Any] = {}
+        for name, value in feeds.items():
+            if name in seg_inputs and not isinstance(value, Tensor) and name in sig.persist:
+                rt.write(sig.persist[name], value)
+                direct[name] = sig.persist[name]
+        env, temps, bind = ex._start({**feeds, **direct}, keep, bind)
+        handed: set[int] = set()
+        invalid = False
+        try:
+            for kind, item in sig.items:  # type: ignore[union-attr]
+                if kind == "seam":
+                    ex._run_step(ex.steps[item], env, temps, persist=sig.persist)
+                    continue
+                seg: _Segment = item
+                for name in seg.inputs:
+                    if env[name].tensor is not sig.persist.get(name):
+                        env[name] = self._stage(sig, name, env[name])
+                if seg.graph is None:
+                    if invalid:  # this step's plan is void: the rest runs eagerly, the next step replans
+                        for i in seg.steps:
+                            ex._run_step(ex.steps[i], env, temps)
+                        continue
+                    sig.baked.update({f"bound output {k}": t for k, t in bind.items()})
+                    invalid = not self._record(sig, seg, env, temps)
+                    continue
+                rt.replay_segment(seg.graph)
+                self.counters.replays += 1
+                env.update(seg.outputs)
+            return ex._collect(env, temps, keep, bind, handed)
+        finally:
+            ex._release(temps, handed, None)
+            if invalid:
+                self._drop(sig)
+
+    def _record(self, sig: _Signature, seg: _Segment, env: dict[str, _Value], temps: list[Tensor]) -> bool:
+        """Capture ``seg`` and launch it. On a recording failure: abort, quarantine, run it eagerly
+        (same bytes), return False so the signature is planned again."""
+        ex, rt = self.ex, self.rt
+        handle = rt.begin_segment(f"{ex.steps[seg.steps[0]].info.name}..{ex.steps[seg.steps[-1]].info.name}")
+        retained: list[Tensor] = []
+        current = seg.steps[0]
+        try:
+            for i in seg.steps:
+                current = i
+                ex._run_step(ex.steps[i], env, retained, persist=sig.persist)
+            rt.end_segment(handle)
+        except RECORDING_FAILURES as exc:
+            if rt.is_capturing:
+                rt.abort_segment(handle)
+            if isinstance(exc, StreamCaptureInvalidated):
+                self.counters.invalidations += 1
+                # found only at the end: no single node to blame, so every op type of the segment
+                culprits = {ex.steps[i].info.op_type for i in seg.steps}
+            else:
+                culprits = {ex.steps[current].info.op_type}
+            self.quarantined |= culprits
+            self.counters.fallbacks += 1
+            for t in retained:
+                rt.free(t)  # nothing executed: the aborted capture recorded, never ran
+            for i in seg.steps:
+                ex._run_step(ex.steps[i], env, temps)
+            return False
+        except BaseException:
+            if rt.is_capturing:
+                rt.abort_segment(handle)
+            for t in retained:
+                rt.free(t)
+            raise
+        seg.graph = handle
+        seg.retained = retained
+        seg.outputs = {o: env[o] for o in seg.produced if o in env}
+        self.counters.captures += 1
+        rt.replay_segment(handle)  # recording executed nothing: this step's work runs now
+        self.counters.replays += 1
+        return True
+
+    def _drop(self, sig: _Signature) -> None:
+        """Forget a signature's graphs (after a recording failure): the next step plans again."""
+        for kind, item in sig.items or []:
+            if kind == "segment":
+                item.graph = None
+                for t in item.retained:
+                    self.rt.free(t)  # stream-ordered: a launched graph still reading them is waited for
+                item.retained = []
+        sig.items = None
+
+    def close(self) -> None:
+        for sig in self._sigs.values():
+            self._drop(sig)
+            for t in sig.persist.values():
+                if not t.freed:
+                    self.rt.free(t)
+            sig.persist.clear()
+        self._sigs.clear()

@@ -1,0 +1,164 @@
+"""Segmented capture (``reference_runtime.segments``) on the simulated device: persistent
+bindings, recording-failure quarantine, invalidation, per-session counters, and the mutants the
+runner must not let through (freed intermediates, a freed bound output)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+
+from golden.anchors import MODEL_DIR
+from golden.models.spec import PROMPT
+from kernels._kernel import Kernel
+from reference_runtime import Runtime, RuntimeConfig
+from reference_runtime.backends.sim import SimDevice
+from reference_runtime.decode import RefDecoder, greedy, make_decoder
+from reference_runtime.errors import IllegalAddress, IllegalState, UseAfterFree
+from reference_runtime.segments import CaptureSession
+
+PROMPT_IDS = list(PROMPT.encode())
+TOKENS = 8
+
+
+def _model(name="tiny-fp32-standard"):
+    return onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+
+
+def _decoder(capture, name="tiny-fp32-standard", config=None):
+    return RefDecoder(_model(name), Runtime(SimDevice(), config or RuntimeConfig()), capture=capture)
+
+
+def _bytes(result):
+    return [l.tobytes() for l in result.step_logits]
+
+
+def test_growing_cache_decode_replays_segments_and_matches_eager():
+    eager = greedy(_decoder(False), PROMPT_IDS, TOKENS)
+    dec = _decoder(True)
+    on = greedy(dec, PROMPT_IDS, TOKENS)
+    c = on.counters["capture"]
+    # contract: prefill and the first one-token step warm up eagerly; every later step replays
+    # each captured segment once and runs each seam eagerly
+    assert c["eager_steps"] == 2 and c["captured_steps"] == TOKENS - 2
+    assert c["segments"] > 1 and c["captures"] == c["segments"] and c["replays"] == c["segments"] * (TOKENS - 2)
+    assert c["fallbacks"] == 0 and c["invalidations"] == 0 and c["seams_by_reason"].get("classifier", 0) > 0
+    assert on.counters["segment_replays"] == c["replays"], "result: the runtime launched exactly those graphs"
+    assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager), "result: byte-identical to eager"
+    assert eager.counters["capture"]["captures"] == 0 and eager.counters["segment_replays"] == 0
+
+
+def test_persistent_bindings_keep_their_addresses_and_replays_allocate_nothing_new():
+    dec = _decoder(True)
+    dec.reset()
+    dec.forward(PROMPT_IDS)
+    allocs = []
+    for tok in [65, 66, 67, 68, 69]:
+        before = dec.rt.counters.allocations
+        dec.forward([tok])
+        allocs.append(dec.rt.counters.allocations - before)
+    (sig,) = [s for s in dec.session._sigs.values() if s.items is not None]
+    addrs = {k: t.addr for k, t in sig.persist.items()}
+    assert "input_ids" in addrs and "position_ids" in addrs, "contract: host feeds a segment reads are persistent"
+    assert any(k not in ("input_ids", "position_ids") for k in addrs), "contract: seam outputs a segment reads are too"
+    dec.forward([70])
+    assert {k: t.addr for k, t in sig.persist.items()} == addrs, "contract: the baked addresses do not move"
+    # result: after the capture step, every step allocates the same (seam temporaries only), less than eager
+    assert len(set(allocs[2:])) == 1 and allocs[2] < allocs[0], allocs
+
+
+def _with_cublas_matmul(ex):
+    """A kernel that declares itself capture-safe but calls cuBLAS: recording it fails."""
+    for i, st in enumerate(ex.steps):
+        if st.info.op_type == "MatMul":
+            bad = Kernel(st.launch.name, st.launch.body, writes=st.launch.writes, uses_cublas=True)
+            ex.steps[i] = dataclasses.replace(st, launch=bad)
+
+
+def test_a_recording_failure_quarantines_the_op_type_and_stays_byte_identical():
+    eager = greedy(_decoder(False, "tiny-fp32-decomposed"), PROMPT_IDS, TOKENS)
+    dec = _decoder(True, "tiny-fp32-decomposed")
+    _with_cublas_matmul(dec.ex)
+    on = greedy(dec, PROMPT_IDS, TOKENS)
+    c = on.counters["capture"]
+    assert c["fallbacks"] == 1 and c["quarantined"] == ["MatMul"], "contract: the op type is quarantined once"
+    assert c["seams_by_reason"].get("recording failed", 0) > 0, "contract: the next plan makes it a seam"
+    assert c["captures"] > 0 and c["replays"] > 0, "contract: the other segments still capture and replay"
+    assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager), "result: fallback is byte-identical"
+    assert not dec.rt.is_capturing
+
+
+def test_an_invalidated_recording_quarantines_its_segment_and_is_counted():
+    eager = greedy(_decoder(False), PROMPT_IDS, TOKENS)
+    dec = _decoder(True)
+    run_step = dec.ex._run_step
+    queried = []
+
+    def querying(step, env, temps, persist=None):  # a kernel wrapper that polls the stream in capture
+        if step.info.op_type == "Softmax" or step.info.name.endswith("o_proj"):
+            if dec.rt.is_capturing and not queried:
+                queried.append(step.info.name)
+                dec.rt.compute.query()  # no error here; the capture is invalidated (cuda-semantics.md)
+        return run_step(step, env, temps, persist)
+
+    dec.ex._run_step = querying
+    on = greedy(dec, PROMPT_IDS, TOKENS)
+    c = on.counters["capture"]
+    assert queried and c["invalidations"] == 1 and c["fallbacks"] == 1
+    assert c["quarantined"], "contract: found only at end_capture, so the segment's op types are quarantined"
+    assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager)
+
+
+class _FreesIntermediates(CaptureSession):
+    """Mutant: a runner that frees a segment's intermediates after recording (the graph baked them)."""
+
+    def _record(self, sig, seg, env, temps):
+        ok = super()._record(sig, seg, env, temps)
+        for t in seg.retained:
+            self.rt.free(t)
+        return ok
+
+
+def test_mutant_replay_reading_freed_intermediates_is_caught():
+    dec = _decoder(True)
+    dec.session = _FreesIntermediates(dec.ex)
+    # caught either on the host (a later segment or seam launches on a freed handle) or on the
+    # device (a replay reads memory the graph baked and the pool took back): never a silent result
+    with pytest.raises((IllegalAddress, UseAfterFree), match="freed|address"):
+        greedy(dec, PROMPT_IDS, TOKENS)
+
+
+def test_a_freed_bound_output_is_refused_before_a_replay():
+    ex = make_decoder("ref-sim", _model("tiny-fp32-standard")).ex
+    session = CaptureSession(ex)
+    rt = ex.runtime
+    feeds = {"input_ids": np.asarray([[65]], np.int64), "position_ids": np.asarray([[0]], np.int64)}
+    zeros = np.zeros((1, 2, 0, 16), np.float32)
+    for p in [vi.name for vi in ex.inputs if vi.name.startswith("past_key_values.")]:
+        feeds[p] = zeros
+    logits = rt.empty((1, 1, 256), np.float32, name="bound-logits")
+    session.run(feeds, bind={"logits": logits})  # warm-up
+    session.run(feeds, bind={"logits": logits})  # capture: the graph writes into `logits`
+    rt.free(logits)
+    with pytest.raises(IllegalState, match="freed"):
+        session.run(feeds, bind={"logits": logits})
+
+
+def test_per_op_synchronize_is_real_without_deferral_and_a_counted_no_op_with_it():
+    model = _model()
+    feeds_ids = PROMPT_IDS[:4]
+    for defer, key in ((False, "syncs_real"), (True, "syncs_deferred")):
+        dec = _decoder(False, config=RuntimeConfig(defer_eager_sync=defer))
+        before = dec.rt.counters.as_dict()
+        dec.forward(feeds_ids)
+        after = dec.rt.counters.as_dict()
+        launches = after["launches"] - before["launches"]
+        assert after[key] - before[key] == launches > 0, "contract: one synchronize() per kernel launch"
+    del model
+
+
+def test_warmup_must_be_positive():
+    with pytest.raises(ValueError, match="warmup"):
+        CaptureSession(_decoder(False).ex, warmup=0)
