@@ -8,7 +8,8 @@
 #   all-tests   the whole test suite but the node suite, both devices (ONNX Runtime here is another
 #               version than CI's, whose expectations the node suite's ort entries record)
 #   node-suite  ONNX's node cases on ref-sim and ref-cuda, with a JSON/markdown report
-#   golden      golden token locks and tripwires on ref-sim and ref-cuda
+#   golden      golden token locks and tripwires on ref-sim and ref-cuda, capture on/off identity
+#   bench       scripts/bench_decode.py on the GPU (eager per-op sync / deferred / captured, ort-cpu)
 # and prints a summary table last. Uses the preinstalled python3 packages; a carried .whl/ folder
 # (syrupy, see docs/gpu-verification.md) is installed into a private target first.
 set -u
@@ -37,7 +38,7 @@ step() {
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match)" "$out/$name.log" | tail -n 1)
+  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match|^\| .* \| captured \|)" "$out/$name.log" | tail -n 1)
   rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$last")")
 }
 
@@ -47,6 +48,7 @@ step contracts     timeout 120 python3 -m pytest conformance/contracts -m contra
 step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite"
 step node-suite    timeout 330 python3 -m pytest conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/node-report"
 step golden        timeout 240 python3 -m pytest conformance/golden -m "golden or capture" -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
+step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
 step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
 step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150

@@ -1,0 +1,164 @@
+"""Benchmark: decode throughput of the reference runtime, eager vs captured, with ONNX Runtime CPU.
+
+    python scripts/bench_decode.py [--device cupy|sim] [--models small-fp32-standard-kv64,small-fp32-standard]
+                                   [--steps 32] [--repeats 5] [--json FILE]
+
+For each model, in one process, after the prompt's prefill and two warm-up steps (the second
+captures), ``--steps`` one-token greedy decode steps are timed (each step ends with its logits on
+the host, so the wall time is complete work). Modes:
+
+- ``eager, per-op sync``: ``RuntimeConfig(defer_eager_sync=False)``: the executor's per-op
+  ``synchronize()`` drains the streams after every kernel (the behaviour before deferral);
+- ``eager, deferred``: the default: ``synchronize()`` is a counted no-op;
+- ``captured``: a fixed-capacity model replays its whole step from the PRIMARY slot; a growing
+  one runs captured segments and eager seams (``segments.CaptureSession``);
+- ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale.
+
+Reported per mode: median tokens/s over ``--repeats`` runs (all runs listed), launches per token
+(kernel launches + graph launches issued by the host), real synchronisations per token, and the
+ratio to the per-op-sync baseline and to deferred eager. The token streams of all reference modes
+must be identical (checked; a benchmark of a wrong result is not a result). Asserts nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+from golden.anchors import MODEL_DIR  # noqa: E402
+from golden.models.spec import PROMPT  # noqa: E402
+from reference_runtime import Runtime, RuntimeConfig  # noqa: E402
+from reference_runtime.backends import make_device  # noqa: E402
+from reference_runtime.decode import OrtDecoder, RefDecoder  # noqa: E402
+from reference_runtime.engines import make_engine  # noqa: E402
+
+WARMUP = 2
+
+
+def _ref_counts(dec) -> dict[str, int]:
+    c = dec.rt.counters
+    return {"launches": c.launches + c.replays, "kernels": c.launches, "graphs": c.replays, "syncs": c.syncs_real}
+
+
+def timed_decode(dec, steps: int) -> tuple[float, list[int], dict[str, float]]:
+    """(seconds for ``steps`` one-token steps, tokens, per-token counts) after prefill + warm-up."""
+    dec.reset()
+    logits = dec.forward(list(PROMPT.encode()))[-1]
+    tokens = []
+    for _ in range(WARMUP):
+        tokens.append(int(np.argmax(logits)))
+        logits = dec.forward([tokens[-1]])[-1]
+    before = _ref_counts(dec) if isinstance(dec, RefDecoder) else None
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits)))
+        logits = dec.forward([tokens[-1]])[-1]
+    elapsed = time.perf_counter() - t0
+    per_token = {}
+    if before is not None:
+        after = _ref_counts(dec)
+        per_token = {k: (after[k] - before[k]) / steps for k in after}
+    return elapsed, tokens, per_token
+
+
+def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool) -> RefDecoder:
+    return RefDecoder(model, Runtime(make_device(device), RuntimeConfig(defer_eager_sync=defer)), capture=capture)
+
+
+def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
+    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    modes = [
+        ("eager, per-op sync", lambda: ref_decoder(model, device, defer=False, capture=False)),
+        ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False)),
+        ("captured", lambda: ref_decoder(model, device, defer=True, capture=True)),
+    ]
+    ort = make_engine("ort-cpu")
+    if ort.available()[0]:
+        modes.append(("ort-cpu", lambda: OrtDecoder(model, ort)))
+    rows, streams = [], {}
+    for label, make in modes:
+        dec = make()
+        runs, per_token, tokens = [], {}, []
+        timed_decode(dec, 2)  # first use compiles kernels (NVRTC on the GPU): not timed
+        for _ in range(repeats):
+            elapsed, tokens, per_token = timed_decode(dec, steps)
+            runs.append(steps / elapsed)
+        streams[label] = tokens
+        extra = {}
+        if label == "captured":
+            extra = dec.capture_counters()
+            if extra.get("fallbacks"):
+                raise SystemExit(f"{name}: capture fell back ({extra}); refusing to report eager numbers as captured")
+        rows.append({"model": name, "mode": label, "tokens_per_s": statistics.median(runs), "runs": runs,
+                     **{f"{k}_per_token": v for k, v in per_token.items()}, "capture": extra})
+    ref_streams = {k: v for k, v in streams.items() if k != "ort-cpu"}
+    if len({tuple(v) for v in ref_streams.values()}) != 1:
+        raise SystemExit(f"{name}: token streams differ between modes: {ref_streams}")
+    base = rows[0]["tokens_per_s"]
+    deferred = rows[1]["tokens_per_s"]
+    for r in rows:
+        r["vs_per_op_sync"] = r["tokens_per_s"] / base
+        r["vs_deferred"] = r["tokens_per_s"] / deferred
+    return rows
+
+
+def conditions(device: str, steps: int, repeats: int) -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    commit = os.environ.get("LOCKSTEP_COMMIT") or commit or "unknown"
+    dev = device
+    if device == "cupy":
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        dev = f"{props['name'].decode()} (CuPy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()})"
+    import onnxruntime
+
+    return (f"device {dev}; commit {commit}; Python {platform.python_version()}, numpy {np.__version__}, "
+            f"onnxruntime {onnxruntime.__version__} (ort-cpu on {os.cpu_count()} cores); prompt {len(PROMPT)} tokens, "
+            f"{WARMUP} warm-up steps, {steps} timed one-token steps per run, median of {repeats} runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cupy", help="cupy (the GPU) or sim")
+    ap.add_argument("--models", default="small-fp32-standard-kv64,small-fp32-standard")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args(argv)
+    print(f"# decode benchmark: {conditions(args.device, args.steps, args.repeats)}")
+    print("| model | mode | tokens/s (median) | vs per-op sync | vs deferred | launches/token | kernels + graphs | real syncs/token | runs (tokens/s) |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---|")
+    rows = []
+    for name in args.models.split(","):
+        for r in bench_model(name, args.device, args.steps, args.repeats):
+            rows.append(r)
+            launches = f"{r['launches_per_token']:.1f}" if "launches_per_token" in r else "n/a"
+            split = f"{r['kernels_per_token']:.1f} + {r['graphs_per_token']:.1f}" if "kernels_per_token" in r else "n/a"
+            syncs = f"{r['syncs_per_token']:.1f}" if "syncs_per_token" in r else "n/a"
+            print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['vs_per_op_sync']:.2f}x | "
+                  f"{r['vs_deferred']:.2f}x | {launches} | {split} | {syncs} | "
+                  f"{', '.join(f'{x:.0f}' for x in r['runs'])} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"conditions": conditions(args.device, args.steps, args.repeats),
+                                               "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The decode benchmark script runs end to end on the simulated device (CI), so the GPU lane's
+benchmark step cannot rot. Its timings are not checked here (a benchmark, not a timed test)."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_decode.py"
+
+
+def test_bench_decode_runs_every_mode_and_checks_the_streams(tmp_path, capsys):
+    main = runpy.run_path(str(SCRIPT))["main"]
+    out = tmp_path / "bench.json"
+    assert main(["--device", "sim", "--models", "tiny-fp32-standard-kv64,tiny-fp32-standard",
+                 "--steps", "3", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    modes = {(r["model"], r["mode"]) for r in rows}
+    for model in ("tiny-fp32-standard-kv64", "tiny-fp32-standard"):
+        assert {(model, m) for m in ("eager, per-op sync", "eager, deferred", "captured")} <= modes
+    by = {(r["model"], r["mode"]): r for r in rows}
+    # result: per-op sync really drains after every kernel; deferral really does not; capture launches
+    # one graph per step (fixed capacity) or one per segment plus the seams (growing)
+    sync = by[("tiny-fp32-standard-kv64", "eager, per-op sync")]
+    assert sync["syncs_per_token"] == sync["kernels_per_token"] > 0
+    assert by[("tiny-fp32-standard-kv64", "eager, deferred")]["syncs_per_token"] == 0
+    assert by[("tiny-fp32-standard-kv64", "captured")]["launches_per_token"] == 1
+    seg = by[("tiny-fp32-standard", "captured")]
+    assert seg["graphs_per_token"] == seg["capture"]["segments"] > 1
+    assert "| captured |" in capsys.readouterr().out
