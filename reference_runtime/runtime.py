@@ -179,6 +179,9 @@ class Runtime:
         self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
         self._sites: dict[int, str] = {}
+        self._enqueued = 0  # device work items enqueued (launches, copies, replays): frees batch on it
+        self._free_event: Event | None = None
+        self._free_mark = -1
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
         self.error_latch = self.empty((2,), np.int32, name="error_latch")
         self.launch(primitives.fill, self.error_latch, value=0)
@@ -231,25 +234,34 @@ class Runtime:
         self._release_after_queued_work(buf)
 
     def _release_after_queued_work(self, buf: Buffer) -> None:
-        done_copy = self.device.event()
-        self.copy_stream.record(done_copy)
-        self.compute.wait(done_copy)
-        done = self.device.event()
-        self.compute.record(done)
-        self._res.pending.append((buf, done))
+        # Frees with no device work enqueued between them share one "queued readers done" event
+        # (an executor releases a step's temporaries in a batch): the set of queued readers is the same.
+        if self._free_event is None or self._free_mark != self._enqueued:
+            done_copy = self.device.event()
+            self.copy_stream.record(done_copy)
+            self.compute.wait(done_copy)
+            self._free_event = self.device.event()
+            self.compute.record(self._free_event)
+            self._free_mark = self._enqueued
+        self._res.pending.append((buf, self._free_event))
 
     def _reap(self) -> None:
-        """Give back pending frees whose queued readers have executed (a non-blocking query)."""
+        """Give back pending frees whose queued readers have executed (a non-blocking query).
+
+        Every pending free's event is recorded on the in-order compute stream, in list order, so
+        completion is monotonic: the first event not yet complete ends the scan (one query per
+        call in the steady state, not one per pending free)."""
         if self._capturing is not None:
             return
-        keep = []
-        for buf, ev in self._res.pending:
-            if ev.query():
-                self.device.free(buf)
-                self.counters.frees_released += 1
-            else:
-                keep.append((buf, ev))
-        self._res.pending[:] = keep
+        pending = self._res.pending
+        n = 0
+        for buf, ev in pending:
+            if not ev.query():
+                break
+            self.device.free(buf)
+            self.counters.frees_released += 1
+            n += 1
+        del pending[:n]
 
     @property
     def pending_frees(self) -> int:
@@ -268,6 +280,7 @@ class Runtime:
         for t in tensors:
             self._check_live(t)
         self.compute.launch(kernel, [t.ref for t in tensors], scalars)
+        self._enqueued += 1
         self.counters.launches += 1
         if self._capturing is not None:
             self.counters.captured_launches += 1
@@ -339,6 +352,7 @@ class Runtime:
         self.compute.record(after_compute)
         self.copy_stream.wait(after_compute)
         self.device.memcpy_htod_async(t.ref, np.asarray(host), self.copy_stream)
+        self._enqueued += 1
         written = self.device.event()
         self.copy_stream.record(written)
         self.compute.wait(written)
@@ -352,6 +366,7 @@ class Runtime:
         self._reap()
         self._raise_if_latched()
         self.counters.downloads += 1
+        self._enqueued += 1
         return self.device.memcpy_dtoh(t.ref, self.copy_stream)
 
     def copy(self, dst: Tensor, src: Tensor) -> None:
@@ -359,6 +374,7 @@ class Runtime:
         complete), with later compute work ordered after it. In a capture: a graph node on compute."""
         self._check_live(dst)
         self._check_live(src)
+        self._enqueued += 1
         if self._capturing is not None:
             self.device.memcpy_dtod_async(dst.ref, src.ref, self.compute)
             return
@@ -431,6 +447,7 @@ class Runtime:
         if self._capturing is not None:
             raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)
         graph.launch(self.compute)
+        self._enqueued += 1
         self.counters.replays += 1
         self.counters.replays_by_slot[slot.value] += 1
 
@@ -483,6 +500,7 @@ class Runtime:
         if self._capturing is not None:
             raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)
         seg.graph.launch(self.compute)
+        self._enqueued += 1
         self.counters.replays += 1
         self.counters.segment_replays += 1
 

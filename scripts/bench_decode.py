@@ -5,7 +5,9 @@
 
 For each model, in one process, after the prompt's prefill and two warm-up steps (the second
 captures), ``--steps`` one-token greedy decode steps are timed (each step ends with its logits on
-the host, so the wall time is complete work). Modes:
+the host, so the wall time is complete work). The modes run interleaved (one run of each per
+round, ``--repeats`` rounds) with Python's garbage collector paused inside the timed loop, so a
+drifting machine does not favour the mode that ran first. Modes:
 
 - ``eager, per-op sync``: ``RuntimeConfig(defer_eager_sync=False)``: the executor's per-op
   ``synchronize()`` drains the streams after every kernel (the behaviour before deferral);
@@ -23,6 +25,7 @@ must be identical (checked; a benchmark of a wrong result is not a result). Asse
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -87,22 +90,30 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
     ort = make_engine("ort-cpu")
     if ort.available()[0]:
         modes.append(("ort-cpu", lambda: OrtDecoder(model, ort)))
-    rows, streams = [], {}
-    for label, make in modes:
-        dec = make()
-        runs, per_token, tokens = [], {}, []
+    decoders = {label: make() for label, make in modes}
+    for dec in decoders.values():
         timed_decode(dec, 2)  # first use compiles kernels (NVRTC on the GPU): not timed
-        for _ in range(repeats):
-            elapsed, tokens, per_token = timed_decode(dec, steps)
-            runs.append(steps / elapsed)
-        streams[label] = tokens
+    runs: dict[str, list[float]] = {label: [] for label in decoders}
+    per_token: dict[str, dict] = {}
+    streams: dict[str, list[int]] = {}
+    for _ in range(repeats):  # modes interleaved, so drift of the machine hits every mode alike
+        for label, dec in decoders.items():
+            gc.collect()
+            gc.disable()
+            try:
+                elapsed, streams[label], per_token[label] = timed_decode(dec, steps)
+            finally:
+                gc.enable()
+            runs[label].append(steps / elapsed)
+    rows = []
+    for label, dec in decoders.items():
         extra = {}
         if label == "captured":
             extra = dec.capture_counters()
             if extra.get("fallbacks"):
                 raise SystemExit(f"{name}: capture fell back ({extra}); refusing to report eager numbers as captured")
-        rows.append({"model": name, "mode": label, "tokens_per_s": statistics.median(runs), "runs": runs,
-                     **{f"{k}_per_token": v for k, v in per_token.items()}, "capture": extra})
+        rows.append({"model": name, "mode": label, "tokens_per_s": statistics.median(runs[label]), "runs": runs[label],
+                     **{f"{k}_per_token": v for k, v in per_token[label].items()}, "capture": extra})
     ref_streams = {k: v for k, v in streams.items() if k != "ort-cpu"}
     if len({tuple(v) for v in ref_streams.values()}) != 1:
         raise SystemExit(f"{name}: token streams differ between modes: {ref_streams}")

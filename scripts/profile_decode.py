@@ -1,0 +1,71 @@
+"""Where the host time of an eager decode step goes: cProfile over one-token steps.
+
+    python scripts/profile_decode.py [--device cupy] [--model small-fp32-standard-kv64] [--steps 16]
+                                     [--defer on|off] [--capture on|off] [--top 35]
+
+Prints the top functions by internal time and by cumulative time, and the mean wall time of a
+raw ``Runtime.synchronize()`` with deferral off (drain + latch read) against a no-op one. A
+diagnostic for the decode benchmark (scripts/bench_decode.py), not a benchmark itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+from golden.anchors import MODEL_DIR  # noqa: E402
+from golden.models.spec import PROMPT  # noqa: E402
+from reference_runtime import Runtime, RuntimeConfig  # noqa: E402
+from reference_runtime.backends import make_device  # noqa: E402
+from reference_runtime.decode import RefDecoder  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cupy")
+    ap.add_argument("--model", default="small-fp32-standard-kv64")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--defer", choices=("on", "off"), default="on")
+    ap.add_argument("--capture", choices=("on", "off"), default="off")
+    ap.add_argument("--top", type=int, default=35)
+    args = ap.parse_args(argv)
+    rt = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=args.defer == "on"))
+    dec = RefDecoder(onnx.load(str(MODEL_DIR / f"{args.model}.onnx")), rt, capture=args.capture == "on")
+    dec.reset()
+    logits = dec.forward(list(PROMPT.encode()))[-1]
+    for _ in range(3):
+        logits = dec.forward([int(np.argmax(logits))])[-1]
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(args.steps):
+        logits = dec.forward([int(np.argmax(logits))])[-1]
+    prof.disable()
+    wall = time.perf_counter() - t0
+    print(f"# {args.model} on {args.device}, defer {args.defer}, capture {args.capture}: "
+          f"{args.steps} steps, {1e3 * wall / args.steps:.2f} ms/step under the profiler")
+    stats = pstats.Stats(prof).strip_dirs()
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    for defer in (True, False):
+        r = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=defer))
+        r.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            r.synchronize()
+        print(f"Runtime.synchronize() with deferral {'on' if defer else 'off'}: "
+              f"{1e6 * (time.perf_counter() - t0) / 200:.1f} us per call (idle streams)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
