@@ -60,7 +60,14 @@ def _decode(args: argparse.Namespace) -> int:
     print(f"tokens: {result.tokens}")
     if args.capture == "on":
         fallback = getattr(decoder, "capture_fallback", None)
-        print(f"capture: {'fell back to eager: ' + fallback if fallback else 'decode steps replayed from PRIMARY'}")
+        if fallback:
+            print(f"capture: fell back to eager: {fallback}")
+        elif getattr(decoder, "session", None) is not None:
+            c = decoder.session.counters
+            print(f"capture: {c.segments} captured segment(s) per step, seams {c.seams_by_reason}, "
+                  f"{c.replays} segment replays, {c.fallbacks} fallback(s)")
+        else:
+            print("capture: decode steps replayed from PRIMARY")
     if result.counters:
         print(f"counters: {json.dumps(result.counters)}")
     return 0
