@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-__all__ = ["RuntimeConfig", "parse_bool"]
+__all__ = ["RuntimeConfig", "parse_bool", "SYNC_DEBUG_MODES"]
+
+SYNC_DEBUG_MODES = ("off", "warn", "error")
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
@@ -34,9 +36,25 @@ class RuntimeConfig:
         the runtime's in-order compute stream needs no host synchronisation; callers that need
         completed work use the guarantees named for it (``download``, ``drain_for_unmap``).
         Environment: ``LOCKSTEP_DEFER_EAGER_SYNC=0|false|off|no`` restores the draining behaviour.
+    sync_debug: ``off`` (default) | ``warn`` | ``error``. When not ``off`` the runtime records every
+        synchronising or host-reading primitive it executes (``synchronize``, the forced
+        synchronise, ``drain_for_unmap``, ``download``, ``copy``, ``free``, and a
+        ``stream.synchronize()`` on its streams outside the known barriers) into
+        ``Runtime.sync_log`` with the call site and ``Runtime.current_node``
+        (``reference_runtime.sync_debug``). ``error`` raises ``SyncDebugError`` for a synchronising
+        call while a capture is open (``free`` and ``copy`` excepted; a deferred no-op
+        ``synchronize()`` included) and for a real stream drain on the deferred eager path outside
+        the known barriers; ``warn`` records and issues ``SyncDebugWarning`` for the same cases.
+        Off costs one attribute check per primitive.
+        Environment: ``LOCKSTEP_SYNC_DEBUG=off|warn|error`` (empty means unset).
     """
 
     defer_eager_sync: bool = True
+    sync_debug: str = "off"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sync_debug, str) or self.sync_debug not in SYNC_DEBUG_MODES:
+            raise ValueError(f"sync_debug={self.sync_debug!r}: expected one of {list(SYNC_DEBUG_MODES)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RuntimeConfig":
@@ -45,4 +63,10 @@ class RuntimeConfig:
         raw = env.get("LOCKSTEP_DEFER_EAGER_SYNC")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, defer_eager_sync=parse_bool("LOCKSTEP_DEFER_EAGER_SYNC", raw))
+        raw = env.get("LOCKSTEP_SYNC_DEBUG")
+        if raw is not None and raw.strip() != "":
+            mode = raw.strip().lower()
+            if mode not in SYNC_DEBUG_MODES:
+                raise ValueError(f"LOCKSTEP_SYNC_DEBUG={raw!r}: expected one of {list(SYNC_DEBUG_MODES)}")
+            cfg = replace(cfg, sync_debug=mode)
         return cfg

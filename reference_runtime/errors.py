@@ -28,6 +28,7 @@ __all__ = [
     "CaptureUnmodelled",
     "CaptureOnLegacyStream",
     "StreamOrderRace",
+    "SyncDebugError",
     "from_cuda_status",
 ]
 
@@ -148,6 +149,19 @@ class StreamOrderRace(CudaError):
 
     cuda_name = "lockstep:StreamOrderRace"
     status = -1
+
+
+class SyncDebugError(RuntimeError):
+    """Sync-debug mode ``error`` (``RuntimeConfig.sync_debug``): a synchronising primitive was called
+    while a capture was open, or a real stream drain happened on the deferred eager path outside the
+    known barriers. Raised before the call reaches the device, so an open capture stays valid.
+    ``event`` is the ``reference_runtime.sync_debug.SyncEvent`` naming the primitive, node and call site."""
+
+    cuda_name = "lockstep:SyncDebug"
+
+    def __init__(self, message: str, *, event: object | None = None):
+        super().__init__(message)
+        self.event = event
 
 
 _BY_STATUS = {

@@ -27,12 +27,19 @@ side effect of another):
 ``error_latch``      a device int32[2] that kernels set ([1, site]) instead of reading values back;
                      read at synchronising points (``download``, a real ``synchronize``), raised
                      as ``DeviceAssert`` naming the site, sticky until ``reset_error_latch()``.
+
+Sync-debug mode (``RuntimeConfig.sync_debug = warn | error``, see ``reference_runtime.sync_debug``):
+every call of ``synchronize``, the forced synchronise, ``drain_for_unmap``, ``download``, ``copy``,
+``free``, and every ``synchronize()`` on ``compute``/``copy_stream`` outside the known barriers, is
+recorded in ``sync_log`` with ``current_node`` and its call site; ``error`` refuses a synchronising
+call inside a capture, and a real drain on the deferred eager path outside the known barriers.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +49,7 @@ import numpy as np
 from kernels import primitives
 from kernels._kernel import Kernel
 
+from . import sync_debug as _sd
 from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 from .config import RuntimeConfig
 from .errors import (
@@ -170,11 +178,22 @@ class Runtime:
     # Mutants replace this to model a runtime dropped without its drain.
     _release_resources = staticmethod(_release)
 
+    # The ONNX node executing now (the executor sets it around each node); sync-debug events name it.
+    current_node: str | None = None
+
     def __init__(self, device: Device, config: RuntimeConfig | None = None):
         self.device = device
         self.config = config if config is not None else RuntimeConfig.from_env()
         self.counters = Counters()
         self._res = _Resources(device, device.stream(), device.stream())
+        self.current_node = None
+        self.sync_log: list[_sd.SyncEvent] = []  # stays empty with sync_debug off
+        self._sync_debug = self.config.sync_debug != "off"
+        self._watched: tuple[_sd.WatchedStream, _sd.WatchedStream] | None = None
+        if self._sync_debug:
+            ref = weakref.ref(self)
+            self._watched = (_sd.WatchedStream(self._res.compute, ref, _BARRIERS),
+                             _sd.WatchedStream(self._res.copy, ref, _BARRIERS))
         self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in GraphSlot}
         self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
@@ -186,17 +205,29 @@ class Runtime:
         self.error_latch = self.empty((2,), np.int32, name="error_latch")
         self.launch(primitives.fill, self.error_latch, value=0)
 
-    # -- streams
+    # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)
     @property
     def compute(self) -> Stream:
-        return self._res.compute
+        w = self._watched
+        return self._res.compute if w is None else w[0]  # type: ignore[return-value]
 
     @property
     def copy_stream(self) -> Stream:
-        return self._res.copy
+        w = self._watched
+        return self._res.copy if w is None else w[1]  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return f"<Runtime on {self.device.name} defer_eager_sync={self.config.defer_eager_sync}>"
+        debug = f" sync_debug={self.config.sync_debug}" if self._sync_debug else ""
+        return f"<Runtime on {self.device.name} defer_eager_sync={self.config.defer_eager_sync}{debug}>"
+
+    # -- sync-debug
+    def _sync_note(self, primitive: str) -> None:
+        """Record a call of ``primitive`` (sync-debug on); refuse or warn on one inside a capture."""
+        cap = self._capturing
+        violation = None
+        if cap is not None and primitive not in _sd.CAPTURE_SAFE:
+            violation = f"called while capturing into {cap.value}"
+        _sd.record(self, primitive, capturing=cap is not None, violation=violation, frame=sys._getframe(2))
 
     # -- memory
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
@@ -221,6 +252,8 @@ class Runtime:
 
     def free(self, t: Tensor) -> None:
         """Stream-ordered release: reusable only after every queued reader on both streams ran."""
+        if self._sync_debug:
+            self._sync_note("free")
         self._check_live(t)
         if not t.owned:
             raise InvalidValue(f"{t!r} is not owned by this runtime; it cannot be freed here", subject=t)
@@ -304,6 +337,8 @@ class Runtime:
 
     def synchronize(self) -> None:
         """A no-op under eager-sync deferral; otherwise a real drain plus a latch read. Not a barrier."""
+        if self._sync_debug:
+            self._sync_note("synchronize(deferred)" if self.config.defer_eager_sync else "synchronize")
         if self.config.defer_eager_sync:
             self.counters.syncs_deferred += 1
             return
@@ -315,6 +350,8 @@ class Runtime:
 
     def _force_sync(self) -> None:
         """Private: drain both streams whatever the deferral setting (for copies that need it)."""
+        if self._sync_debug and not _sd.called_from_runtime(sys._getframe(1)):
+            self._sync_note("force_sync")  # from download/copy it is part of their own event
         if self._capturing is not None:
             raise IllegalState("internal: forced synchronise requested inside a capture")
         self.counters.forced_syncs += 1
@@ -324,6 +361,8 @@ class Runtime:
     def drain_for_unmap(self) -> None:
         """Unconditional drain of compute and copy streams; call it before freeing or unmapping
         memory that a queued kernel may read. Ignores deferral; refused inside a capture."""
+        if self._sync_debug:
+            self._sync_note("drain_for_unmap")
         if self._capturing is not None:
             raise StreamCaptureUnsupported(
                 f"drain_for_unmap inside a capture into slot {self._capturing.value}: "
@@ -351,7 +390,7 @@ class Runtime:
         after_compute = self.device.event()
         self.compute.record(after_compute)
         self.copy_stream.wait(after_compute)
-        self.device.memcpy_htod_async(t.ref, np.asarray(host), self.copy_stream)
+        self.device.memcpy_htod_async(t.ref, np.asarray(host), self._res.copy)
         self._enqueued += 1
         written = self.device.event()
         self.copy_stream.record(written)
@@ -359,6 +398,8 @@ class Runtime:
 
     def download(self, t: Tensor) -> np.ndarray:
         """Device-to-host; always complete. Raises ``DeviceAssert`` if the error latch is set."""
+        if self._sync_debug:
+            self._sync_note("download")
         self._check_live(t)
         if self._capturing is not None:
             raise CaptureD2HRefused(f"download of {t!r}: the compute stream is capturing, D2H is disallowed")
@@ -367,25 +408,27 @@ class Runtime:
         self._raise_if_latched()
         self.counters.downloads += 1
         self._enqueued += 1
-        return self.device.memcpy_dtoh(t.ref, self.copy_stream)
+        return self.device.memcpy_dtoh(t.ref, self._res.copy)
 
     def copy(self, dst: Tensor, src: Tensor) -> None:
         """Device-to-device. Eager: on the copy stream after a forced synchronise (so the source is
         complete), with later compute work ordered after it. In a capture: a graph node on compute."""
+        if self._sync_debug:
+            self._sync_note("copy")
         self._check_live(dst)
         self._check_live(src)
         self._enqueued += 1
         if self._capturing is not None:
-            self.device.memcpy_dtod_async(dst.ref, src.ref, self.compute)
+            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.compute)
             return
         self._force_sync()
-        self.device.memcpy_dtod_async(dst.ref, src.ref, self.copy_stream)
+        self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.copy)
         copied = self.device.event()
         self.copy_stream.record(copied)
         self.compute.wait(copied)
 
     def _read_latch(self) -> np.ndarray:
-        return self.device.memcpy_dtoh(self.error_latch.ref, self.copy_stream)
+        return self.device.memcpy_dtoh(self.error_latch.ref, self._res.copy)
 
     def _raise_if_latched(self) -> None:
         latch = self._read_latch()
@@ -446,7 +489,7 @@ class Runtime:
             raise InvalidResourceHandle(f"replay({slot.value}): the slot holds no graph", subject=slot)
         if self._capturing is not None:
             raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)
-        graph.launch(self.compute)
+        graph.launch(self._res.compute)
         self._enqueued += 1
         self.counters.replays += 1
         self.counters.replays_by_slot[slot.value] += 1
@@ -499,7 +542,7 @@ class Runtime:
             raise InvalidResourceHandle(f"replay_segment({seg.label}): it holds no graph", subject=seg)
         if self._capturing is not None:
             raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)
-        seg.graph.launch(self.compute)
+        seg.graph.launch(self._res.compute)
         self._enqueued += 1
         self.counters.replays += 1
         self.counters.segment_replays += 1
@@ -514,3 +557,10 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Known barriers for sync-debug: a stream synchronise issued while one of these runs is that
+# primitive's own drain (download and copy drain through _force_sync; synchronize drains only with
+# deferral off), not a stray drain on the deferred eager path.
+_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.drain_for_unmap, Runtime.synchronize,
+                                           Runtime.close, _release))
