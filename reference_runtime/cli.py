@@ -133,8 +133,17 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["audit"]:  # its own argument parser (contracts/audit.py), exit codes 0/1/2
+        from contracts.audit import main as audit_main
+
+        return audit_main(raw[1:])
     ap = argparse.ArgumentParser(prog="lockstep", description="Conformance and correctness suite for CUDA inference runtimes.")
     sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("audit", help="static audit of capture-unsafe synchronisation: "
+                   "`lockstep audit [PATHS...] [--format text|json|sarif] [--explain]`", add_help=False)
 
     m = sub.add_parser("mutants", help="run the contract tests against the catalogue of broken runtimes")
     m.add_argument("--device", default="sim", help="device to run on (sim, cupy); default sim")
@@ -155,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--tokens", type=int, default=16)
     d.add_argument("--engine", default="ref-sim", help="ref-sim, ref-cuda, ort-cpu, ort-cuda")
     d.add_argument("--capture", choices=("on", "off"), default="off",
-                   help="replay the one-token decode step from a captured graph (reference engines, "
-                        "fixed-capacity KV models)")
+                   help="capture decode steps: one graph per step with a fixed-capacity cache, captured "
+                        "segments and eager seams with a growing one; ort-cuda: ONNX Runtime CUDA graphs")
     d.set_defaults(func=_decode)
 
     g = sub.add_parser("golden", help="golden anchors: `lockstep golden regenerate [--model NAME]`")
