@@ -107,6 +107,7 @@ class Site:
     status: str = "unsafe"  # unsafe | guarded | allowlisted | eager-only
     guard: str = ""
     reason: str = ""
+    end_line: int = 0  # last line of the call expression (a runtime frame may report any of them)
 
 
 @dataclass
@@ -929,11 +930,13 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
         es, unresolved = _kernel_entries(au, mod)
         entries.extend(es)
         findings.extend(unresolved)
-    by_rel = {m.rel: m for m in modules}
     for c in caps:
-        mod = by_rel.get(c["file"])
-        if target_files is not None and (mod is None or mod.path.resolve() not in target_files):
-            continue
+        matching = [m for m in modules if m.rel == c["file"] or m.rel.endswith("/" + c["file"])]
+        if target_files is not None:
+            matching = [m for m in matching if m.path.resolve() in target_files]
+            if not matching:
+                continue
+        mod = next((m for m in matching if c["function"] in m.functions), matching[0] if matching else None)
         if mod is None or c["function"] not in mod.functions:
             findings.append(Finding("stale-allowlist", c["file"], 1, 0, c["function"], [], "", "config",
                                     f"[capture] entry {c['file']}:{c['function']} names no function"))
@@ -957,7 +960,8 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
                 site = sites.get(key)
                 if site is None:
                     site = sites[key] = Site(fn.module.rel, sink.node.lineno, sink.node.col_offset, fn.qualname,
-                                             sink.call, sink.kind, "guarded" if g else "unsafe", g)
+                                             sink.call, sink.kind, "guarded" if g else "unsafe", g,
+                                             end_line=getattr(sink.node, "end_lineno", sink.node.lineno))
                 if g:
                     continue
                 allow = next((a for a in allows if fn.module.rel.endswith(a.file) and a.function == fn.qualname
@@ -1008,6 +1012,14 @@ def _guards_of(au: Audit, mod: Module, qualname: str) -> list[str]:
     return out
 
 
+def site_of(res: "AuditResult", file: str, line: int) -> Site | None:
+    """The inventory site whose call spans ``file:line`` (what a runtime frame reports)."""
+    exact = res.inventory.get((file, line))
+    if exact is not None:
+        return exact
+    return next((s for (f, _), s in res.inventory.items() if f == file and s.line <= line <= max(s.end_line, s.line)), None)
+
+
 def _inventory(au: Audit, modules: list[Module], sites: dict) -> dict[tuple[str, int], Site]:
     """Every sink-looking call in the tree (receiver-based only: runtime and stream primitives),
     with the status the capture paths gave it, or "eager-only" if no capture path reaches it."""
@@ -1020,8 +1032,9 @@ def _inventory(au: Audit, modules: list[Module], sites: dict) -> dict[tuple[str,
         for fn in mod.functions.values():
             summary = au.summary(fn, tuple(False for _ in fn.params))
             for sink in summary.sinks:
-                out.setdefault((mod.rel, sink.node.lineno), Site(mod.rel, sink.node.lineno, sink.node.col_offset,
-                                                                  fn.qualname, sink.call, sink.kind, "eager-only"))
+                out.setdefault((mod.rel, sink.node.lineno), Site(
+                    mod.rel, sink.node.lineno, sink.node.col_offset, fn.qualname, sink.call, sink.kind, "eager-only",
+                    end_line=getattr(sink.node, "end_lineno", sink.node.lineno)))
     return out
 
 

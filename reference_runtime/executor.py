@@ -345,6 +345,7 @@ class Executor:
             env[node.output[0]] = values[0]  # type: ignore[assignment]
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
+        rt.current_node = info.name
         for i in step.kernel.host_inputs:
             if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
                 host = rt.download(values[i].tensor)  # the node's host seam
@@ -375,6 +376,7 @@ class Executor:
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
         checks = tuple(step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
+        rt.current_node = info.name  # attribution for the runtime's sync-debug log
         if checks:
             rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
         else:
