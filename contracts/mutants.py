@@ -153,3 +153,17 @@ def runtime_class(mutant: str | None) -> type[Runtime]:
         return MUTANTS[mutant]
     except KeyError:
         raise ValueError(f"unknown mutant {mutant!r}; known: {sorted(MUTANTS)}") from None
+
+
+# -- beyond the runtime catalogue: the pager's distant-caller bug (seed 000) ----------------------
+# Not in MUTANTS (those break a runtime primitive and are killed by the contract tests); this one
+# breaks the pager, a caller of the primitives, and is killed by conformance/golden/test_paging.py.
+from reference_runtime.pager import WeightPager  # noqa: E402
+
+
+class SyncBarrierPager(WeightPager):
+    """The seeds' bug: the pre-unmap barrier is ``synchronize()``, which stopped draining when
+    eager-sync deferral made it a no-op; eviction then unmaps weights a queued kernel still reads."""
+
+    def _barrier(self) -> None:
+        self.rt.synchronize()

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-__all__ = ["RuntimeConfig", "parse_bool", "SYNC_DEBUG_MODES"]
+__all__ = ["RuntimeConfig", "parse_bool", "parse_bytes", "SYNC_DEBUG_MODES"]
 
 SYNC_DEBUG_MODES = ("off", "warn", "error")
 
@@ -47,12 +47,20 @@ class RuntimeConfig:
         the known barriers; ``warn`` records and issues ``SyncDebugWarning`` for the same cases.
         Off costs one attribute check per primitive.
         Environment: ``LOCKSTEP_SYNC_DEBUG=off|warn|error`` (empty means unset).
+    vram_limit: a device budget in bytes for model weights (``None``: no paging, weights stay
+        resident). When set, an executor pages its initializers through a ``pager.WeightPager``
+        (stable virtual addresses, LRU eviction, mapped granules within the budget); a budget
+        smaller than the largest single weight is refused when the session is created.
+        Environment: ``LOCKSTEP_VRAM_LIMIT=<bytes>`` with an optional K/M/G suffix (powers of 1024).
     """
 
     defer_eager_sync: bool = True
     sync_debug: str = "off"
+    vram_limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.vram_limit is not None and (not isinstance(self.vram_limit, int) or self.vram_limit <= 0):
+            raise ValueError(f"vram_limit={self.vram_limit!r}: expected a positive number of bytes or None")
         if not isinstance(self.sync_debug, str) or self.sync_debug not in SYNC_DEBUG_MODES:
             raise ValueError(f"sync_debug={self.sync_debug!r}: expected one of {list(SYNC_DEBUG_MODES)}")
 
@@ -69,4 +77,20 @@ class RuntimeConfig:
             if mode not in SYNC_DEBUG_MODES:
                 raise ValueError(f"LOCKSTEP_SYNC_DEBUG={raw!r}: expected one of {list(SYNC_DEBUG_MODES)}")
             cfg = replace(cfg, sync_debug=mode)
+        raw = env.get("LOCKSTEP_VRAM_LIMIT")
+        if raw is not None and raw.strip() != "":
+            cfg = replace(cfg, vram_limit=parse_bytes("LOCKSTEP_VRAM_LIMIT", raw))
         return cfg
+
+
+def parse_bytes(name: str, value: str) -> int:
+    v = value.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    digits = v[:-1] if v[-1:] in "KMG" else v
+    try:
+        n = int(float(digits) * scale)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number of bytes, optionally with K, M or G") from None
+    if n <= 0:
+        raise ValueError(f"{name}={value!r}: must be positive")
+    return n

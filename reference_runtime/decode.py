@@ -96,7 +96,9 @@ class RefDecoder(Decoder):
         layout = _kv_layout(self.ex.model)
         self.pasts, self.present_of, (self.kv_heads, self.head_dim), self.kv_dtype, self.capacity = layout
         self.session = None
-        if capture and not self.capacity:
+        if capture and (not self.capacity or self.ex.pager is not None):
+            # growing caches, and paged weights (a step's weights may not fit the budget at once),
+            # are captured in segments
             from .segments import CaptureSession
 
             self.session = CaptureSession(self.ex)
@@ -178,7 +180,8 @@ class RefDecoder(Decoder):
             **self.cache,
         }
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
-            out = self.ex.run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
+            run = self.session.run if self.session is not None else self.ex.run
+            out = run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
         else:
             run = self.session.run if self.session is not None else self.ex.run
             out = run(feeds, keep=set(self.present_of.values()))

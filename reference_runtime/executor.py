@@ -113,6 +113,8 @@ def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out:
 class Executor:
     """A loaded model bound to a runtime. ``run(feeds)`` returns the graph outputs as numpy arrays."""
 
+    PAGE_MIN = 4096  # bytes: initializers at least this large are paged when the runtime has a vram_limit
+
     def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
         self.model, self.base_dir = load_model(model)
         self.runtime = runtime
@@ -159,8 +161,22 @@ class Executor:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
         self._bind: dict[str, Tensor] = {}
         self._const_values: dict[str, _Value] = {}
+        self.pager = None
+        if runtime.config.vram_limit is not None:  # weights paged under stable addresses
+            from .pager import WeightPager
+
+            self.pager = WeightPager(runtime, runtime.config.vram_limit)
+        inits = {t.name for t in graph.initializer}
         for name, value in self._constants.items():
-            self._const_values[name] = self._place(value, name)
+            arr = np.asarray(value)
+            if (self.pager is not None and name in inits and arr.dtype != object and arr.nbytes >= self.PAGE_MIN):
+                self._const_values[name] = _Value(self.pager.register(name, arr), Spec(tuple(arr.shape), arr.dtype, arr))
+            else:
+                self._const_values[name] = self._place(value, name)
+        # per step: the paged weights it reads (made resident before it launches)
+        self.paged_inputs: dict[str, list[str]] = {
+            st.info.name: [i for i in st.node.input if i and self.pager is not None and self.pager.is_paged(i)]
+            for st in self.steps}
 
     def _constant_value(self, info: NodeInfo) -> np.ndarray:
         a = info.attrs
@@ -377,6 +393,8 @@ class Executor:
         checks = tuple(step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
         rt.current_node = info.name  # attribution for the runtime's sync-debug log
+        if self.pager is not None:
+            self.pager.ensure(self.paged_inputs.get(info.name, ()))
         if checks:
             rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
         else:

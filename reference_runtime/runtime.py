@@ -53,6 +53,7 @@ from . import sync_debug as _sd
 from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 from .config import RuntimeConfig
 from .errors import (
+    CudaError,
     CaptureD2HRefused,
     DeviceAssert,
     IllegalState,
@@ -163,8 +164,11 @@ def _release(res: _Resources) -> None:
     """Finalizer: drain both streams (queued kernels may read our memory), then free it all."""
     if res.device.sticky_error is not None or res.compute.is_capturing:
         return  # a dead context or an open capture: nothing can be drained safely; leak instead
-    res.compute.synchronize()
-    res.copy.synchronize()
+    try:
+        res.compute.synchronize()
+        res.copy.synchronize()
+    except CudaError:
+        return  # the drain itself hit a sticky error (queued work faulted): leak, the context is dead
     for buf in [b for b, _ in res.pending] + list(res.live.values()):
         if not buf.freed:
             res.device.free(buf)

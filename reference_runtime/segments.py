@@ -60,7 +60,7 @@ class CaptureCounters:
     invalidations: int = 0  # recordings CUDA invalidated (found at end of capture)
     eager_steps: int = 0  # steps run fully eagerly (warm-up)
     captured_steps: int = 0  # steps run through segments and seams
-    segments: int = 0  # captured segments in the latest plan
+    segments: int = 0  # captured segments of the latest planned step (after any split by the paging budget)
     seams_by_reason: dict[str, int] = field(default_factory=dict)  # of the latest plan
     quarantined: list[str] = field(default_factory=list)
 
@@ -77,6 +77,8 @@ class _Segment:
     graph: SegmentGraph | None = None
     outputs: dict[str, _Value] = field(default_factory=dict)  # produced values at baked addresses
     retained: list[Tensor] = field(default_factory=list)
+    weights: list[str] = field(default_factory=list)  # paged weights it reads (resident when it runs)
+    baked: dict[int, str] = field(default_factory=dict)  # weight address -> key, as recorded
 
 
 @dataclass
@@ -143,12 +145,18 @@ class CaptureSession:
                 for v in ex.steps[i].node.input:
                     if v and v not in own and v not in ex._const_values and v not in from_segments and v not in reads:
                         reads.append(v)
-            items.append(("segment", _Segment(list(current), reads, made)))
+            weights = list(dict.fromkeys(w for i in current for w in ex.paged_inputs.get(ex.steps[i].info.name, ())))
+            items.append(("segment", _Segment(list(current), reads, made, weights=weights)))
             from_segments.update(made)
             current.clear()
 
+        pager = ex.pager
         for i, step in enumerate(ex.steps):
             if step.info.name in admitted:
+                if pager is not None and current:  # a segment's weights must all be resident at once
+                    keys = {w for j in current + [i] for w in ex.paged_inputs.get(ex.steps[j].info.name, ())}
+                    if sum(pager.span_of(pager.tensor(k).ref.nbytes) for k in keys) > pager.limit:
+                        close()
                 current.append(i)
             else:
                 close()
@@ -174,6 +182,8 @@ class CaptureSession:
                                    "a new step signature needs new tensors, not reused handles", subject=name)
         if sig.items is None:
             sig.items = self._items(self._plan())
+            # after splitting by the paging budget, if any
+            self.counters.segments = sum(kind == "segment" for kind, _ in sig.items)
         self.counters.captured_steps += 1
         return self._run_segmented(sig, feeds, keep, bind)
 
@@ -219,6 +229,9 @@ class CaptureSession:
                     sig.baked.update({f"bound output {k}": t for k, t in bind.items()})
                     invalid = not self._record(sig, seg, env, temps)
                     continue
+                if ex.pager is not None:  # weights in, and the addresses the graph baked still theirs
+                    ex.pager.ensure(seg.weights)
+                    ex.pager.admit(seg.baked)
                 rt.replay_segment(seg.graph)
                 self.counters.replays += 1
                 env.update(seg.outputs)
@@ -232,6 +245,9 @@ class CaptureSession:
         """Capture ``seg`` and launch it. On a recording failure: abort, quarantine, run it eagerly
         (same bytes), return False so the signature is planned again."""
         ex, rt = self.ex, self.rt
+        if ex.pager is not None:  # page in before recording: a remap cannot be recorded
+            ex.pager.ensure(seg.weights)
+            seg.baked = ex.pager.baked(seg.weights)
         handle = rt.begin_segment(f"{ex.steps[seg.steps[0]].info.name}..{ex.steps[seg.steps[-1]].info.name}")
         retained: list[Tensor] = []
         current = seg.steps[0]

@@ -10,6 +10,8 @@
 #   node-suite  ONNX's node cases on ref-sim and ref-cuda, with a JSON/markdown report
 #   golden      golden token locks and tripwires on ref-sim and ref-cuda, capture on/off identity
 #   bench       scripts/bench_decode.py on the GPU (eager per-op sync / deferred / captured, ort-cpu)
+#   paging      scripts/paging_check.py (the seeds' use-after-unmap through the pager, child processes)
+#               and scripts/bench_paging.py (decode under paging vs resident)
 # and prints a summary table last. Uses the preinstalled python3 packages; a carried .whl/ folder
 # (syrupy, see docs/gpu-verification.md) is installed into a private target first.
 set -u
@@ -38,17 +40,19 @@ step() {
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match|^\| .* \| captured \|)" "$out/$name.log" | tail -n 1)
+  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match|^\| .* \| captured \||^paging check|^\| paged, captured)" "$out/$name.log" | tail -n 1)
   rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$last")")
 }
 
 export LOCKSTEP_REQUIRE_DEVICES=cupy LOCKSTEP_REQUIRE_ENGINES=ref-cuda
 step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest conformance/contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
-step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite"
+step all-tests     timeout 240 python3 -m pytest -p no:cacheprovider -v --devices=sim,cupy --engines=ref-sim,ref-cuda -m "not node_suite and not golden and not capture and not paging"
 step node-suite    timeout 330 python3 -m pytest conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/node-report"
-step golden        timeout 240 python3 -m pytest conformance/golden -m "golden or capture" -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
+step golden        timeout 300 python3 -m pytest conformance/golden -m "golden or capture or paging" -p no:cacheprovider -v --engines=ref-sim,ref-cuda --lockstep-report-dir "$out/golden-report"
 step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
+step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
+step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
 step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
 step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150
