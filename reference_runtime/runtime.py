@@ -458,28 +458,33 @@ class Runtime:
         if self._capturing is not slot:
             what = "no capture is open" if self._capturing is None else f"slot {self._capturing.value} is capturing"
             raise IllegalState(f"end_capture({slot.value}): {what}", subject=slot)
-        self._capturing = None
-        try:
-            graph = self.compute.end_capture()
-        finally:
-            self._flush_frees_after_capture()
-        self._slots[slot].graph = graph
-        self.counters.captures += 1
+        self._slots[slot].graph = self._close_capture(abort=False)
         self.counters.captures_by_slot[slot.value] += 1
 
     def abort_capture(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         if self._capturing is not slot:
             raise IllegalState(f"abort_capture({slot.value}): that slot is not capturing", subject=slot)
+        self._close_capture(abort=True)
+        self._slots[slot].graph = None
+
+    def _close_capture(self, *, abort: bool) -> Graph | None:
+        """End the open capture (slot or segment): its graph, or None when aborting, where an
+        invalidated capture is expected. Frees issued during the capture are released after it."""
         self._capturing = None
         try:
-            self.compute.end_capture()
+            graph = self.compute.end_capture()
         except StreamCaptureInvalidated:
-            pass
+            if not abort:
+                raise
+            graph = None
         finally:
             self._flush_frees_after_capture()
-        self._slots[slot].graph = None
-        self.counters.capture_aborts += 1
+        if abort:
+            self.counters.capture_aborts += 1
+            return None
+        self.counters.captures += 1
+        return graph
 
     def _flush_frees_after_capture(self) -> None:
         for buf in self._frees_after_capture:
@@ -520,26 +525,14 @@ class Runtime:
         if self._capturing is not seg:
             what = "no capture is open" if self._capturing is None else f"{self._capturing.value} is capturing"
             raise IllegalState(f"end_segment({seg.label}): {what}", subject=seg)
-        self._capturing = None
-        try:
-            seg.graph = self.compute.end_capture()
-        finally:
-            self._flush_frees_after_capture()
-        self.counters.captures += 1
+        seg.graph = self._close_capture(abort=False)
         self.counters.segment_captures += 1
 
     def abort_segment(self, seg: SegmentGraph) -> None:
         if self._capturing is not seg:
             raise IllegalState(f"abort_segment({seg.label}): it is not capturing", subject=seg)
-        self._capturing = None
-        try:
-            self.compute.end_capture()
-        except StreamCaptureInvalidated:
-            pass
-        finally:
-            self._flush_frees_after_capture()
+        self._close_capture(abort=True)
         seg.graph = None
-        self.counters.capture_aborts += 1
 
     def replay_segment(self, seg: SegmentGraph) -> None:
         if seg.graph is None:
