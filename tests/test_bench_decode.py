@@ -29,3 +29,24 @@ def test_bench_decode_runs_every_mode_and_checks_the_streams(tmp_path, capsys):
     seg = by[("tiny-fp32-standard", "captured")]
     assert seg["graphs_per_token"] == seg["capture"]["segments"] > 1
     assert "| captured |" in capsys.readouterr().out
+
+
+def test_bench_paging_and_the_paging_check_run_on_the_simulated_device(capsys):
+    root = SCRIPT.parent
+    bench = runpy.run_path(str(root / "bench_paging.py"))["main"]
+    assert bench(["--device", "sim", "--model", "tiny-fp32-standard-kv64", "--steps", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| paged, captured |" in out and "| resident, eager |" in out
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(root))  # an importable module: its child processes are spawned by name
+    try:
+        check = importlib.import_module("paging_check")
+        drain = check.run_variant("drain", "sim")
+        mutant = check.run_variant("sync-barrier", "sim")
+    finally:
+        sys.path.remove(str(root))
+    # result: the real pager is clean; the seeds' barrier faults on the queued kernel, named
+    assert drain["read"] == "ok" and drain["out"]["all_A"] and drain["later_call"] == "ok"
+    assert mutant["read"].startswith("IllegalAddress") and "kernel 'copy'" in mutant["read"]
