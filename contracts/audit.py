@@ -180,6 +180,14 @@ class Module:
     imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # alias -> (module, name|None)
     classes: dict[str, list[str]] = field(default_factory=dict)  # class -> base names
 
+    @property
+    def scope(self) -> "Func":
+        """The module's top level as a scope for name resolution."""
+        got = self.__dict__.get("_scope")
+        if got is None:
+            got = self.__dict__["_scope"] = Func(f"{self.name}:<module>", self, "<module>", self.tree, None, None)
+        return got
+
 
 def _module_name(path: Path) -> str:
     try:
@@ -683,16 +691,13 @@ class Audit:
         if isinstance(f, ast.Name) and f.id in HOST_CASTS and call.args and self._device(call.args[0], dev):
             out.sinks.append(_Sink(call, text, "d2h" if f.id != "bool" else "host-branch", guard))
             return
-        if isinstance(f, ast.Name) and f.id in {"asarray", "array"} or (
-                isinstance(f, ast.Attribute) and f.attr in {"asarray", "array"} and isinstance(f.value, ast.Name)
-                and f.value.id in {"np", "numpy"}):
-            if isinstance(f, ast.Attribute) and call.args and self._device(call.args[0], dev):
-                out.sinks.append(_Sink(call, text, "d2h", guard))
-                return
+        if (isinstance(f, ast.Attribute) and f.attr in {"asarray", "array"} and isinstance(f.value, ast.Name)
+                and f.value.id in {"np", "numpy"} and call.args and self._device(call.args[0], dev)):
+            out.sinks.append(_Sink(call, text, "d2h", guard))  # numpy conversion of a device array
+            return
         callee = self.resolve(fn, call, aliases)
-        if callee is not None and not isinstance(callee.node, ast.Lambda) or (callee is not None):
-            taint = self._call_taint(callee, call, dev)  # type: ignore[arg-type]
-            out.calls.append(_CallSite(callee, taint, call, guard))  # type: ignore[arg-type]
+        if callee is not None:
+            out.calls.append(_CallSite(callee, self._call_taint(callee, call, dev), call, guard))
 
     def _call_taint(self, callee: Func, call: ast.Call, dev: set[str]) -> tuple[bool, ...]:
         params = callee.params
@@ -791,9 +796,7 @@ def _funcs_in(audit: Audit, owner: Func | None, mod: Module, e: ast.AST) -> list
             if f is not None:
                 out.append(f)
         elif isinstance(n, ast.Name):
-            probe = ast.Call(func=n, args=[], keywords=[])
-            f = audit.resolve(owner, probe, {}) if owner is not None else (
-                mod.functions.get(n.id) or audit.resolve(Func("", mod, "", ast.Lambda(), None, None), probe, {}))
+            f = audit.resolve(owner or mod.scope, ast.Call(func=n, args=[], keywords=[]), {})
             if f is not None:
                 out.append(f)
                 out.extend(f.nested.values())  # a factory: its closures
@@ -813,9 +816,6 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
     for f in mod.functions.values():
         for n in _own_nodes(f):
             owners[id(n)] = f
-    factories = {f.qualname for f in mod.functions.values()
-                 if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in KERNEL_CTORS
-                        for n in _own_nodes(f))}
     for n in ast.walk(mod.tree):
         if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Name):
             continue
@@ -845,15 +845,11 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
                 continue
             for f in found:
                 entries.append(Entry(f"{n.func.id} {label.strip(chr(39))} ({mod.rel}:{n.lineno})", f, _entry_taint(f)))
-        elif n.func.id in factories or (audit.resolve(owner, n, {}) if owner else mod.functions.get(n.func.id)) is not None:
-            target = mod.functions.get(n.func.id) if owner is None else audit.resolve(owner, n, {})
-            if target is None:
-                imp = mod.imports.get(n.func.id)
-                target = audit._lookup_module_func(imp[0], imp[1]) if imp and imp[1] else None
-            if target is None or not any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in KERNEL_CTORS
-                                         for x in ast.walk(target.node)):
-                continue
-            if _capture_unsupported(n):
+        else:  # a call of a kernel factory: the functions handed to it are kernel bodies
+            target = audit.resolve(owner or mod.scope, n, {})
+            if target is None or _capture_unsupported(n) or not any(
+                    isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in KERNEL_CTORS
+                    for x in ast.walk(target.node)):
                 continue
             label = ast.unparse(n.args[0]) if n.args else n.func.id
             for a in [*n.args[1:], *[k.value for k in n.keywords]]:
