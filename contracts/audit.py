@@ -14,7 +14,8 @@ What it does, in order:
    calls are still followed into the whole tree.
 3. Walks the call graph from each entry (calls to functions it can resolve: same module, imported
    names and modules, ``self.method``, nested defs; not dynamic dispatch such as
-   ``getattr(xp, name)``) and looks for synchronising or host-reading calls, ``SINKS`` below.
+   ``getattr(xp, name)``) and looks for synchronising or host-reading calls (the tables below,
+   each kind with its ``WHY``).
    Device values are tracked from the kernel's array parameters through expressions and
    assignments, and into helpers by argument position, so ``float(x.sum())`` or ``if x.any():``
    on a device array is found, while ``int(x.shape[0])`` is not.
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TREE = ("kernels", "reference_runtime")
 DEFAULT_ALLOWLIST = ROOT / "contracts" / "sync_allowlist.toml"
 
-__all__ = ["audit", "main", "Finding", "Site", "AuditResult", "SINKS"]
+__all__ = ["audit", "main", "Finding", "Site", "AuditResult"]
 
 # -- what synchronises, and why it is unsafe while capturing --------------------------------------
 WHY = {
@@ -87,9 +88,6 @@ HOST_ATTRS = {"shape", "ndim", "dtype", "size", "strides", "itemsize", "nbytes",
 GUARD_NAMES = {"is_capturing", "_capturing", "capturing"}
 KERNEL_CTORS = {"OpKernel", "Kernel"}
 
-SINKS = {"methods": SYNC_METHODS, "runtime_methods": RUNTIME_METHODS, "readback": READBACK_METHODS,
-         "host_casts": sorted(HOST_CASTS), "data_shape": sorted(DATA_SHAPE | ONE_ARG_DATA_SHAPE),
-         "cublas": sorted(CUBLAS)}
 
 
 class AuditError(Exception):
@@ -638,7 +636,7 @@ class Audit:
                     out.sinks.append(_Sink(st, f"assert {ast.unparse(st.test)}", "host-branch", guard))
                 visit_expr(st.test, guard)
                 return
-            for fld, value in ast.iter_fields(st):
+            for _, value in ast.iter_fields(st):
                 if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
                     visit_block(value, guard)
                 elif isinstance(value, list):

@@ -81,6 +81,17 @@ def normalize_axis(node: NodeInfo, axis: int, rank: int) -> int:
     return axis % rank if rank else 0
 
 
+def head_counts(node: NodeInfo, q_attr: str, kv_attr: str) -> tuple[int, int]:
+    """Grouped-query head counts from two required attributes: q a positive multiple of kv."""
+    hq, hkv = node.attr(q_attr), node.attr(kv_attr)
+    if hq is None or hkv is None:
+        raise node.error(f"attributes {q_attr} and {kv_attr} are required")
+    hq, hkv = int(hq), int(hkv)
+    if hq <= 0 or hkv <= 0 or hq % hkv:
+        raise node.error(f"{q_attr}={hq} must be a positive multiple of {kv_attr}={hkv}")
+    return hq, hkv
+
+
 def broadcast(node: NodeInfo, *shapes: Sequence[int]) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))

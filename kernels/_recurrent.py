@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import OpKernel, Spec
+from ._op import OpKernel, Spec, head_counts
 from ._linalg import bf16_as_float32, matmul
 
 __all__ = ["RECURRENT_OPS"]
@@ -26,12 +26,7 @@ def _la_dims(node, specs):
     rule = node.attr("update_rule", "gated_delta")
     if rule not in _RULES:
         raise node.error(f"unsupported update_rule {rule!r}; expected one of {_RULES}")
-    hq, hkv = node.attr("q_num_heads"), node.attr("kv_num_heads")
-    if hq is None or hkv is None:
-        raise node.error("q_num_heads and kv_num_heads are required")
-    hq, hkv = int(hq), int(hkv)
-    if hq <= 0 or hkv <= 0 or hq % hkv:
-        raise node.error(f"q_num_heads ({hq}) must be a positive multiple of kv_num_heads ({hkv})")
+    hq, hkv = head_counts(node, "q_num_heads", "kv_num_heads")
     for name, s in (("query", q), ("key", k), ("value", v)):
         if s.rank != 3:
             raise node.error(f"{name} must be rank 3 (B, T, H*D), got {s.shape}")

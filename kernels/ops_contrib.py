@@ -54,7 +54,7 @@ import numpy as np
 
 from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
 from ._linalg import bf16_as_float32, matmul
-from ._op import OpKernel, Spec, normalize_axis
+from ._op import OpKernel, Spec, head_counts, normalize_axis
 
 OPS: list[OpKernel] = []
 
@@ -213,12 +213,7 @@ _GQA_UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_si
 
 
 def _gqa_attrs(node):
-    nq, nkv = node.attr("num_heads"), node.attr("kv_num_heads")
-    if nq is None or nkv is None:
-        raise node.error("attributes num_heads and kv_num_heads are required")
-    nq, nkv = int(nq), int(nkv)
-    if nq <= 0 or nkv <= 0 or nq % nkv:
-        raise node.error(f"num_heads={nq} must be a positive multiple of kv_num_heads={nkv}")
+    nq, nkv = head_counts(node, "num_heads", "kv_num_heads")
     smooth = int(node.attr("smooth_softmax", 0))
     if smooth not in (0, -1):
         raise node.error(f"smooth_softmax={smooth} is not supported (only 0)")

@@ -174,9 +174,8 @@ class Executor:
             else:
                 self._const_values[name] = self._place(value, name)
         # per step: the paged weights it reads (made resident before it launches)
-        self.paged_inputs: dict[str, list[str]] = {
-            st.info.name: [i for i in st.node.input if i and self.pager is not None and self.pager.is_paged(i)]
-            for st in self.steps}
+        self.paged_inputs: dict[str, list[str]] = {} if self.pager is None else {
+            st.info.name: [i for i in st.node.input if i and self.pager.is_paged(i)] for st in self.steps}
 
     def _constant_value(self, info: NodeInfo) -> np.ndarray:
         a = info.attrs
@@ -361,7 +360,7 @@ class Executor:
             env[node.output[0]] = values[0]  # type: ignore[assignment]
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
-        rt.current_node = info.name
+        rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
         for i in step.kernel.host_inputs:
             if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
                 host = rt.download(values[i].tensor)  # the node's host seam
@@ -392,7 +391,6 @@ class Executor:
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
         checks = tuple(step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
-        rt.current_node = info.name  # attribution for the runtime's sync-debug log
         if self.pager is not None:
             self.pager.ensure(self.paged_inputs.get(info.name, ()))
         if checks:

@@ -202,11 +202,11 @@ class CaptureSession:
 
     def _run_segmented(self, sig: _Signature, feeds: dict[str, Any], keep, bind: dict[str, Tensor]) -> dict[str, Any]:
         ex, rt = self.ex, self.rt
-        # host feeds a segment reads go straight into their persistent buffers (no upload + copy)
-        seg_inputs = {v for kind, it in sig.items if kind == "segment" for v in it.inputs}  # type: ignore[union-attr]
+        # host feeds a segment reads (the only feeds with a persistent buffer) go straight into
+        # that buffer: no upload and copy
         direct: dict[str, Any] = {}
         for name, value in feeds.items():
-            if name in seg_inputs and not isinstance(value, Tensor) and name in sig.persist:
+            if not isinstance(value, Tensor) and name in sig.persist:
                 rt.write(sig.persist[name], value)
                 direct[name] = sig.persist[name]
         env, temps, bind = ex._start({**feeds, **direct}, keep, bind)

@@ -147,7 +147,6 @@ def test_a_freed_bound_output_is_refused_before_a_replay():
 
 
 def test_per_op_synchronize_is_real_without_deferral_and_a_counted_no_op_with_it():
-    model = _model()
     feeds_ids = PROMPT_IDS[:4]
     for defer, key in ((False, "syncs_real"), (True, "syncs_deferred")):
         dec = _decoder(False, config=RuntimeConfig(defer_eager_sync=defer))
@@ -156,7 +155,6 @@ def test_per_op_synchronize_is_real_without_deferral_and_a_counted_no_op_with_it
         after = dec.rt.counters.as_dict()
         launches = after["launches"] - before["launches"]
         assert after[key] - before[key] == launches > 0, "contract: one synchronize() per kernel launch"
-    del model
 
 
 def test_warmup_must_be_positive():
