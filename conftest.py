@@ -1,3 +1,5 @@
-"""Repository-wide pytest configuration: lockstep's plugin (devices, mutants, contract markers)."""
+"""Repository-wide pytest configuration.
 
-pytest_plugins = ["contracts.pytest_plugin"]
+lockstep's plugin (devices, engines, mutants, markers, reports) is loaded by its ``pytest11``
+entry point, as in any repository where the package is installed; nothing to load here.
+"""

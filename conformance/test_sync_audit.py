@@ -5,7 +5,7 @@ entry with its reason; and no stale allowlist entry. A CI required check, like t
 
 from __future__ import annotations
 
-from contracts.audit import audit, format_text
+from lockstep.contracts.audit import audit, format_text
 
 
 def test_the_tree_has_no_capture_unsafe_sync():

@@ -188,6 +188,9 @@ class Module:
 
 
 def _module_name(path: Path) -> str:
+    """The import name of a file of lockstep's tree: ``kernels/ops_nn.py`` -> ``lockstep.kernels.ops_nn``
+    (ROOT is the source checkout, whose ``lockstep/`` folder is the namespace's own modules, or the
+    installed ``lockstep`` package). Files outside the tree are named by their stem."""
     try:
         rel = path.resolve().relative_to(ROOT)
     except ValueError:
@@ -195,7 +198,9 @@ def _module_name(path: Path) -> str:
     parts = list(rel.with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(parts)
+    if parts[:1] == ["lockstep"]:
+        parts = parts[1:]
+    return ".".join(["lockstep", *parts])
 
 
 def _rel(path: Path) -> str:
@@ -867,8 +872,10 @@ class Allow:
 
 
 def _load_config(path: Path | None) -> tuple[list[Allow], list[dict[str, str]]]:
-    if path is None or not path.exists():
+    if path is None:  # deliberately none (tests of the audit itself)
         return [], []
+    if not path.is_file():  # a missing allowlist would silently drop the runtime's capture entries
+        raise AuditError(f"allowlist {path}: no such file")
     if tomllib is None:
         raise AuditError("reading the allowlist needs Python 3.11 (tomllib)")
     try:

@@ -21,12 +21,10 @@ __all__ = ["run_mutants", "contract_tests_dir"]
 
 
 def contract_tests_dir() -> Path:
-    path = Path(__file__).resolve().parent.parent / "conformance" / "contracts"
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"{path} not found: `lockstep mutants` needs a source checkout installed with `pip install -e .`"
-        )
-    return path
+    """The packaged contract tests (``lockstep.conformance.contracts``)."""
+    from lockstep.paths import package_path
+
+    return package_path("lockstep.conformance.contracts")
 
 
 def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout_s: float = 600) -> dict:

@@ -11,8 +11,8 @@ a docstring saying what it breaks, and register it in ``MUTANTS``.
 
 from __future__ import annotations
 
-from kernels import primitives
-from reference_runtime.runtime import GraphSlot, Runtime, _Resources, _SlotState
+from lockstep.kernels import primitives
+from lockstep.reference_runtime.runtime import GraphSlot, Runtime, _Resources, _SlotState
 
 __all__ = ["MUTANTS", "runtime_class"]
 
@@ -158,7 +158,7 @@ def runtime_class(mutant: str | None) -> type[Runtime]:
 # -- beyond the runtime catalogue: the pager's distant-caller bug (seed 000) ----------------------
 # Not in MUTANTS (those break a runtime primitive and are killed by the contract tests); this one
 # breaks the pager, a caller of the primitives, and is killed by conformance/golden/test_paging.py.
-from reference_runtime.pager import WeightPager  # noqa: E402
+from lockstep.reference_runtime.pager import WeightPager  # noqa: E402
 
 
 class SyncBarrierPager(WeightPager):

@@ -4,7 +4,7 @@ Each scenario drives a fresh device through a short program and records one obse
 ``ok``, ``ok:<value>`` or ``raise:<ExceptionClass>``. The expected observations are written from
 ``shared/notes/cuda-semantics.md`` (rows marked in ``ROW``) and from the runtime contracts; the
 simulated device must produce exactly them in CI, and on the H200 the CUDA device must produce the
-same (``python -m contracts.parity --device cupy``). Scenarios that poison the context
+same (``python -m lockstep.contracts.parity --device cupy``). Scenarios that poison the context
 (``POISONS``) run in a child process on a real GPU.
 
 Adding a scenario: write ``def scenario_<name>(dev, rec)``, add its expected steps to ``EXPECTED``
@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kernels import Kernel
-from kernels import primitives as P
-from reference_runtime import GraphSlot, Runtime, RuntimeConfig
-from reference_runtime.backends import ArrayRef, Device, make_device
+from lockstep.kernels import Kernel
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import GraphSlot, Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends import ArrayRef, Device, make_device
 
 __all__ = ["SCENARIOS", "EXPECTED", "DIVERGENCES", "POISONS", "ROW", "expected_for", "run_scenario", "run_all"]
 
@@ -447,7 +447,7 @@ def run_scenario(name: str, device: str = "sim", *, isolate: bool | None = None)
     if isolate is None:
         isolate = device != "sim" and name in POISONS
     if isolate:
-        cmd = [sys.executable, "-m", "contracts.parity", "--device", device, "--scenario", name, "--json", "-"]
+        cmd = [sys.executable, "-m", "lockstep.contracts.parity", "--device", device, "--scenario", name, "--json", "-"]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
@@ -468,7 +468,7 @@ def run_all(device: str, names: list[str] | None = None) -> dict[str, list[tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m contracts.parity", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lockstep.contracts.parity", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="sim")
     ap.add_argument("--scenario", action="append", help="scenario name (repeatable); default: all")
     ap.add_argument("--json", help="write observations as JSON to this file ('-' for stdout)")

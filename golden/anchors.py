@@ -62,7 +62,7 @@ def near_tie_band(spec: ModelSpec, dtype: str, logit_scale: float) -> float:
 def model_sha256(name: str) -> str:
     path = MODEL_DIR / f"{name}.onnx"
     if not path.is_file():
-        raise FileNotFoundError(f"golden model {path} is missing: run `python -m golden.models --write`")
+        raise FileNotFoundError(f"golden model {path} is missing: run `python -m lockstep.golden.models --write`")
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

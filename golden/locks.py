@@ -59,7 +59,7 @@ class LockResult:
 
 
 def teacher_forced_lock(decoder, snap: dict[str, Any], dtype: str, *, stepwise: bool) -> LockResult:
-    from reference_runtime.decode import teacher_force
+    from lockstep.reference_runtime.decode import teacher_force
 
     context = snap["prompt"] + snap["prefix"]
     band = snap["band"][dtype]
@@ -96,7 +96,7 @@ class TripResult:
 
 
 def tripwire(decoder, snap: dict[str, Any], dtype: str) -> TripResult:
-    from reference_runtime.decode import greedy
+    from lockstep.reference_runtime.decode import greedy
 
     prefix = snap["prefix"]
     result = greedy(decoder, snap["prompt"], len(prefix))

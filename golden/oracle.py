@@ -75,9 +75,9 @@ def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def float64_logits(decomposed_fp32: onnx.ModelProto, ids: list[int]) -> np.ndarray:
     """Logits of one prefill on the reference runtime (simulated device) in float64."""
-    from reference_runtime import Runtime, RuntimeConfig
-    from reference_runtime.backends.sim import SimDevice
-    from reference_runtime.executor import Executor
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.executor import Executor
 
     model = as_float64(decomposed_fp32)
     ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))

@@ -320,7 +320,7 @@ def _flex_shapes(node, specs):
     q, k, v = specs[0], specs[1], specs[2]
     for name in ("score_mod", "prob_mod"):
         if node.attr(name) is not None:
-            from reference_runtime.model import UnsupportedModel  # lazy: kernels do not import the runtime
+            from lockstep.reference_runtime.model import UnsupportedModel  # lazy: kernels do not import the runtime
 
             raise UnsupportedModel("FlexAttention", [f"{node.name}: the {name} subgraph attribute is not supported"])
     if q.rank != 4 or k.rank != 4 or v.rank != 4:

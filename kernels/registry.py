@@ -18,15 +18,15 @@ from ._op import OpKernel
 __all__ = ["Registry", "REGISTRY", "MODULES", "EXECUTOR_OPS"]
 
 MODULES = (
-    "kernels.ops_elementwise",
-    "kernels.ops_math",
-    "kernels.ops_shape",
-    "kernels.ops_index",
-    "kernels.ops_reduce",
-    "kernels.ops_nn",
-    "kernels.ops_linalg",
-    "kernels.ops_cast",
-    "kernels.ops_contrib",
+    "lockstep.kernels.ops_elementwise",
+    "lockstep.kernels.ops_math",
+    "lockstep.kernels.ops_shape",
+    "lockstep.kernels.ops_index",
+    "lockstep.kernels.ops_reduce",
+    "lockstep.kernels.ops_nn",
+    "lockstep.kernels.ops_linalg",
+    "lockstep.kernels.ops_cast",
+    "lockstep.kernels.ops_contrib",
 )
 
 # Ops the executor handles itself rather than through a kernel.

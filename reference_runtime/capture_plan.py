@@ -36,7 +36,7 @@ import numpy as np
 
 import onnx
 
-from kernels._op import Spec
+from lockstep.kernels._op import Spec
 from .symbols import Symbol
 
 __all__ = ["CapturePlan", "plan_capture", "growing_symbols"]

@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from kernels import Kernel
-from kernels._latch import flag_out_of_range
-from kernels._op import NodeInfo, OpKernel, Spec
-from kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
+from lockstep.kernels import Kernel
+from lockstep.kernels._latch import flag_out_of_range
+from lockstep.kernels._op import NodeInfo, OpKernel, Spec
+from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 
 from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
 from .errors import IllegalState

@@ -1,11 +1,11 @@
 """ONNX's backend node cases (``onnx.backend.test.loader``), cached, and run against an engine.
 
 onnx builds its 1,884 node cases in memory (about 5-10 s); ``load_cases`` keeps them in a pickle
-keyed by onnx's version (``$LOCKSTEP_CACHE_DIR``, default ``.lockstep-cache/`` in the working
+keyed by onnx's version in lockstep's cache (``$LOCKSTEP_CACHE_DIR``, default the user cache
 directory) so pytest-xdist workers do not each pay that. ``run_case`` compares outputs the way
 ONNX's own runner does (``Runner.assert_similar_outputs``: shapes, dtypes, rtol/atol per case).
 
-As a command, for working on kernels: ``python -m reference_runtime.node_cases --engine ref-sim
+As a command, for working on kernels: ``python -m lockstep.reference_runtime.node_cases --engine ref-sim
 --match 'test_add*'`` prints each case's outcome and a summary.
 """
 
@@ -50,8 +50,9 @@ class Outcome:
 
 
 def _cache_path() -> Path:
-    base = Path(os.environ.get("LOCKSTEP_CACHE_DIR", ".lockstep-cache"))
-    return base / f"node-cases-onnx-{onnx.__version__}.pkl"
+    from lockstep.paths import cache_dir
+
+    return cache_dir() / f"node-cases-onnx-{onnx.__version__}.pkl"
 
 
 def _build() -> list[NodeCase]:
@@ -128,7 +129,7 @@ def run_case(engine, case: NodeCase) -> Outcome:
 def main(argv: list[str] | None = None) -> int:
     from .engines import make_engine
 
-    ap = argparse.ArgumentParser(prog="python -m reference_runtime.node_cases")
+    ap = argparse.ArgumentParser(prog="python -m lockstep.reference_runtime.node_cases")
     ap.add_argument("--engine", default="ref-sim")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")

@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels import primitives
-from kernels._kernel import Kernel
+from lockstep.kernels import primitives
+from lockstep.kernels._kernel import Kernel
 
 from . import sync_debug as _sd
 from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream

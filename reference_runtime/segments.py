@@ -26,13 +26,12 @@ inputs, that the eager run launches; ``conformance/golden/test_capture_identity.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from kernels import primitives
+from lockstep.kernels import primitives
 
 from .capture_plan import CapturePlan, growing_symbols, plan_capture
 from .errors import (

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contracts import audit as A  # noqa: E402
+from lockstep.contracts import audit as A  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, "-m", "reference_runtime.cli", "audit"], cwd=ROOT, env=env,
+        rc = subprocess.run([sys.executable, "-m", "lockstep", "audit"], cwd=ROOT, env=env,
                             capture_output=True).returncode
         cli.append(time.perf_counter() - t0)
         A._PARSED.clear()

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from reference_runtime.engines import Engine, make_engine  # noqa: E402
-from reference_runtime.node_cases import load_cases, run_case  # noqa: E402
+from lockstep.reference_runtime.engines import Engine, make_engine  # noqa: E402
+from lockstep.reference_runtime.node_cases import load_cases, run_case  # noqa: E402
 
 
 class OnnxReference(Engine):

@@ -53,9 +53,9 @@ step golden        timeout 300 python3 -m pytest conformance/golden -m "golden o
 step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
 step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
 step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
-step parity-json   timeout 150 python3 -m contracts.parity --device cupy --json "$out/parity-cupy.json"
-step mutants-sim   timeout 120 python3 -m reference_runtime.cli mutants --device sim
-step mutants-cupy  timeout 300 python3 -m reference_runtime.cli mutants --device cupy --jobs 6 --timeout 150
+step parity-json   timeout 150 python3 -m lockstep.contracts.parity --device cupy --json "$out/parity-cupy.json"
+step mutants-sim   timeout 120 python3 -m lockstep mutants --device sim
+step mutants-cupy  timeout 300 python3 -m lockstep mutants --device cupy --jobs 6 --timeout 150
 
 echo
 echo "== lockstep GPU lane =="

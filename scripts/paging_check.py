@@ -32,11 +32,11 @@ def _child(variant: str, device: str, q) -> None:
 
     import numpy as np
 
-    from contracts.mutants import SyncBarrierPager
-    from kernels import primitives as P
-    from reference_runtime import Runtime, RuntimeConfig
-    from reference_runtime.backends import make_device
-    from reference_runtime.pager import WeightPager
+    from lockstep.contracts.mutants import SyncBarrierPager
+    from lockstep.kernels import primitives as P
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends import make_device
+    from lockstep.reference_runtime.pager import WeightPager
 
     rec: dict = {"variant": variant, "device": device}
     try:

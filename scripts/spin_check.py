@@ -3,7 +3,7 @@ stream busy for the time asked (they check queue state, not wall time, but need 
 
 import cupy
 
-from kernels import primitives as P
+from lockstep.kernels import primitives as P
 
 out = cupy.zeros(1, cupy.int32)
 s = cupy.cuda.Stream(non_blocking=True)

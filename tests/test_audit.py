@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.audit import audit, main
+from lockstep.contracts.audit import audit, main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "audit"
-NO_ALLOWLIST = Path("/nonexistent/allowlist.toml")
+NO_ALLOWLIST = None  # no allowlist at all: only the kernels found in the given files are entries
 
 
 def _marked_lines(path: Path) -> set[int]:
@@ -36,7 +36,7 @@ def test_the_helper_chain_is_named_from_the_kernel_entry():
 def test_a_guard_inside_the_helper_alone_is_enough(tmp_path):
     kernel = tmp_path / "helper_guard.py"
     kernel.write_text(
-        "from kernels._op import OpKernel\n"
+        "from lockstep.kernels._op import OpKernel\n"
         "def _wait(xp):\n"
         "    s = xp.cuda.get_current_stream()\n"
         "    if not s.is_capturing():\n"
@@ -88,6 +88,12 @@ reason = "matches nothing"
 
 def test_exit_codes_and_formats(tmp_path, capsys):
     bad = str(FIXTURES / "bad_aliased_method.py")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    assert main([str(FIXTURES / "ok_guarded.py"), "--allowlist", str(tmp_path / "missing.toml")]) == 2, (
+        "contract: a missing allowlist is a usage error, never a silently weaker audit")
+    assert "missing.toml: no such file" in capsys.readouterr().err
+    NO_ALLOWLIST = empty  # noqa: N806 - the CLI takes a file: an empty one allows nothing
     assert main([str(FIXTURES / "ok_guarded.py"), "--allowlist", str(NO_ALLOWLIST)]) == 0
     assert main([bad, "--allowlist", str(NO_ALLOWLIST), "--explain"]) == 1
     out = capsys.readouterr().out

@@ -8,11 +8,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 import numpy as np
 
-from golden.anchors import MODEL_DIR
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.capture_plan import plan_capture
-from reference_runtime.executor import Executor
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.capture_plan import plan_capture
+from lockstep.reference_runtime.executor import Executor
 
 
 def _ex(model):
@@ -112,8 +112,8 @@ def test_a_value_without_a_resolved_shape_cannot_be_admitted():
 
 
 def test_control_flow_is_a_host_seam():
-    from kernels._op import OpKernel, Spec
-    from kernels.registry import REGISTRY, Registry
+    from lockstep.kernels._op import OpKernel, Spec
+    from lockstep.kernels.registry import REGISTRY, Registry
 
     # the shipped registry has no control-flow kernels (such models are refused at load); a
     # registry that adds one gets a host seam for it, before any other check

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from contracts.report import render_markdown, summarize
+from lockstep.report import render_markdown, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_lockstep_check_writes_json_and_markdown(tmp_path):
     out = tmp_path / "rep"
     proc = subprocess.run(
-        [sys.executable, "-m", "reference_runtime.cli", "check", "--engines", "ref-sim,ort-cpu",
+        [sys.executable, "-m", "lockstep", "check", "--engines", "ref-sim,ort-cpu",
          "--report-dir", str(out), "-q", "-p", "no:cacheprovider", "-m", "node_suite", "-k", "test_abs or test_acos"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )

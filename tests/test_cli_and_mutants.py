@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import inspect
 import io
-from pathlib import Path
 
 import pytest
 
-from contracts.mutant_runner import run_mutants
-from contracts.parity import SCENARIOS
-from contracts.mutants import MUTANTS, runtime_class
-from reference_runtime.cli import main
-from reference_runtime.runtime import Runtime
+from lockstep.contracts.mutant_runner import run_mutants
+from lockstep.contracts.parity import SCENARIOS
+from lockstep.contracts.mutants import MUTANTS, runtime_class
+from lockstep.cli import main
+from lockstep.reference_runtime.runtime import Runtime
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cli_parity_on_sim_matches(capsys):
@@ -76,12 +74,6 @@ def test_run_mutants_rejects_unknown_names(capsys):
     assert "unknown mutant(s) ['nope']" in capsys.readouterr().err
 
 
-INI = """
-[pytest]
-markers =
-    contract(name): a contract test
-"""
-
 WELL_FORMED = '''
 import pytest
 
@@ -93,14 +85,11 @@ def test_ok():
 
 @pytest.fixture
 def run_isolated(pytester):
-    """Run pytest in pytester's directory with only lockstep's plugin (hypothesis's is slow to load there)."""
-    pytester.syspathinsert(str(REPO))
-    pytester.makeini(INI)
-
+    """Run pytest in pytester's directory: lockstep's plugin comes from its pytest11 entry point, as in
+    any repository where the package is installed (hypothesis's plugin is slow to load there)."""
     def run(**files):
         pytester.makepyfile(**files)
-        return pytester.runpytest("-p", "contracts.pytest_plugin", "-p", "no:cacheprovider",
-                                  "-p", "no:hypothesispytest")
+        return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
     return run
 

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-from kernels._op import OpError
-from reference_runtime.engines import make_engine
+from lockstep.kernels._op import OpError
+from lockstep.reference_runtime.engines import make_engine
 
 _ORT = make_engine("ort-cpu")
 _REF = make_engine("ref-sim")

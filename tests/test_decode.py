@@ -8,8 +8,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from reference_runtime.cli import main
-from reference_runtime.decode import greedy, make_decoder, teacher_force
+from lockstep.cli import main
+from lockstep.reference_runtime.decode import greedy, make_decoder, teacher_force
 
 
 def toy_decoder(seed=0) -> onnx.ModelProto:
@@ -90,7 +90,7 @@ def test_decode_cli_prints_text_tokens_and_counters(tmp_path, capsys):
 
 
 def test_a_model_without_the_contract_is_refused():
-    from reference_runtime.model import ModelError
+    from lockstep.reference_runtime.model import ModelError
 
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -101,7 +101,7 @@ def test_a_model_without_the_contract_is_refused():
 
 
 def test_fixed_capacity_cache_is_written_in_place_with_fixed_shapes():
-    from golden.anchors import MODEL_DIR
+    from lockstep.golden.anchors import MODEL_DIR
 
     dec = make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))
     assert dec.capacity == 64
@@ -120,9 +120,9 @@ def test_fixed_capacity_cache_is_written_in_place_with_fixed_shapes():
 
 
 def test_binding_an_output_over_a_feed_read_later_is_refused():
-    from reference_runtime import Runtime, RuntimeConfig
-    from reference_runtime.backends.sim import SimDevice
-    from reference_runtime.executor import Executor, FeedError
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.executor import Executor, FeedError
 
     # y = a + 1 is produced before z = a * 2 reads a: writing y over a in place would corrupt z
     g = helper.make_graph(
@@ -149,15 +149,15 @@ def test_ort_decoder_keeps_its_cache_in_ortvalues():
 
 
 def test_capture_off_the_cuda_provider_or_without_fixed_shapes_is_a_clear_error():
-    from golden.anchors import MODEL_DIR
+    from lockstep.golden.anchors import MODEL_DIR
 
     # a growing cache on the reference engines is captured in segments, not refused
     dec = make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), capture=True)
     assert dec.session is not None
     with pytest.raises(ValueError, match="need the CUDA execution provider"):
         make_decoder("ort-cpu", onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")), capture=True)
-    from reference_runtime.decode import OrtDecoder
-    from reference_runtime.engines import make_engine
+    from lockstep.reference_runtime.decode import OrtDecoder
+    from lockstep.reference_runtime.engines import make_engine
 
     with pytest.raises(ValueError, match="fixed-capacity KV cache"):
         OrtDecoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), make_engine("ort-cpu"), fixed_bindings=True)
@@ -169,9 +169,9 @@ def test_ort_fixed_bindings_ping_pong_matches_the_plain_binding_path(model):
     ping-ponging between two buffer sets, ids updated in place), checked on the CPU provider
     against the plain IO-binding path: decode and verify steps, byte for byte. (The CUDA-graph
     run itself needs ort-cuda, which no machine of this project has: see docs/gpu-verification.md.)"""
-    from golden.anchors import MODEL_DIR
-    from reference_runtime.decode import OrtDecoder
-    from reference_runtime.engines import make_engine
+    from lockstep.golden.anchors import MODEL_DIR
+    from lockstep.reference_runtime.decode import OrtDecoder
+    from lockstep.reference_runtime.engines import make_engine
 
     engine = make_engine("ort-cpu")
     if not engine.available()[0]:
@@ -193,10 +193,10 @@ def test_ort_fixed_bindings_ping_pong_matches_the_plain_binding_path(model):
 def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
     """A host seam inside the step (here: TopK's k read back from the device) refuses the capture
     cleanly (D2H during capture), the capture is aborted, and the decode continues eagerly."""
-    from golden.anchors import MODEL_DIR
-    from reference_runtime.decode import RefDecoder
-    from reference_runtime import Runtime, RuntimeConfig
-    from reference_runtime.backends.sim import SimDevice
+    from lockstep.golden.anchors import MODEL_DIR
+    from lockstep.reference_runtime.decode import RefDecoder
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
@@ -219,11 +219,11 @@ def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
     """The seeds' replays=0 bug class, end to end: with PRIMARY and VERIFY sharing one lifecycle
     (contracts.mutants.SharedSlotLifecycle), alternating decode and verify steps no longer match
     the eager run; with independent slots they do (conformance/golden/test_capture_identity.py)."""
-    from contracts.mutants import SharedSlotLifecycle
-    from golden.anchors import MODEL_DIR
-    from reference_runtime import RuntimeConfig
-    from reference_runtime.backends.sim import SimDevice
-    from reference_runtime.decode import RefDecoder
+    from lockstep.contracts.mutants import SharedSlotLifecycle
+    from lockstep.golden.anchors import MODEL_DIR
+    from lockstep.reference_runtime import RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.decode import RefDecoder
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     steps = [list(b"The quick"), [66], [67, 68, 69], [70], [71, 72, 73], [74]]
@@ -244,10 +244,10 @@ def test_a_graph_whose_intermediates_were_freed_fails_instead_of_replaying_silen
     """Mutant: the captured step's intermediates are freed after the capture (not retained with the
     graph). Their addresses are baked in the graph, so a replay reads and writes memory that was
     released or handed out again: the simulated device must not let that pass as a correct decode."""
-    from golden.anchors import MODEL_DIR
-    from reference_runtime import Runtime, RuntimeConfig
-    from reference_runtime.backends.sim import SimDevice
-    from reference_runtime.decode import RefDecoder
+    from lockstep.golden.anchors import MODEL_DIR
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.decode import RefDecoder
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     prompt = list(b"The quick brown fox")

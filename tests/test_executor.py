@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.executor import Executor, FeedError
-from reference_runtime.model import ModelError, UnsupportedModel
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.executor import Executor, FeedError
+from lockstep.reference_runtime.model import ModelError, UnsupportedModel
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=21, ir=10):
@@ -38,8 +38,8 @@ def test_unsupported_ops_are_all_reported_before_execution():
 
 
 def test_unsupported_reason_names_the_opset():
-    from kernels._op import Unary
-    from kernels.registry import Registry
+    from lockstep.kernels._op import Unary
+    from lockstep.kernels.registry import Registry
 
     old_only = Registry([Unary("Neg", lambda xp, x: -x, since=1, until=5)])
     m = _model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [_vi("x")], [_vi("y")])
@@ -154,9 +154,9 @@ def test_derived_symbols_record_their_provenance():
 
 
 def test_out_of_range_index_sets_the_latch_without_readback():
-    from kernels._op import OpKernel, Spec
-    from kernels.registry import Registry
-    from reference_runtime import DeviceAssert
+    from lockstep.kernels._op import OpKernel, Spec
+    from lockstep.kernels.registry import Registry
+    from lockstep.reference_runtime import DeviceAssert
 
     def shapes(node, specs):
         return [Spec(specs[1].shape + specs[0].shape[1:], specs[0].dtype)]
@@ -184,7 +184,7 @@ def test_out_of_range_index_sets_the_latch_without_readback():
 
 def test_registered_gather_flags_out_of_range_indices():
     """The real Gather kernel: an out-of-range index raises DeviceAssert naming the node."""
-    from reference_runtime import DeviceAssert
+    from lockstep.reference_runtime import DeviceAssert
 
     m = _model([helper.make_node("Gather", ["d", "i"], ["y"], name="Gather_lm_head", axis=0)],
                [_vi("d", shape=(4, 2)), _vi("i", TensorProto.INT64, shape=(3,))], [_vi("y", shape=(3, 2))])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import golden.anchors as anchors
-from reference_runtime.cli import main
+import lockstep.golden.anchors as anchors
+from lockstep.cli import main
 
 
 def test_regenerate_refuses_an_engine_as_the_source(capsys):
@@ -53,7 +53,7 @@ def test_a_corrupt_snapshot_names_the_file(tmp_path, monkeypatch):
 
 
 def test_snapshot_comparison_ignores_only_the_oracle_version():
-    from golden.syrupy_ext import same_anchors
+    from lockstep.golden.syrupy_ext import same_anchors
 
     snap = anchors.load_snapshot("tiny-fp32-standard")
     other = {**snap, "provenance": {**snap["provenance"], "oracle_version": "1.23.1"}}

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from golden.models import (
+from lockstep.golden.models import (
     GENERATOR_VERSION,
     MODELS_DIR,
     NEAR_TIE,
@@ -26,8 +26,8 @@ from golden.models import (
     sha256_of,
     weights_from_model,
 )
-from golden.models.__main__ import main as models_main
-from reference_runtime.engines import make_engine
+from lockstep.golden.models.__main__ import main as models_main
+from lockstep.reference_runtime.engines import make_engine
 
 FP32 = ("tiny-fp32-standard", "tiny-fp32-decomposed")
 ENGINES = ("ref-sim", "ort-cpu")
@@ -292,7 +292,7 @@ def test_file_hashes_are_the_manifests():
 
 
 def test_int4_quantization_round_trips_in_matmulnbits_layout():
-    from golden.models.build import quantize_int4
+    from lockstep.golden.models.build import quantize_int4
 
     w = np.random.RandomState(0).standard_normal((64, 8))
     packed, scales, deq = quantize_int4(w, 32)
@@ -308,8 +308,8 @@ def test_genai_flavour_on_ort_matches_its_standard_twin():
     ONNX Runtime computes what the oracle's standard twin computes on the reference runtime."""
     import dataclasses
 
-    from golden.models.build import build
-    from reference_runtime.decode import greedy, make_decoder
+    from lockstep.golden.models.build import build
+    from lockstep.reference_runtime.decode import greedy, make_decoder
 
     spec = VARIANTS["tiny-int4-genai"]
     prompt = list(b"The quick brown fox")

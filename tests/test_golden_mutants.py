@@ -9,12 +9,12 @@ import numpy as np
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR, load_snapshot
-from golden.locks import ModelChanged, NotFromOracle, check_provenance, teacher_forced_lock, tripwire
-from golden.models.spec import NEAR_TIE
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.decode import Decoder, RefDecoder
+from lockstep.golden.anchors import MODEL_DIR, load_snapshot
+from lockstep.golden.locks import ModelChanged, NotFromOracle, check_provenance, teacher_forced_lock, tripwire
+from lockstep.golden.models.spec import NEAR_TIE
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.decode import Decoder, RefDecoder
 
 FP32 = "tiny-fp32-standard"
 

@@ -7,11 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from contracts.mutants import CopyWithoutForcedSync
-from kernels import primitives as P
-from reference_runtime import Runtime, RuntimeConfig, StreamOrderRace
-from reference_runtime.backends import ArrayRef
-from reference_runtime.backends.sim import SimDevice
+from lockstep.contracts.mutants import CopyWithoutForcedSync
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import Runtime, RuntimeConfig, StreamOrderRace
+from lockstep.reference_runtime.backends import ArrayRef
+from lockstep.reference_runtime.backends.sim import SimDevice
 
 F32 = np.dtype(np.float32)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import primitives
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.pager import PagerError, PagingConfigError, WeightPager
+from lockstep.kernels import primitives
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.pager import PagerError, PagingConfigError, WeightPager
 
 G = 2 << 20
 

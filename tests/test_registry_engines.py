@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from kernels._op import Spec, Unary
-from kernels.registry import REGISTRY, Registry
-from reference_runtime.engines import OrtEngine, RefEngine, _exotic_dtypes, make_engine
-from reference_runtime.model import UnsupportedModel
+from lockstep.kernels._op import Spec, Unary
+from lockstep.kernels.registry import REGISTRY, Registry
+from lockstep.reference_runtime.engines import OrtEngine, RefEngine, _exotic_dtypes, make_engine
+from lockstep.reference_runtime.model import UnsupportedModel
 
 
 def _k(op="Neg", **kw):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import primitives as P
-from reference_runtime import GraphSlot, InvalidValue, Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import GraphSlot, InvalidValue, Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
 
 VAR = "LOCKSTEP_DEFER_EAGER_SYNC"
 

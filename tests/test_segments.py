@@ -10,14 +10,14 @@ import numpy as np
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR
-from golden.models.spec import PROMPT
-from kernels._kernel import Kernel
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.decode import RefDecoder, greedy, make_decoder
-from reference_runtime.errors import IllegalAddress, IllegalState, UseAfterFree
-from reference_runtime.segments import CaptureSession
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import PROMPT
+from lockstep.kernels._kernel import Kernel
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.decode import RefDecoder, greedy, make_decoder
+from lockstep.reference_runtime.errors import IllegalAddress, IllegalState, UseAfterFree
+from lockstep.reference_runtime.segments import CaptureSession
 
 PROMPT_IDS = list(PROMPT.encode())
 TOKENS = 8

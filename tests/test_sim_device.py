@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import primitives as P
-from kernels._kernel import Kernel
-from reference_runtime.backends import ArrayRef
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.errors import (CaptureD2HRefused, CaptureOnLegacyStream, CublasDuringCapture, IllegalAddress,
+from lockstep.kernels import primitives as P
+from lockstep.kernels._kernel import Kernel
+from lockstep.reference_runtime.backends import ArrayRef
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.errors import (CaptureD2HRefused, CaptureOnLegacyStream, CublasDuringCapture, IllegalAddress,
                                       IllegalState, InvalidValue, LaunchFailure, StreamCaptureInvalidated,
                                       StreamCaptureUnsupported)
 

@@ -12,12 +12,12 @@ import warnings
 import numpy as np
 import pytest
 
-from kernels import primitives as P
-from reference_runtime.backends.sim import SimDevice, SimStream
-from reference_runtime.config import RuntimeConfig
-from reference_runtime.errors import CaptureD2HRefused, StreamCaptureUnsupported, SyncDebugError
-from reference_runtime.runtime import Runtime
-from reference_runtime.sync_debug import PRIMITIVES, SyncDebugWarning, SyncEvent, summarize
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime.backends.sim import SimDevice, SimStream
+from lockstep.reference_runtime.config import RuntimeConfig
+from lockstep.reference_runtime.errors import CaptureD2HRefused, StreamCaptureUnsupported, SyncDebugError
+from lockstep.reference_runtime.runtime import Runtime
+from lockstep.reference_runtime.sync_debug import PRIMITIVES, SyncDebugWarning, SyncEvent, summarize
 
 VAR = "LOCKSTEP_SYNC_DEBUG"
 HERE = "tests/test_sync_debug.py"

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 
 import onnx
-import pytest
 
-from contracts.audit import ROOT, audit
-from golden.anchors import MODEL_DIR
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.decode import RefDecoder, greedy
-from reference_runtime.errors import SyncDebugError
+from lockstep.contracts.audit import ROOT, audit
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.decode import RefDecoder, greedy
 
 GUARDED = "        if not rt.is_capturing:\n"
 CALL = "            rt.synchronize()\n"
@@ -35,7 +33,7 @@ def test_static_audit_reports_the_unguarded_per_op_sync(tmp_path):
 
 
 def test_sync_debug_refuses_the_unguarded_per_op_sync_during_capture(monkeypatch):
-    from reference_runtime.executor import Executor
+    from lockstep.reference_runtime.executor import Executor
 
     real = Executor._run_step
 

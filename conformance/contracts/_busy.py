@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import primitives as P
+from lockstep.kernels import primitives as P
 
 SPIN_US = 300_000
 

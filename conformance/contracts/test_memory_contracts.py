@@ -7,9 +7,9 @@ import gc
 import numpy as np
 import pytest
 
-from kernels import Kernel
-from kernels import primitives as P
-from reference_runtime import DeviceAssert, RuntimeConfig, UseAfterFree, InvalidValue
+from lockstep.kernels import Kernel
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import DeviceAssert, RuntimeConfig, UseAfterFree, InvalidValue
 
 from ._busy import busy
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, expected_for, run_scenario
+from lockstep.contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, expected_for, run_scenario
 
 
 @pytest.mark.parity

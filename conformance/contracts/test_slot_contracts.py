@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import primitives as P
-from reference_runtime import GraphSlot, IllegalState, InvalidResourceHandle, InvalidValue
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import GraphSlot, IllegalState, InvalidResourceHandle, InvalidValue
 
 PRIMARY, VERIFY = GraphSlot.PRIMARY, GraphSlot.VERIFY
 

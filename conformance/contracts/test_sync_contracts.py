@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import primitives as P
-from reference_runtime import GraphSlot, RuntimeConfig, StreamCaptureInvalidated, StreamCaptureUnsupported
+from lockstep.kernels import primitives as P
+from lockstep.reference_runtime import GraphSlot, RuntimeConfig, StreamCaptureInvalidated, StreamCaptureUnsupported
 
 from ._busy import busy
 

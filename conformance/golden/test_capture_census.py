@@ -7,12 +7,12 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR
-from golden.models.spec import VARIANTS
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends.sim import SimDevice
-from reference_runtime.capture_plan import plan_capture
-from reference_runtime.executor import Executor
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import VARIANTS
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.capture_plan import plan_capture
+from lockstep.reference_runtime.executor import Executor
 
 
 @pytest.mark.capture

@@ -16,9 +16,9 @@ import hashlib
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR
-from golden.models.spec import PROMPT, VARIANTS
-from reference_runtime.decode import greedy, make_decoder
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import PROMPT, VARIANTS
+from lockstep.reference_runtime.decode import greedy, make_decoder
 
 FIXED = sorted(n for n, s in VARIANTS.items() if s.kv_capacity)
 ALL = sorted(VARIANTS)

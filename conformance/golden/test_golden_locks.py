@@ -16,12 +16,12 @@ import json
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR, compute_anchors, load_snapshot
-from golden.locks import check_provenance, teacher_forced_lock, tripwire
-from golden.models.spec import VARIANTS
-from golden.syrupy_ext import GoldenSnapshotExtension
-from reference_runtime.decode import make_decoder
-from reference_runtime.model import UnsupportedModel
+from lockstep.golden.anchors import MODEL_DIR, compute_anchors, load_snapshot
+from lockstep.golden.locks import check_provenance, teacher_forced_lock, tripwire
+from lockstep.golden.models.spec import VARIANTS
+from lockstep.golden.syrupy_ext import GoldenSnapshotExtension
+from lockstep.reference_runtime.decode import make_decoder
+from lockstep.reference_runtime.model import UnsupportedModel
 
 MODELS = sorted(VARIANTS)
 

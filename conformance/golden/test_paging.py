@@ -11,18 +11,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
-from golden.anchors import MODEL_DIR
-from golden.models.spec import PROMPT, VARIANTS
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends import make_device
-from reference_runtime.decode import RefDecoder, greedy
-from reference_runtime.errors import IllegalAddress
-from reference_runtime.executor import Executor
-from reference_runtime.pager import PagingConfigError
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import PROMPT, VARIANTS
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends import make_device
+from lockstep.reference_runtime.decode import RefDecoder, greedy
+from lockstep.reference_runtime.errors import IllegalAddress
+from lockstep.reference_runtime.executor import Executor
+from lockstep.reference_runtime.pager import PagingConfigError
 
 TOKENS = 6
 
@@ -64,9 +63,9 @@ def test_paged_decode_is_byte_identical_to_resident(engine, model, capture):
 
 @pytest.mark.paging
 def test_the_seeds_bug_a_synchronize_barrier_is_caught_and_drain_for_unmap_is_clean(monkeypatch):
-    from contracts.mutants import SyncBarrierPager
-    from reference_runtime import pager as pager_mod
-    from reference_runtime.backends.sim import SimDevice
+    from lockstep.contracts.mutants import SyncBarrierPager
+    from lockstep.reference_runtime import pager as pager_mod
+    from lockstep.reference_runtime.backends.sim import SimDevice
 
     proto = onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))
     budget = _tightest_budget(proto, SimDevice())
@@ -91,7 +90,7 @@ def test_the_seeds_bug_a_synchronize_barrier_is_caught_and_drain_for_unmap_is_cl
 
 @pytest.mark.paging
 def test_a_budget_below_the_largest_weight_is_refused_at_session_creation():
-    from reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.backends.sim import SimDevice
 
     proto = onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))
     with pytest.raises(PagingConfigError, match="vram_limit 1048576 bytes is smaller than weight"):

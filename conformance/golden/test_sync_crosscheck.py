@@ -18,13 +18,13 @@ import warnings
 import onnx
 import pytest
 
-from contracts.audit import audit, site_of
-from golden.anchors import MODEL_DIR
-from golden.models.spec import PROMPT, VARIANTS
-from reference_runtime import Runtime, RuntimeConfig
-from reference_runtime.backends import make_device
-from reference_runtime.decode import RefDecoder, greedy
-from reference_runtime.sync_debug import SyncDebugWarning
+from lockstep.contracts.audit import audit, site_of
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import PROMPT, VARIANTS
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends import make_device
+from lockstep.reference_runtime.decode import RefDecoder, greedy
+from lockstep.reference_runtime.sync_debug import SyncDebugWarning
 
 _AUDIT = None
 

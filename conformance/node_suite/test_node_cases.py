@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference_runtime.node_cases import load_cases, run_case
+from lockstep.reference_runtime.node_cases import load_cases, run_case
 
 CASES = load_cases()
 

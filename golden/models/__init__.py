@@ -1,7 +1,7 @@
 """Deterministic golden models: specs (``spec``), the generator (``build``) and the manifest.
 
-``python -m golden.models --write`` regenerates every variant's ``.onnx`` and ``manifest.json``;
-``python -m golden.models --check`` rebuilds in memory and fails on drift. See README.md here.
+``python -m lockstep.golden.models --write`` regenerates every variant's ``.onnx`` and ``manifest.json``;
+``python -m lockstep.golden.models --check`` rebuilds in memory and fails on drift. See README.md here.
 """
 
 from .build import (

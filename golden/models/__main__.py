@@ -1,4 +1,4 @@
-"""``python -m golden.models --write | --check`` (see golden/models/README.md)."""
+"""``python -m lockstep.golden.models --write | --check`` (see golden/models/README.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .build import MODELS_DIR, check_models, write_models
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m golden.models", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lockstep.golden.models", description=__doc__)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate every variant's .onnx and manifest.json")
     mode.add_argument("--check", action="store_true", help="rebuild in memory; exit 1 on drift or a stale file")
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print(f"golden models: {len(problems)} problem(s); regenerate with `python -m golden.models --write` "
+        print(f"golden models: {len(problems)} problem(s); regenerate with `python -m lockstep.golden.models --write` "
               "if the change is intended", file=sys.stderr)
         return 1
     print("golden models: manifest and files match the generator")

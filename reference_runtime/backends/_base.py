@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel
 
 
 @dataclass(eq=False)

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel
 
 from ..errors import (
     CaptureD2HRefused,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel
 
 from ..errors import (
     CaptureD2HRefused,

@@ -7,28 +7,29 @@ import sys
 
 
 def _mutants(args: argparse.Namespace) -> int:
-    from contracts.mutant_runner import run_mutants
+    from lockstep.contracts.mutant_runner import run_mutants
 
     return run_mutants(args.device, args.mutant, jobs=args.jobs, timeout_s=args.timeout)
 
 
 def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
-    """The main job: the conformance suite on the available engines, with a report."""
+    """The main job: the packaged conformance suite (``pytest --pyargs lockstep.conformance``) on
+    the selected engines, with a report. Runs from any directory."""
+    import time
     from pathlib import Path
 
     import pytest
 
-    root = Path(__file__).resolve().parent.parent
-    suite = root / "conformance"
-    if not suite.is_dir():
-        print(f"{suite} not found: `lockstep check` needs a source checkout installed with `pip install -e .`")
-        return 2
-    argv = [str(suite), f"--lockstep-report-dir={args.report_dir}", f"--rootdir={root}"]
+    argv = ["--pyargs", "lockstep.conformance", f"--lockstep-report-dir={args.report_dir}",
+            # this command imported lockstep before pytest loads its plugin; the suite's test
+            # modules are still rewritten, only the plugin's own asserts are not
+            "-W", "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"]
     if args.engines:
         argv.append(f"--engines={args.engines}")
+    started = time.time()
     rc = int(pytest.main(argv + passthrough))
     md = Path(args.report_dir) / "report.md"
-    if md.is_file():
+    if md.is_file() and md.stat().st_mtime >= started:  # written by this run, not an earlier one
         print(md.read_text())
         print(f"report: {md} and {md.with_suffix('.json')}")
     return rc
@@ -41,12 +42,11 @@ def _decode(args: argparse.Namespace) -> int:
 
     import onnx
 
-    from .decode import greedy, make_decoder
+    from lockstep.reference_runtime.decode import greedy, make_decoder
 
     path = Path(args.model)
     if not path.is_file():
-        import golden
-
+        from lockstep import golden
         path = Path(golden.__file__).parent / "models" / f"{args.model}.onnx"
     if not path.is_file():
         print(f"model {args.model!r}: neither a file nor a golden model name (see golden/models/manifest.json)")
@@ -75,8 +75,8 @@ def _decode(args: argparse.Namespace) -> int:
 
 def _golden(args: argparse.Namespace) -> int:
     """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
-    from golden.anchors import compute_anchors, diff_snapshots, load_snapshot, same_anchors, write_snapshot
-    from golden.models.spec import VARIANTS
+    from lockstep.golden.anchors import compute_anchors, diff_snapshots, load_snapshot, same_anchors, write_snapshot
+    from lockstep.golden.models.spec import VARIANTS
 
     if args.source != "oracle":
         print(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
@@ -120,7 +120,7 @@ def _golden(args: argparse.Namespace) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from contracts import parity
+    from lockstep.contracts import parity
 
     argv = ["--device", args.device]
     for s in args.scenario or []:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
     raw = list(sys.argv[1:] if argv is None else argv)
     if raw[:1] == ["audit"]:  # its own argument parser (contracts/audit.py), exit codes 0/1/2
-        from contracts.audit import main as audit_main
+        from lockstep.contracts.audit import main as audit_main
 
         return audit_main(raw[1:])
     ap = argparse.ArgumentParser(prog="lockstep", description="Conformance and correctness suite for CUDA inference runtimes.")

@@ -21,11 +21,12 @@ from collections import Counter
 
 import pytest
 
-from reference_runtime import RuntimeConfig
-from reference_runtime.backends import DEVICES, available_devices, make_device
-from reference_runtime.engines import ENGINES, make_engine
+from lockstep.reference_runtime import RuntimeConfig
+from lockstep.reference_runtime.backends import DEVICES, available_devices, make_device
+from lockstep.reference_runtime.engines import ENGINES, make_engine
 
-from .mutants import runtime_class
+from lockstep.contracts.mutants import runtime_class
+from lockstep.paths import package_path
 
 _STATE_KEY = pytest.StashKey[dict]()
 
@@ -37,7 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
     g.addoption("--lockstep-report-dir", default=None, help="write report.json and report.md (per-engine counts, op gaps) here")
     g.addoption("--lockstep-expectations", default=None,
-                help="node-suite expectations file (default: conformance/node_suite/expectations.toml)")
+                help="node-suite expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml)")
     g.addoption("--engines", default=None, help=f"comma-separated engines to run, of {list(ENGINES)} (default: all)")
 
 
@@ -50,7 +51,20 @@ def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[st
     return names
 
 
+MARKERS = (
+    "contract(name): a test of a named runtime-primitive guarantee; its docstring states the guarantee",
+    "gpu: needs a CUDA device (skipped, visibly, without one)",
+    "parity: simulated-vs-CUDA parity scenarios",
+    "node_suite: ONNX backend node cases per engine",
+    "golden: golden token locks",
+    "capture: CUDA graph capture checks",
+    "paging: weight paging checks",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
     required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
     engines = _names(config.getoption("--engines"), ENGINES, "--engines", list(ENGINES))
@@ -113,7 +127,7 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
     from pathlib import Path
 
     given = config.getoption("--lockstep-expectations")
-    path = Path(given) if given else Path(str(config.rootpath)) / "conformance" / "node_suite" / "expectations.toml"
+    path = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
     if given and not path.is_file():
         raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
     suite = [it for it in items if it.get_closest_marker("node_suite") is not None]
@@ -276,7 +290,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             json.dump(st["outcomes"], f, indent=1)
     report_dir = session.config.getoption("--lockstep-report-dir")
     if report_dir:
-        from .report import write_report
+        from lockstep.report import write_report
 
         st["report_paths"] = write_report(st["outcomes"], report_dir)
 
@@ -284,7 +298,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Exit hard if a test poisoned a CUDA context: teardown in a poisoned context can hang."""
-    mod = sys.modules.get("reference_runtime.backends.cupy")
+    mod = sys.modules.get("lockstep.reference_runtime.backends.cupy")
     if mod is not None and mod.CupyDevice.poisoned_any:
         sys.stdout.flush()
         sys.stderr.flush()
