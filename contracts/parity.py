@@ -22,7 +22,6 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-
 from lockstep.kernels import Kernel
 from lockstep.kernels import primitives as P
 from lockstep.reference_runtime import GraphSlot, Runtime, RuntimeConfig

@@ -7,11 +7,15 @@ A snapshot (``golden/snapshots/<model>.json``) holds, for one golden model:
 - per position from the last prompt token on: the oracle's top-1 and top-2 tokens and their margin;
 - the near-tie band per engine dtype, from the error model below.
 
-Error model (``near_tie_band``): an engine storing activations in dtype ``s`` with unit roundoff
-``u_s`` and accumulating dot products of length up to ``K`` in ``a`` perturbs a logit of scale
-``L`` by about ``L * (R * (layers + 1) * u_s + sqrt(K) * u_a)``, with ``R = 6`` roundings per layer
-(norm, q/k/v, attention, output projection, MLP, residual). The band is ``KAPPA = 2`` times that
-(both compared logits carry it). Positions whose oracle margin lies inside the band are near-ties.
+Error model (``near_tie_band``): an engine computing in a precision (``lockstep.engines.PRECISIONS``:
+activation storage ``s``, matrix-product operands ``o``, accumulation ``a``) perturbs a logit of
+scale ``L`` by about ``L * (R * (layers + 1) * (u_s + u_o) + sqrt(K) * u_a)``, with ``R = 6``
+roundings per layer (norm, q/k/v, attention, output projection, MLP, residual), ``u_o`` counted
+only where operands are rounded below their storage format (TF32), and ``K`` the longest dot
+product. The band is ``KAPPA = 2`` times that (both compared logits carry it). A snapshot holds a
+band per precision that applies to its model's dtype (storage no finer than the model's);
+positions whose oracle margin lies inside the band of the engine's declared precision are
+near-ties for that engine.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from lockstep.engines.protocol import PRECISIONS
+
 from .models.spec import GENERATOR_VERSION, PROMPT, VARIANTS, ModelSpec
 from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, oracle_logits
 
 __all__ = [
-    "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "compute_anchors", "load_snapshot",
+    "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "precisions_for", "band_for", "compute_anchors", "load_snapshot",
     "snapshot_text", "write_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL", "model_sha256", "OracleDisagreement",
 ]
 
@@ -39,24 +45,40 @@ ROOT = Path(__file__).resolve().parent
 SNAPSHOT_DIR = ROOT / "snapshots"
 MODEL_DIR = ROOT / "models"
 PREFIX_TOKENS = 24
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 2: bands per precision (1: per model dtype)
 
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11}
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 ROUNDINGS_PER_LAYER = 6
 KAPPA = 2.0
-# What each model dtype declares: activations stored in the model dtype, dot products accumulated in fp32.
-DECLARED = {"float32": ("float32", "float32"), "float16": ("float16", "float32")}
+
+
+def precisions_for(dtype: str) -> list[str]:
+    """The precisions an engine may compute a model of ``dtype`` in: storage no finer than the model's."""
+    return [p for p, (storage, _, _) in PRECISIONS.items() if UNIT_ROUNDOFF[storage] >= UNIT_ROUNDOFF[dtype]]
 
 
 class OracleDisagreement(RuntimeError):
     """The oracle and its float64 cross-check disagree: regeneration refuses to write."""
 
 
-def near_tie_band(spec: ModelSpec, dtype: str, logit_scale: float) -> float:
-    storage, accum = DECLARED[dtype]
+def near_tie_band(spec: ModelSpec, precision: str, logit_scale: float) -> float:
+    storage, operand, accum = PRECISIONS[precision]
+    u_s = max(UNIT_ROUNDOFF[storage], UNIT_ROUNDOFF[spec.dtype])
+    u_o = UNIT_ROUNDOFF[operand] if UNIT_ROUNDOFF[operand] > u_s else 0.0
     k = max(spec.d_model, spec.q_dim, spec.d_ff)
-    rel = ROUNDINGS_PER_LAYER * (spec.n_layers + 1) * UNIT_ROUNDOFF[storage] + math.sqrt(k) * UNIT_ROUNDOFF[accum]
+    rel = ROUNDINGS_PER_LAYER * (spec.n_layers + 1) * (u_s + u_o) + math.sqrt(k) * UNIT_ROUNDOFF[accum]
     return KAPPA * logit_scale * rel
+
+
+def band_for(snap: dict[str, Any], precision: str) -> float:
+    """The near-tie band of ``precision`` in a snapshot; a clear error where it has none."""
+    bands = snap.get("band", {})
+    if precision not in bands:
+        raise ValueError(f"{snap.get('model')}: no near-tie band for precision {precision!r} "
+                         f"(the snapshot has {sorted(bands)}: a {snap.get('provenance', {}).get('dtype')} model "
+                         "cannot be computed in a finer precision than its own; an older snapshot format is "
+                         "regenerated with `lockstep golden regenerate`)")
+    return bands[precision]
 
 
 def model_sha256(name: str) -> str:
@@ -89,7 +111,8 @@ def compute_anchors(name: str, progress: Callable[[str], None] | None = None) ->
     say(f"{name}: float64 cross-check on the reference runtime")
     cross = float64_logits(decomposed_twin(spec), context)
     scale = float(np.abs(logits).max())
-    bands = {d: near_tie_band(spec, d, scale) for d in DECLARED}
+    bands = {p: near_tie_band(spec, p, scale) for p in precisions_for(spec.dtype)}
+    fp32_band = near_tie_band(dataclasses.replace(spec, dtype="float32"), "fp32", scale)
     start = len(prompt) - 1
     positions = []
     for i in range(start, len(context) - 1):
@@ -100,10 +123,10 @@ def compute_anchors(name: str, progress: Callable[[str], None] | None = None) ->
         if top1 != context[i + 1]:
             raise OracleDisagreement(f"{name}: position {i}: the oracle's argmax {top1} is not its own greedy token")
         diff = float(np.abs(row - cross[i]).max())
-        if diff > bands["float32"] or (margin > bands["float32"] and int(np.argmax(cross[i])) != top1):
+        if diff > fp32_band or (margin > fp32_band and int(np.argmax(cross[i])) != top1):
             raise OracleDisagreement(
                 f"{name}: position {i}: oracle and float64 cross-check differ by {diff:.3g} "
-                f"(fp32 band {bands['float32']:.3g}); refusing to write anchors"
+                f"(fp32 band {fp32_band:.3g}); refusing to write anchors"
             )
         positions.append({"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)})
     return {
@@ -178,6 +201,10 @@ def diff_snapshots(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]
     if old is None:
         return [f"new snapshot: {len(new['positions'])} positions"]
     out = []
+    if old.get("format") != new.get("format"):
+        out.append(f"format: {old.get('format')} -> {new.get('format')}")
+    if old.get("band") != new.get("band"):
+        out.append(f"band: {old.get('band')} -> {new.get('band')}")
     for k, v in new["provenance"].items():
         if old.get("provenance", {}).get(k) != v:
             note = " (informational)" if k in INFORMATIONAL else ""

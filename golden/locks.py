@@ -3,7 +3,7 @@
 - ``check_provenance``: the snapshot belongs to this model file and came from the oracle; a model
   whose sha256 moved fails with "model changed: regenerate", never with a token diff.
 - ``teacher_forced_lock`` (fatal): over the canonical context, at every position whose oracle
-  margin lies outside the engine dtype's near-tie band, the engine's argmax is the anchor and its
+  margin lies outside the near-tie band of the engine's declared precision, the engine's argmax is the anchor and its
   margin (anchor minus best other) agrees with the oracle's within twice the band. Runs as one
   prefill or step by step through the decode path.
 - ``tripwire``: the engine's autoregressive greedy stream against the recorded prefix. A first
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .anchors import model_sha256
+from .anchors import band_for, model_sha256
 from .models.spec import GENERATOR_VERSION
 from .oracle import ORACLE
 
@@ -57,13 +57,29 @@ class LockResult:
     def ok(self) -> bool:
         return self.checked > 0 and not self.violations
 
+    def describe(self) -> str:
+        """The first diverging position first (where to look), then how many more."""
+        if not self.violations:
+            return f"{self.checked} positions checked, {self.near_ties} near-ties skipped"
+        v = self.violations[0]
+        if v["kind"] == "argmax":
+            first = (f"first divergence at position {v['pos']}: the engine's argmax is {v['engine']}, the anchor "
+                     f"{v['anchor']} (oracle margin {v['oracle_margin']}, engine margin {v['engine_margin']})")
+        else:
+            first = (f"first divergence at position {v['pos']}: anchor {v['anchor']} kept but its margin is "
+                     f"{v['engine_margin']} where the oracle's is {v['oracle_margin']} (band {v['band']})")
+        more = len(self.violations) - 1
+        return first + (f"; {more} more of {self.checked} checked positions diverge" if more else "")
 
-def teacher_forced_lock(decoder, snap: dict[str, Any], dtype: str, *, stepwise: bool) -> LockResult:
-    from lockstep.reference_runtime.decode import teacher_force
+
+def teacher_forced_lock(session, snap: dict[str, Any], precision: str, *, stepwise: bool) -> LockResult:
+    """``session``: a decode session (``lockstep.engines.DecodeSession``); ``precision``: the
+    engine's declared precision for the model's dtype, which selects the near-tie band."""
+    from lockstep.decoding import teacher_force
 
     context = snap["prompt"] + snap["prefix"]
-    band = snap["band"][dtype]
-    logits = np.asarray(teacher_force(decoder, context[:-1], stepwise=stepwise), np.float64)
+    band = band_for(snap, precision)
+    logits = np.asarray(teacher_force(session, context[:-1], stepwise=stepwise), np.float64)
     res = LockResult("stepwise" if stepwise else "prefill")
     for entry in snap["positions"]:
         if entry["margin"] <= band:
@@ -95,12 +111,12 @@ class TripResult:
         return self.divergence is not None and not self.divergence["near_tie"]
 
 
-def tripwire(decoder, snap: dict[str, Any], dtype: str) -> TripResult:
-    from lockstep.reference_runtime.decode import greedy
+def tripwire(session, snap: dict[str, Any], precision: str) -> TripResult:
+    from lockstep.decoding import greedy
 
     prefix = snap["prefix"]
-    result = greedy(decoder, snap["prompt"], len(prefix))
-    band = snap["band"][dtype]
+    band = band_for(snap, precision)
+    result = greedy(session, snap["prompt"], len(prefix))
     for i, (want, got) in enumerate(zip(prefix, result.tokens)):
         if want != got:
             entry = snap["positions"][i]

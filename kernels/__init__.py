@@ -1,6 +1,6 @@
 """lockstep's kernels. A kernel body is written once against an array module; see ``_kernel``."""
 
-from ._kernel import CAPTURE_SAFE, CAPTURE_UNSUPPORTED, Kernel
 from . import primitives
+from ._kernel import CAPTURE_SAFE, CAPTURE_UNSUPPORTED, Kernel
 
 __all__ = ["Kernel", "CAPTURE_SAFE", "CAPTURE_UNSUPPORTED", "primitives"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import OpKernel, Spec, normalize_axis
 from ._linalg import bf16_as_float32, matmul
+from ._op import OpKernel, Spec, normalize_axis
 
 __all__ = ["ATTENTION_OPS"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import OpKernel, Spec, head_counts
 from ._linalg import bf16_as_float32, matmul
+from ._op import OpKernel, Spec, head_counts
 
 __all__ = ["RECURRENT_OPS"]
 

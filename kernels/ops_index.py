@@ -16,7 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._index_util import (
-    REDUCTIONS, fix_index, host_int, linear_along_axis, prod, require_int, scatter_reduce,
+    REDUCTIONS,
+    fix_index,
+    host_int,
+    linear_along_axis,
+    prod,
+    require_int,
+    scatter_reduce,
 )
 from ._op import OpKernel, Spec, normalize_axis
 

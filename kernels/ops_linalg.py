@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._op import OpKernel, Spec, broadcast
-from ._linalg import bf16_as_float32, matmul, matmul_shape
-from ._einsum import EINSUM_OPS
 from ._attention import ATTENTION_OPS
+from ._einsum import EINSUM_OPS
+from ._linalg import bf16_as_float32, matmul, matmul_shape
+from ._op import OpKernel, Spec, broadcast
 from ._recurrent import RECURRENT_OPS
 
 

@@ -7,8 +7,8 @@ cuda-semantics.md, not for use by the executor).
 
 from __future__ import annotations
 
-from ._kernel import CAPTURE_UNSUPPORTED, Kernel
 from . import _spin
+from ._kernel import CAPTURE_UNSUPPORTED, Kernel
 from ._latch import flag_out_of_range
 
 __all__ = ["fill", "accumulate", "copy", "scale_add", "gather_checked", "spin", "matmul_cublas"]

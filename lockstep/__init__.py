@@ -7,7 +7,8 @@ itself holds the package's face: the ``lockstep`` command (``cli``), the pytest 
 (``pytest_plugin``), the engine protocol and registry (``engines``).
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 DISTRIBUTION = "lockstep-conformance"
 

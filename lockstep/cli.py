@@ -35,39 +35,52 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     return rc
 
 
+class CliError(Exception):
+    """A usage problem: printed as one ``lockstep: error: ...`` line, exit status 2."""
+
+
 def _decode(args: argparse.Namespace) -> int:
-    """Greedy decode of a prompt; prints the text, token ids and runtime counters."""
+    """Greedy decode of a prompt on any registered engine; prints the text, token ids and counters."""
     import json
     from pathlib import Path
 
-    import onnx
-
-    from lockstep.reference_runtime.decode import greedy, make_decoder
+    from lockstep.decoding import NotADecoder, greedy, open_session
+    from lockstep.engines import EngineLoadError, Unsupported, load_engine
+    from lockstep.paths import package_path
+    from lockstep.reference_runtime.model import ModelError, load_model
 
     path = Path(args.model)
     if not path.is_file():
-        from lockstep import golden
-        path = Path(golden.__file__).parent / "models" / f"{args.model}.onnx"
+        path = package_path("lockstep.golden.models", f"{args.model}.onnx")
     if not path.is_file():
-        print(f"model {args.model!r}: neither a file nor a golden model name (see golden/models/manifest.json)")
-        return 2
-    decoder = make_decoder(args.engine, onnx.load(str(path)), capture=args.capture == "on")
+        raise CliError(f"model {args.model!r}: neither a file nor a golden model name "
+                       f"(see {package_path('lockstep.golden.models', 'manifest.json')})")
+    try:
+        engine = load_engine(args.engine)
+    except EngineLoadError as exc:
+        raise CliError(str(exc)) from None
+    ok, why = engine.available()
+    if not ok:
+        raise CliError(f"engine {engine.name} is unavailable here: {why}")
+    try:
+        model, _ = load_model(path)
+        session = open_session(engine, model, capture=args.capture == "on")
+    except ModelError as exc:
+        raise CliError(f"{path}: {exc}") from None
+    except (Unsupported, NotADecoder) as exc:
+        raise CliError(f"{path.name} on {engine.name}: {exc}") from None
     prompt = list(args.prompt.encode("utf-8"))
-    result = greedy(decoder, prompt, args.tokens)
-    print(f"engine: {args.engine}  model: {path.name}")
+    result = greedy(session, prompt, args.tokens)
+    print(f"engine: {engine.name}  model: {path.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {result.text()!r}")
     print(f"tokens: {result.tokens}")
     if args.capture == "on":
-        fallback = getattr(decoder, "capture_fallback", None)
-        if fallback:
-            print(f"capture: fell back to eager: {fallback}")
-        elif getattr(decoder, "session", None) is not None:
-            c = decoder.session.counters
-            print(f"capture: {c.segments} captured segment(s) per step, seams {c.seams_by_reason}, "
-                  f"{c.replays} segment replays, {c.fallbacks} fallback(s)")
-        else:
-            print("capture: decode steps replayed from PRIMARY")
+        fallback = getattr(session, "capture_fallback", None)
+        c = result.capture
+        print(f"capture: {c.captures} graph(s) captured, {c.replays} replay(s), {c.fallbacks} fallback(s)"
+              + (f": fell back to eager: {fallback}" if fallback else "")
+              + (f"; {json.dumps(c.detail)}" if c.detail else ""))
     if result.counters:
         print(f"counters: {json.dumps(result.counters)}")
     return 0
@@ -162,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("model", help="a .onnx path or a golden model name, e.g. tiny-fp32-standard")
     d.add_argument("--prompt", required=True)
     d.add_argument("--tokens", type=int, default=16)
-    d.add_argument("--engine", default="ref-sim", help="ref-sim, ref-cuda, ort-cpu, ort-cuda")
+    d.add_argument("--engine", default="ref-sim",
+                   help="a registered engine (ref-sim, ref-cuda, ort-cpu, ort-cuda, ...) or pkg.module:factory")
     d.add_argument("--capture", choices=("on", "off"), default="off",
                    help="capture decode steps: one graph per step with a fixed-capacity cache, captured "
                         "segments and eager seams with a growing one; ort-cuda: ONNX Runtime CUDA graphs")
@@ -184,11 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_parity)
 
     args, extra = ap.parse_known_args(argv)
-    if args.command == "check":
-        return _check(args, extra)
-    if extra:
-        ap.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.func(args)
+    try:
+        if args.command == "check":
+            return _check(args, extra)
+        if extra:
+            ap.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args.func(args)
+    except CliError as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `lockstep ... | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

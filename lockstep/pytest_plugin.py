@@ -1,14 +1,25 @@
-"""lockstep's pytest plugin: devices as parameters, mutant runtimes, contract-marker hygiene.
+"""lockstep's pytest plugin (entry point ``pytest11``): engines and devices as parameters, mutant
+runtimes, contract-marker hygiene, node-suite expectations, the report.
+
+Loaded by every pytest run where lockstep is installed, so it is cheap until lockstep's tests ask
+for something: engines are loaded from the registry (``lockstep.engines``) the first time a
+collected test needs one.
 
 Fixtures
-- ``device_name``: parametrizes a test over the selected devices (``--devices``, default all).
-- ``device``: a fresh device of that name; an unavailable device is a visible skip with its
-  reason, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it (for lanes that must have it).
+- ``engine``: parametrizes a test over the selected engines (``--engines``, default every
+  registered one); an unavailable engine is a visible skip with its reason, or a failure when
+  ``LOCKSTEP_REQUIRE_ENGINES`` names it. A test module that defines its own ``engine_name``
+  fixture is left alone.
+- ``ref_engine``: the same over the selected engines that are the reference runtime (tests of the
+  reference runtime's own machinery: paging, sync-debug, capture plans).
+- ``device_name`` / ``device``: parametrizes over the selected devices (``--devices``, default all);
+  an unavailable device is a visible skip, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it.
 - ``make_runtime(config=None)``: builds runtimes on ``device`` from the class under test: the real
   ``Runtime``, or the mutant named by ``--lockstep-mutant``; closes them at teardown.
 
-Options: ``--devices=sim,cupy``, ``--lockstep-mutant=NAME``, ``--lockstep-report=FILE`` (per-test
-outcomes as JSON, read by ``lockstep mutants``).
+Options: ``--engines=ref-sim,mine,pkg.module:factory``, ``--devices=sim,cupy``,
+``--lockstep-mutant=NAME``, ``--lockstep-report=FILE`` (per-test outcomes as JSON, read by
+``lockstep mutants``), ``--lockstep-report-dir=DIR``, ``--lockstep-expectations=FILE``.
 """
 
 from __future__ import annotations
@@ -18,38 +29,18 @@ import os
 import sys
 import weakref
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from lockstep.contracts.mutants import runtime_class
+from lockstep.engines.registry import EngineLoadError, load_engine, registered
+from lockstep.paths import package_path
 from lockstep.reference_runtime import RuntimeConfig
 from lockstep.reference_runtime.backends import DEVICES, available_devices, make_device
-from lockstep.reference_runtime.engines import ENGINES, make_engine
-
-from lockstep.contracts.mutants import runtime_class
-from lockstep.paths import package_path
+from lockstep.reference_runtime.engine import ENGINE_OF_DEVICE, RefEngine
 
 _STATE_KEY = pytest.StashKey[dict]()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("lockstep")
-    g.addoption("--devices", default=None, help=f"comma-separated devices to run on, of {list(DEVICES)} (default: all)")
-    g.addoption("--lockstep-mutant", default=None, help="run the tests against this mutant runtime (see contracts.mutants)")
-    g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
-    g.addoption("--lockstep-report-dir", default=None, help="write report.json and report.md (per-engine counts, op gaps) here")
-    g.addoption("--lockstep-expectations", default=None,
-                help="node-suite expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml)")
-    g.addoption("--engines", default=None, help=f"comma-separated engines to run, of {list(ENGINES)} (default: all)")
-
-
-def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[str]) -> list[str]:
-    """A comma-separated list of known names (an option or an environment variable)."""
-    names = [n.strip() for n in raw.split(",") if n.strip()] if raw else default
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(known)}")
-    return names
-
 
 MARKERS = (
     "contract(name): a test of a named runtime-primitive guarantee; its docstring states the guarantee",
@@ -62,22 +53,48 @@ MARKERS = (
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("lockstep")
+    g.addoption("--engines", default=None,
+                help="comma-separated engines: registered names (entry points of lockstep.engines) or "
+                     "pkg.module:factory (default: every registered engine)")
+    g.addoption("--devices", default=None, help=f"comma-separated devices to run on, of {list(DEVICES)} (default: all)")
+    g.addoption("--lockstep-mutant", default=None,
+                help="run the tests against this mutant runtime (see lockstep.contracts.mutants)")
+    g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
+    g.addoption("--lockstep-report-dir", default=None,
+                help="write report.json and report.md (per-engine counts, op gaps) here")
+    g.addoption("--lockstep-expectations", default=None,
+                help="node-suite expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml)")
+
+
+def _split(raw: str | None) -> list[str]:
+    return [n.strip() for n in raw.split(",") if n.strip()] if raw else []
+
+
+def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[str]) -> list[str]:
+    """A comma-separated list of known names (an option or an environment variable)."""
+    names = _split(raw) or default
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(known)}")
+    return names
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
     required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
-    engines = _names(config.getoption("--engines"), ENGINES, "--engines", list(ENGINES))
-    req_e = _names(os.environ.get("LOCKSTEP_REQUIRE_ENGINES"), ENGINES, "LOCKSTEP_REQUIRE_ENGINES", [])
     mutant = config.getoption("--lockstep-mutant")
     runtime_class(mutant)  # fail early on an unknown name
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.stash[_STATE_KEY] = {
         "selected": selected,
         "required": required,
-        "engines": engines,
-        "required_engines": req_e,
-        "engine_objs": {},
+        "engine_specs": _split(config.getoption("--engines")),
+        "required_engines": _split(os.environ.get("LOCKSTEP_REQUIRE_ENGINES")),
+        "engine_objs": None,  # name -> engine, loaded on first need (_engines)
         "availability": None,
         "mutant": mutant,
         "skipped": Counter(),
@@ -96,67 +113,126 @@ def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
     return st["availability"]
 
 
+def _engines(config: pytest.Config) -> dict:
+    """The selected engines by name, loaded (imported, built, validated) once per process. Every
+    engine that fails to load is an error naming its entry point or factory."""
+    st = _state(config)
+    if st["engine_objs"] is None:
+        try:
+            specs = st["engine_specs"] or list(registered())
+            objs: dict = {}
+            for spec in specs:
+                eng = load_engine(spec)
+                if eng.name in objs:
+                    raise EngineLoadError(f"--engines: engine {eng.name!r} is selected twice")
+                objs[eng.name] = eng
+        except EngineLoadError as exc:
+            st["engine_objs"] = exc
+        else:
+            st["engine_objs"] = objs
+    if isinstance(st["engine_objs"], EngineLoadError):
+        raise pytest.UsageError(f"lockstep: {st['engine_objs']}")
+    return st["engine_objs"]
+
+
+def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
+    """True if the test's module or conftest defines ``name`` itself (lockstep leaves it alone)."""
+    return bool(metafunc._arg2fixturedefs.get(name))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "device_name" in metafunc.fixturenames:
+    names = metafunc.fixturenames
+    if "device_name" in names and not _own_fixture(metafunc, "device_name"):
         metafunc.parametrize("device_name", _state(metafunc.config)["selected"])
-    if "engine_name" in metafunc.fixturenames:
-        metafunc.parametrize("engine_name", _state(metafunc.config)["engines"])
+    if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
+        metafunc.parametrize("engine_name", list(_engines(metafunc.config)))
+    if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):
+        refs = [n for n, e in _engines(metafunc.config).items() if isinstance(e, RefEngine)]
+        metafunc.parametrize("ref_engine_name", refs or [pytest.param(
+            None, marks=pytest.mark.skip(reason="no reference-runtime engine selected (--engines): "
+                                                "this test checks the reference runtime's own machinery"))])
+
+
+def _usable(request: pytest.FixtureRequest, name: str):
+    st = _state(request.config)
+    eng = _engines(request.config)[name]
+    ok, reason = eng.available()
+    if not ok:
+        if name in st["required_engines"]:
+            pytest.fail(f"engine {name!r} is required by LOCKSTEP_REQUIRE_ENGINES but unavailable: {reason}")
+        pytest.skip(f"{UNAVAILABLE}{name}: {reason}")
+    return eng
 
 
 @pytest.fixture
 def engine(request: pytest.FixtureRequest, engine_name: str):
     """The parametrized engine (one object per engine and process); an unavailable engine is a
     visible skip with its reason, or a failure when ``LOCKSTEP_REQUIRE_ENGINES`` names it."""
-    st = _state(request.config)
-    objs = st["engine_objs"]
-    if engine_name not in objs:
-        objs[engine_name] = make_engine(engine_name)
-    eng = objs[engine_name]
-    ok, reason = eng.available()
-    if not ok:
-        if engine_name in st["required_engines"]:
-            pytest.fail(f"engine {engine_name!r} is required by LOCKSTEP_REQUIRE_ENGINES but unavailable: {reason}")
-        pytest.skip(f"{UNAVAILABLE}{engine_name}: {reason}")
-    return eng
+    return _usable(request, engine_name)
+
+
+@pytest.fixture
+def ref_engine(request: pytest.FixtureRequest, ref_engine_name: str) -> RefEngine:
+    """A selected reference-runtime engine (``ref-sim``, ``ref-cuda``), as ``engine`` otherwise."""
+    return _usable(request, ref_engine_name)
+
+
+def _read_expectations(path: Path, engine: str | None = None) -> list[dict]:
+    """``[[expect]]`` entries of one file; in an engine's own file ``engine`` defaults to its name."""
+    import tomllib
+
+    try:
+        entries = tomllib.loads(path.read_text()).get("expect", [])
+    except (tomllib.TOMLDecodeError, OSError) as exc:
+        raise pytest.UsageError(f"{path}: not a readable TOML expectations file: {exc}") from None
+    problems = []
+    for n, e in enumerate(entries):
+        if engine is not None:
+            e.setdefault("engine", engine)
+            if e["engine"] != engine:
+                problems.append(f"entry {n}: engine {e['engine']!r} in the expectations of engine {engine!r}")
+        missing = [k for k in ("engine", "pattern", "kind", "reason") if not e.get(k)]
+        if missing or e.get("kind") not in ("xfail", "skip"):
+            problems.append(f"entry {n}: needs engine, pattern, kind (xfail|skip) and reason; got {e}")
+        e["file"] = str(path)
+    if problems:
+        raise pytest.UsageError(f"{path}:\n  " + "\n  ".join(problems))
+    return entries
 
 
 def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark node-suite items per ``conformance/node_suite/expectations.toml`` (strict xfails, skips)."""
+    """Mark node-suite items as expected (strict xfails, skips): entries of the expectations file
+    (``--lockstep-expectations``, default the packaged one, which covers the built-in engines) and of
+    each selected engine's own ``expectations`` file. An entry for a selected engine that matches
+    no case is stale: a usage error."""
     import fnmatch
-    import tomllib
-    from pathlib import Path
 
     given = config.getoption("--lockstep-expectations")
     path = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
     if given and not path.is_file():
         raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
     suite = [it for it in items if it.get_closest_marker("node_suite") is not None]
-    if not suite or not path.is_file():
+    if not suite:
         return
-    try:
-        entries = tomllib.loads(path.read_text()).get("expect", [])
-    except tomllib.TOMLDecodeError as exc:
-        raise pytest.UsageError(f"{path}: not valid TOML: {exc}") from None
-    problems = []
-    for n, e in enumerate(entries):
-        missing = [k for k in ("engine", "pattern", "kind", "reason") if not e.get(k)]
-        if missing or e.get("kind") not in ("xfail", "skip"):
-            problems.append(f"entry {n}: needs engine, pattern, kind (xfail|skip) and reason; got {e}")
-    if problems:
-        raise pytest.UsageError(f"{path}:\n  " + "\n  ".join(problems))
-    used = [False] * len(entries)
-    all_cases = {(it.callspec.params.get("engine_name"), it.callspec.params["case"].name) for it in suite}
-    for n, e in enumerate(entries):
-        used[n] = any(eng == e["engine"] and fnmatch.fnmatch(name, e["pattern"]) for eng, name in all_cases)
-    selected_engines = set(_state(config)["engines"])
-    stale = [e for e, u in zip(entries, used) if not u and e["engine"] in selected_engines]
+    engines = _engines(config)
+    entries = _read_expectations(path) if path.is_file() else []
+    for name, eng in engines.items():
+        own = getattr(eng, "expectations", None)
+        if own is not None:
+            entries += _read_expectations(Path(os.fspath(own)), name)
+    from lockstep.reference_runtime.node_cases import load_cases
+
+    universe = [c.name for c in load_cases()]  # every case, whatever -k or node ids selected
+    stale = [e for e in entries if e["engine"] in engines and not fnmatch.filter(universe, e["pattern"])]
     if stale:
-        raise pytest.UsageError(f"{path}: entries matching no case: {stale}")
+        raise pytest.UsageError("node-suite expectations: entries matching no case (delete them): "
+                                + "; ".join(f"{e['file']}: {e['engine']} {e['pattern']}" for e in stale))
     for it in suite:
         eng, name = it.callspec.params.get("engine_name"), it.callspec.params["case"].name
         for e in entries:
             if e["engine"] == eng and fnmatch.fnmatch(name, e["pattern"]):
-                mark = pytest.mark.xfail(strict=True, reason=e["reason"]) if e["kind"] == "xfail" else pytest.mark.skip(reason=e["reason"])
+                mark = (pytest.mark.xfail(strict=True, reason=e["reason"]) if e["kind"] == "xfail"
+                        else pytest.mark.skip(reason=e["reason"]))
                 it.add_marker(mark)
                 break
 
@@ -234,9 +310,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         report.user_properties.append(("contract", m.args[0]))
     if report.when == "setup":
         params = getattr(getattr(item, "callspec", None), "params", {})
-        who = params.get("engine_name") or params.get("device_name")
-        if who and "engine_name" not in params:
-            who = {"sim": "ref-sim", "cupy": "ref-cuda"}.get(who, who)
+        who = params.get("engine_name") or params.get("ref_engine_name")
+        if not who and params.get("device_name"):
+            who = ENGINE_OF_DEVICE.get(params["device_name"], params["device_name"])
         report.user_properties.append(("engine", who or "-"))
         case = params.get("case")
         if case is not None and hasattr(case, "model"):
@@ -292,7 +368,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if report_dir:
         from lockstep.report import write_report
 
-        st["report_paths"] = write_report(st["outcomes"], report_dir)
+        engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
+        described = {}
+        for name, eng in engines.items():
+            describe = getattr(eng, "describe", None)
+            described[name] = {"precision": dict(getattr(eng, "precision", None) or {}),
+                               **(describe() if callable(describe) else {})}
+        st["report_paths"] = write_report(st["outcomes"], report_dir, described)
 
 
 @pytest.hookimpl(trylast=True)
@@ -305,12 +387,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(_state(config).get("exitstatus", 1))
 
 
-def _reason_class(why: str) -> str:
+def _reason_class(why: str, engines) -> str:
     """Group per-case reasons: 'no kernel for ai.onnx::Loop' -> itself; node names are dropped."""
     if "no kernel for" in why:
         return "no kernel for " + why.split("no kernel for ", 1)[1].split(";")[0].split(" (")[0]
     parts = why.split(": ")
-    if parts[0] in ENGINES:
+    if parts[0] in engines:
         parts = parts[1:]
     return parts[0][:100] if parts else why[:100]
 
@@ -333,7 +415,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         reason = o.get("reason") or ""
         if o.get("outcome") == "skipped" and reason.startswith("unsupported: "):
             engine, _, why = reason[len("unsupported: "):].partition(": ")
-            unsupported.setdefault(engine, Counter())[_reason_class(why)] += 1
+            unsupported.setdefault(engine, Counter())[_reason_class(why, unsupported.keys() | {engine})] += 1
     if unsupported:
         terminalreporter.section("lockstep: cases an engine reported it cannot run (skipped, by reason)")
         for engine, reasons in sorted(unsupported.items()):

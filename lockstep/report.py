@@ -36,11 +36,17 @@ def summarize(outcomes: dict[str, dict]) -> dict:
     }
 
 
-def render_markdown(summary: dict) -> str:
+def render_markdown(summary: dict, engines: dict[str, dict] | None = None) -> str:
     lines = ["# lockstep conformance report", "", "| engine | " + " | ".join(STATUSES) + " |",
              "|---|" + "---|" * len(STATUSES)]
     for engine, counts in summary["engines"].items():
         lines.append(f"| {engine} | " + " | ".join(str(counts[s]) for s in STATUSES) + " |")
+    if engines:
+        lines += ["", "## Engines", "", "| engine | precision | details |", "|---|---|---|"]
+        for name, info in engines.items():
+            precision = ", ".join(f"{d}: {p}" for d, p in info.get("precision", {}).items()) or "default"
+            details = ", ".join(f"{k} {v}" for k, v in info.items() if k != "precision")
+            lines.append(f"| {name} | {precision} | {details} |")
     engines = sorted({e for c in summary["gaps"].values() for e in c})
     if engines:
         lines += ["", "## Gaps: node cases not passing, by operator and engine", "",
@@ -57,11 +63,13 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(outcomes: dict[str, dict], report_dir: str) -> dict[str, str]:
+def write_report(outcomes: dict[str, dict], report_dir: str, engines: dict[str, dict] | None = None) -> dict[str, str]:
+    """``engines``: per selected engine, its declared precision and ``describe()`` (versions, options)."""
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(outcomes)
-    _atomic_write(out / "report.json", json.dumps({"summary": summary, "tests": outcomes}, indent=1))
-    md = render_markdown(summary)
+    _atomic_write(out / "report.json", json.dumps({"summary": summary, "engines": engines or {}, "tests": outcomes},
+                                                  indent=1))
+    md = render_markdown(summary, engines)
     _atomic_write(out / "report.md", md)
     return {"json": str(out / "report.json"), "markdown": str(out / "report.md")}

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 import onnx
-
 from lockstep.kernels._op import Spec
+
 from .symbols import Symbol
 
 __all__ = ["CapturePlan", "plan_capture", "growing_symbols"]

@@ -21,15 +21,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
-
 from lockstep.kernels import Kernel
 from lockstep.kernels._latch import flag_out_of_range
 from lockstep.kernels._op import NodeInfo, OpKernel, Spec
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
+from onnx import helper
 
-from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
 from .errors import IllegalState
+from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
 from .runtime import Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 

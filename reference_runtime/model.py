@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from lockstep.engines.protocol import Unsupported
+
 __all__ = ["ModelError", "UnsupportedModel", "load_model", "np_dtype", "tensor_to_numpy"]
 
 
@@ -21,8 +23,8 @@ class ModelError(ValueError):
     """The model is malformed, fails the checker, or references data it must not."""
 
 
-class UnsupportedModel(NotImplementedError):
-    """The model is valid but this engine cannot run it; ``items`` lists each reason."""
+class UnsupportedModel(Unsupported):
+    """The model is valid but the reference runtime cannot run it; ``items`` lists each reason."""
 
     def __init__(self, what: str, items: list[str]):
         super().__init__(f"{what}: " + "; ".join(items))

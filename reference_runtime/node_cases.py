@@ -25,7 +25,9 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from .model import ModelError, UnsupportedModel
+from lockstep.engines.protocol import Unsupported
+
+from .model import ModelError
 
 __all__ = ["NodeCase", "load_cases", "run_case", "Outcome"]
 
@@ -111,7 +113,7 @@ def run_case(engine, case: NodeCase) -> Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outs = run(_feeds(model, case.inputs))
-    except UnsupportedModel as exc:
+    except Unsupported as exc:
         return Outcome("unsupported", str(exc))
     except ModelError as exc:
         return Outcome("error", f"ModelError: {exc}")
@@ -127,7 +129,7 @@ def run_case(engine, case: NodeCase) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .engines import make_engine
+    from lockstep.engines.registry import EngineLoadError, load_engine
 
     ap = argparse.ArgumentParser(prog="python -m lockstep.reference_runtime.node_cases")
     ap.add_argument("--engine", default="ref-sim")
@@ -136,10 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emit-expectations", action="store_true",
                     help="print TOML [[expect]] entries (strict xfail) for every failed or erroring case")
     args = ap.parse_args(argv)
-    engine = make_engine(args.engine)
+    try:
+        engine = load_engine(args.engine)
+    except EngineLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ok, why = engine.available()
     if not ok:
-        print(f"{args.engine} unavailable: {why}")
+        print(f"error: engine {engine.name} is unavailable here: {why}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
     show = set(args.show.split(","))

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from lockstep.kernels import primitives
 from lockstep.kernels._kernel import Kernel
 
@@ -53,8 +52,8 @@ from . import sync_debug as _sd
 from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 from .config import RuntimeConfig
 from .errors import (
-    CudaError,
     CaptureD2HRefused,
+    CudaError,
     DeviceAssert,
     IllegalState,
     InvalidResourceHandle,

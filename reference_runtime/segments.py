@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from lockstep.kernels import primitives
 
 from .capture_plan import CapturePlan, growing_symbols, plan_capture

@@ -39,13 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-
 from lockstep.golden.anchors import MODEL_DIR  # noqa: E402
 from lockstep.golden.models.spec import PROMPT  # noqa: E402
 from lockstep.reference_runtime import Runtime, RuntimeConfig  # noqa: E402
 from lockstep.reference_runtime.backends import make_device  # noqa: E402
-from lockstep.reference_runtime.decode import OrtDecoder, RefDecoder  # noqa: E402
-from lockstep.reference_runtime.engines import make_engine  # noqa: E402
+from lockstep.reference_runtime.engine import RefDecoder  # noqa: E402
+
+from lockstep.engines.ort import OrtDecoder  # noqa: E402
+from lockstep.engines.registry import load_engine  # noqa: E402
 
 WARMUP = 2
 
@@ -87,7 +88,7 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
         ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False)),
         ("captured", lambda: ref_decoder(model, device, defer=True, capture=True)),
     ]
-    ort = make_engine("ort-cpu")
+    ort = load_engine("ort-cpu")
     if ort.available()[0]:
         modes.append(("ort-cpu", lambda: OrtDecoder(model, ort)))
     decoders = {label: make() for label, make in modes}

@@ -24,9 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-
-from lockstep.reference_runtime.engines import Engine, make_engine  # noqa: E402
 from lockstep.reference_runtime.node_cases import load_cases, run_case  # noqa: E402
+
+from lockstep.engines.protocol import Engine  # noqa: E402
+from lockstep.engines.registry import load_engine  # noqa: E402
 
 
 class OnnxReference(Engine):
@@ -77,7 +78,7 @@ def main() -> int:
     base_t, base_runs, base_counts = bench(OnnxReference(), cases, args.repeats)
     rows = [("onnx-reference (baseline)", base_t, base_runs, base_counts)]
     for name in args.engines.split(","):
-        eng = make_engine(name)
+        eng = load_engine(name)
         ok, why = eng.available()
         if not ok:
             print(f"# {name}: unavailable: {why}")

@@ -21,11 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import onnx  # noqa: E402
-
 from lockstep.golden.anchors import MODEL_DIR  # noqa: E402
 from lockstep.reference_runtime import Runtime, RuntimeConfig  # noqa: E402
 from lockstep.reference_runtime.backends import make_device  # noqa: E402
-from lockstep.reference_runtime.decode import RefDecoder  # noqa: E402
+from lockstep.reference_runtime.engine import RefDecoder  # noqa: E402
 from lockstep.reference_runtime.executor import Executor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

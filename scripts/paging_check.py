@@ -31,7 +31,6 @@ def _child(variant: str, device: str, q) -> None:
     import os
 
     import numpy as np
-
     from lockstep.contracts.mutants import SyncBarrierPager
     from lockstep.kernels import primitives as P
     from lockstep.reference_runtime import Runtime, RuntimeConfig

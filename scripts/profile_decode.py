@@ -21,12 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-
 from lockstep.golden.anchors import MODEL_DIR  # noqa: E402
 from lockstep.golden.models.spec import PROMPT  # noqa: E402
 from lockstep.reference_runtime import Runtime, RuntimeConfig  # noqa: E402
 from lockstep.reference_runtime.backends import make_device  # noqa: E402
-from lockstep.reference_runtime.decode import RefDecoder  # noqa: E402
+from lockstep.reference_runtime.engine import RefDecoder  # noqa: E402
 
 
 def main(argv=None) -> int:

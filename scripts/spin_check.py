@@ -2,7 +2,6 @@
 stream busy for the time asked (they check queue state, not wall time, but need the work queued)."""
 
 import cupy
-
 from lockstep.kernels import primitives as P
 
 out = cupy.zeros(1, cupy.int32)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from lockstep.contracts.audit import audit, main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "audit"

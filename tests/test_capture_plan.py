@@ -4,15 +4,14 @@ hidden behind a broadcast or a Reshape."""
 
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 import numpy as np
-
+import onnx
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.capture_plan import plan_capture
 from lockstep.reference_runtime.executor import Executor
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _ex(model):

@@ -6,12 +6,12 @@ import inspect
 import io
 
 import pytest
-
 from lockstep.contracts.mutant_runner import run_mutants
-from lockstep.contracts.parity import SCENARIOS
 from lockstep.contracts.mutants import MUTANTS, runtime_class
-from lockstep.cli import main
+from lockstep.contracts.parity import SCENARIOS
 from lockstep.reference_runtime.runtime import Runtime
+
+from lockstep.cli import main
 
 pytest_plugins = ["pytester"]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lockstep.kernels._op import OpError
 from onnx import TensorProto as TP
 from onnx import helper
 
-from lockstep.kernels._op import OpError
-from lockstep.reference_runtime.engines import make_engine
+from lockstep.engines.registry import load_engine
 
-_ORT = make_engine("ort-cpu")
-_REF = make_engine("ref-sim")
+_ORT = load_engine("ort-cpu")
+_REF = load_engine("ref-sim")
 pytestmark = pytest.mark.skipif(not _ORT.available()[0], reason=f"ort-cpu: {_ORT.available()[1]}")
 
 _NP = {TP.FLOAT: np.float32, TP.FLOAT16: np.float16, TP.DOUBLE: np.float64, TP.UINT8: np.uint8, TP.INT32: np.int32}

@@ -9,7 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from lockstep.cli import main
-from lockstep.reference_runtime.decode import greedy, make_decoder, teacher_force
+from lockstep.decoding import greedy, teacher_force
+from lockstep.engines import Unsupported
+from lockstep.engines.registry import load_engine
 
 
 def toy_decoder(seed=0) -> onnx.ModelProto:
@@ -56,7 +58,7 @@ PROMPT = list(b"Hello")
 
 @pytest.mark.parametrize("engine", ["ref-sim", "ort-cpu"])
 def test_prefill_and_stepwise_teacher_forcing_agree(engine):
-    dec = make_decoder(engine, toy_decoder())
+    dec = load_engine(engine).decoder(toy_decoder())
     ctx = PROMPT + [7, 42, 99]
     a = teacher_force(dec, ctx, stepwise=False)
     b = teacher_force(dec, ctx, stepwise=True)
@@ -66,9 +68,9 @@ def test_prefill_and_stepwise_teacher_forcing_agree(engine):
 
 def test_greedy_matches_across_engines_and_keeps_the_cache_on_device():
     model = toy_decoder()
-    ref = make_decoder("ref-sim", model)
+    ref = load_engine("ref-sim").decoder(model)
     res = greedy(ref, PROMPT, 8)
-    ort = greedy(make_decoder("ort-cpu", model), PROMPT, 8)
+    ort = greedy(load_engine("ort-cpu").decoder(model), PROMPT, 8)
     assert res.tokens == ort.tokens
     for a, b in zip(res.step_logits, ort.step_logits):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -90,26 +92,26 @@ def test_decode_cli_prints_text_tokens_and_counters(tmp_path, capsys):
 
 
 def test_a_model_without_the_contract_is_refused():
-    from lockstep.reference_runtime.model import ModelError
+    from lockstep.decoding import NotADecoder
 
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    with pytest.raises(ModelError, match="golden I/O contract"):
-        make_decoder("ref-sim", m)
+    with pytest.raises(NotADecoder, match=r"not a decoder with lockstep's I/O contract: missing \['input_ids'"):
+        load_engine("ref-sim").decoder(m)
 
 
 def test_fixed_capacity_cache_is_written_in_place_with_fixed_shapes():
     from lockstep.golden.anchors import MODEL_DIR
 
-    dec = make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))
+    dec = load_engine("ref-sim").decoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")))
     assert dec.capacity == 64
     buffers = {p: (t, t.addr) for p, t in dec.cache.items()}
     res = greedy(dec, list(b"The quick brown fox"), 6)
     assert {p: (t, t.addr) for p, t in dec.cache.items()} == buffers, "same tensors, same addresses every step"
     assert all(t.shape == (1, 2, 64, 16) for t in dec.cache.values())
-    growing = greedy(make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))),
+    growing = greedy(load_engine("ref-sim").decoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx"))),
                      list(b"The quick brown fox"), 6)
     assert res.tokens == growing.tokens
     for a, b in zip(res.step_logits, growing.step_logits):
@@ -143,7 +145,7 @@ def test_binding_an_output_over_a_feed_read_later_is_refused():
 def test_ort_decoder_keeps_its_cache_in_ortvalues():
     import onnxruntime as ort
 
-    dec = make_decoder("ort-cpu", toy_decoder())
+    dec = load_engine("ort-cpu").decoder(toy_decoder())
     dec.forward(PROMPT)
     assert all(isinstance(v, ort.OrtValue) and v.shape() == [1, 1, len(PROMPT), 4] for v in dec.cache.values())
 
@@ -152,15 +154,14 @@ def test_capture_off_the_cuda_provider_or_without_fixed_shapes_is_a_clear_error(
     from lockstep.golden.anchors import MODEL_DIR
 
     # a growing cache on the reference engines is captured in segments, not refused
-    dec = make_decoder("ref-sim", onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), capture=True)
+    dec = load_engine("ref-sim").decoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), capture=True)
     assert dec.session is not None
-    with pytest.raises(ValueError, match="need the CUDA execution provider"):
-        make_decoder("ort-cpu", onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")), capture=True)
-    from lockstep.reference_runtime.decode import OrtDecoder
-    from lockstep.reference_runtime.engines import make_engine
+    with pytest.raises(Unsupported, match="ONNX Runtime's graphs are CUDA graphs"):
+        load_engine("ort-cpu").decoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")), capture=True)
+    from lockstep.engines.ort import OrtDecoder
 
-    with pytest.raises(ValueError, match="fixed-capacity KV cache"):
-        OrtDecoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), make_engine("ort-cpu"), fixed_bindings=True)
+    with pytest.raises(Unsupported, match="fixed-capacity KV cache"):
+        OrtDecoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), load_engine("ort-cpu"), fixed_bindings=True)
 
 
 @pytest.mark.parametrize("model", ["tiny-fp32-standard-kv64", "tiny-fp32-decomposed-kv64"])
@@ -170,10 +171,10 @@ def test_ort_fixed_bindings_ping_pong_matches_the_plain_binding_path(model):
     against the plain IO-binding path: decode and verify steps, byte for byte. (The CUDA-graph
     run itself needs ort-cuda, which no machine of this project has: see docs/gpu-verification.md.)"""
     from lockstep.golden.anchors import MODEL_DIR
-    from lockstep.reference_runtime.decode import OrtDecoder
-    from lockstep.reference_runtime.engines import make_engine
 
-    engine = make_engine("ort-cpu")
+    from lockstep.engines.ort import OrtDecoder
+
+    engine = load_engine("ort-cpu")
     if not engine.available()[0]:
         pytest.skip(f"ort-cpu unavailable: {engine.available()[1]}")
     proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
@@ -194,9 +195,9 @@ def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
     """A host seam inside the step (here: TopK's k read back from the device) refuses the capture
     cleanly (D2H during capture), the capture is aborted, and the decode continues eagerly."""
     from lockstep.golden.anchors import MODEL_DIR
-    from lockstep.reference_runtime.decode import RefDecoder
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.engine import RefDecoder
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
@@ -211,7 +212,7 @@ def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
     res = greedy(dec, list(b"The quick"), 5)
     assert dec.capture_fallback and "CaptureD2HRefused" in dec.capture_fallback
     assert res.counters["captures"] == 0 and res.counters["capture_aborts"] == 1 and not dec.rt.is_capturing
-    eager = greedy(make_decoder("ref-sim", model), list(b"The quick"), 5)
+    eager = greedy(load_engine("ref-sim").decoder(model), list(b"The quick"), 5)
     assert res.tokens == eager.tokens
 
 
@@ -223,7 +224,7 @@ def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
     from lockstep.golden.anchors import MODEL_DIR
     from lockstep.reference_runtime import RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
-    from lockstep.reference_runtime.decode import RefDecoder
+    from lockstep.reference_runtime.engine import RefDecoder
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     steps = [list(b"The quick"), [66], [67, 68, 69], [70], [71, 72, 73], [74]]
@@ -235,7 +236,7 @@ def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
         except Exception as exc:  # a replay of the wrong graph may also fail outright
             return [repr(exc)]
 
-    eager = run(make_decoder("ref-sim", model))
+    eager = run(load_engine("ref-sim").decoder(model))
     broken = run(RefDecoder(model, SharedSlotLifecycle(SimDevice(), RuntimeConfig()), capture=True))
     assert broken != eager
 
@@ -247,11 +248,11 @@ def test_a_graph_whose_intermediates_were_freed_fails_instead_of_replaying_silen
     from lockstep.golden.anchors import MODEL_DIR
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
-    from lockstep.reference_runtime.decode import RefDecoder
+    from lockstep.reference_runtime.engine import RefDecoder
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     prompt = list(b"The quick brown fox")
-    eager = greedy(make_decoder("ref-sim", model), prompt, 8)
+    eager = greedy(load_engine("ref-sim").decoder(model), prompt, 8)
     dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
     real_run = dec.ex.run
     dec.ex.run = lambda feeds, **kw: real_run(feeds, **{**kw, "retain": None})  # drop the retention

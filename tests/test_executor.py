@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.executor import Executor, FeedError
 from lockstep.reference_runtime.model import ModelError, UnsupportedModel
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=21, ir=10):

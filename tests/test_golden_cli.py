@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import lockstep.golden.anchors as anchors
 import pytest
 
-import lockstep.golden.anchors as anchors
 from lockstep.cli import main
 
 

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-
 from lockstep.golden.models import (
     GENERATOR_VERSION,
     MODELS_DIR,
@@ -27,7 +26,8 @@ from lockstep.golden.models import (
     weights_from_model,
 )
 from lockstep.golden.models.__main__ import main as models_main
-from lockstep.reference_runtime.engines import make_engine
+
+from lockstep.engines.registry import load_engine
 
 FP32 = ("tiny-fp32-standard", "tiny-fp32-decomposed")
 ENGINES = ("ref-sim", "ort-cpu")
@@ -44,7 +44,7 @@ def runners(models):
 
     def get(engine: str, name: str):
         if (engine, name) not in cache:
-            eng = make_engine(engine)
+            eng = load_engine(engine)
             ok, why = eng.available()
             if not ok:
                 pytest.skip(f"{engine}: {why}")
@@ -309,12 +309,13 @@ def test_genai_flavour_on_ort_matches_its_standard_twin():
     import dataclasses
 
     from lockstep.golden.models.build import build
-    from lockstep.reference_runtime.decode import greedy, make_decoder
+
+    from lockstep.decoding import greedy
 
     spec = VARIANTS["tiny-int4-genai"]
     prompt = list(b"The quick brown fox")
-    ort = greedy(make_decoder("ort-cpu", build(spec)), prompt, 8)
-    twin = greedy(make_decoder("ref-sim", build(dataclasses.replace(spec, flavour="standard"))), prompt, 8)
+    ort = greedy(load_engine("ort-cpu").decoder(build(spec)), prompt, 8)
+    twin = greedy(load_engine("ref-sim").decoder(build(dataclasses.replace(spec, flavour="standard"))), prompt, 8)
     assert ort.tokens == twin.tokens
     for a, b in zip(ort.step_logits, twin.step_logits):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)

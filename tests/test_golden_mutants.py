@@ -8,13 +8,12 @@ import copy
 import numpy as np
 import onnx
 import pytest
-
 from lockstep.golden.anchors import MODEL_DIR, load_snapshot
 from lockstep.golden.locks import ModelChanged, NotFromOracle, check_provenance, teacher_forced_lock, tripwire
 from lockstep.golden.models.spec import NEAR_TIE
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
-from lockstep.reference_runtime.decode import Decoder, RefDecoder
+from lockstep.reference_runtime.engine import RefDecoder
 
 FP32 = "tiny-fp32-standard"
 
@@ -50,7 +49,7 @@ class KvWrongSlot(RefDecoder):
         return out
 
 
-class Perturbed(Decoder):
+class Perturbed:
     """Adds ``delta`` to the runner-up logit at every position: an fp16-scale perturbation."""
 
     def __init__(self, inner, delta):
@@ -65,31 +64,37 @@ class Perturbed(Decoder):
             row[np.argsort(-row)[1]] += self.delta
         return logits
 
+    def capture_stats(self):
+        return self.inner.capture_stats()
+
 
 @pytest.mark.parametrize("mutant", [RotaryOffByOne, KvWrongSlot])
 def test_decode_path_mutants_fail_the_fatal_lock(mutant):
     snap = load_snapshot(FP32)
     dec = ref_decoder(FP32, mutant)
-    prefill = teacher_forced_lock(dec, snap, "float32", stepwise=False)
-    stepwise = teacher_forced_lock(dec, snap, "float32", stepwise=True)
+    prefill = teacher_forced_lock(dec, snap, "fp32", stepwise=False)
+    stepwise = teacher_forced_lock(dec, snap, "fp32", stepwise=True)
     assert prefill.ok, "the mutant breaks only the decode path; one prefill is unaffected"
     assert not stepwise.ok and stepwise.violations, f"{mutant.__name__} must break the stepwise lock"
+    first = stepwise.violations[0]["pos"]
+    assert stepwise.describe().startswith(f"first divergence at position {first}:"), (
+        "result: the message points at the first diverging position")
 
 
 def test_the_real_decoder_passes_both_modes():
     snap = load_snapshot(FP32)
     dec = ref_decoder(FP32)
     for stepwise in (False, True):
-        res = teacher_forced_lock(dec, snap, "float32", stepwise=stepwise)
+        res = teacher_forced_lock(dec, snap, "fp32", stepwise=stepwise)
         assert res.ok and res.checked == len(snap["positions"]) - res.near_ties
 
 
 def test_fp16_accumulation_declared_as_fp32_fails_the_lock():
     snap = load_snapshot(FP32)
     fp16 = ref_decoder("tiny-fp16-standard")  # the same weights, computed in fp16
-    honest = teacher_forced_lock(fp16, snap, "float16", stepwise=False)
+    honest = teacher_forced_lock(fp16, snap, "fp16", stepwise=False)
     assert honest.ok, honest.violations
-    lying = teacher_forced_lock(fp16, snap, "float32", stepwise=False)
+    lying = teacher_forced_lock(fp16, snap, "fp32", stepwise=False)
     assert not lying.ok and any(v["kind"] == "margin" for v in lying.violations)
 
 
@@ -121,14 +126,14 @@ def test_the_planted_near_tie_trips_the_tripwire_without_failing():
     planted = snap["positions"][0]
     assert planted["pos"] == NEAR_TIE.position and planted["margin"] < 1e-3
     dec = Perturbed(ref_decoder(name), delta=1e-3)  # flips a 2e-4 margin, not the others
-    trip = tripwire(dec, snap, "float16")
+    trip = tripwire(dec, snap, "fp16")
     assert trip.divergence is not None and trip.divergence["pos"] == NEAR_TIE.position
     assert trip.divergence["near_tie"] and not trip.fatal
-    lock = teacher_forced_lock(dec, snap, "float16", stepwise=False)
+    lock = teacher_forced_lock(dec, snap, "fp16", stepwise=False)
     assert lock.ok, "the fatal lock skips the near-tie"
 
 
 def test_a_divergence_outside_the_band_is_fatal():
     snap = load_snapshot(FP32)
-    trip = tripwire(Perturbed(ref_decoder(FP32), delta=5.0), snap, "float32")
+    trip = tripwire(Perturbed(ref_decoder(FP32), delta=5.0), snap, "fp32")
     assert trip.fatal and not trip.divergence["near_tie"]

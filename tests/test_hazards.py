@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 import pytest
-
 from lockstep.contracts.mutants import CopyWithoutForcedSync
 from lockstep.kernels import primitives as P
 from lockstep.reference_runtime import Runtime, RuntimeConfig, StreamOrderRace

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import primitives
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice

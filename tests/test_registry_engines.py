@@ -7,12 +7,15 @@ import types
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
-
 from lockstep.kernels._op import Spec, Unary
 from lockstep.kernels.registry import REGISTRY, Registry
-from lockstep.reference_runtime.engines import OrtEngine, RefEngine, _exotic_dtypes, make_engine
+from lockstep.reference_runtime.engine import RefEngine, _exotic_dtypes
+from lockstep.engines import EngineLoadError, Unsupported
 from lockstep.reference_runtime.model import UnsupportedModel
+from onnx import TensorProto, helper
+
+from lockstep.engines.ort import OrtEngine
+from lockstep.engines.registry import load_engine
 
 
 def _k(op="Neg", **kw):
@@ -60,9 +63,9 @@ def _tiny(ir=8, elem=TensorProto.FLOAT):
 
 
 def test_ort_reports_a_too_new_ir_version_as_unsupported():
-    eng = make_engine("ort-cpu")
+    eng = load_engine("ort-cpu")
     assert eng.available()[0]
-    with pytest.raises(UnsupportedModel, match="IR version newer than this engine accepts"):
+    with pytest.raises(Unsupported, match="IR version newer than this engine accepts"):
         eng.prepare(_tiny(ir=99))
     run = eng.prepare(_tiny())
     assert run({"x": np.ones(2, np.float32)})[0].tolist() == [1.0, 1.0]
@@ -96,8 +99,8 @@ def test_cuda_engine_refuses_dtypes_cupy_cannot_hold():
 
 
 def test_unknown_engine_name():
-    with pytest.raises(ValueError, match="unknown engine 'trt'"):
-        make_engine("trt")
+    with pytest.raises(EngineLoadError, match=r"unknown engine 'trt'; registered: \['ort-cpu', 'ort-cuda', 'ref-cuda', 'ref-sim'\]"):
+        load_engine("trt")
 
 
 def test_spec_rank():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import primitives as P
 from lockstep.reference_runtime import GraphSlot, InvalidValue, Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice

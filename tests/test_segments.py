@@ -9,15 +9,17 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.golden.models.spec import PROMPT
 from lockstep.kernels._kernel import Kernel
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
-from lockstep.reference_runtime.decode import RefDecoder, greedy, make_decoder
+from lockstep.reference_runtime.engine import RefDecoder
 from lockstep.reference_runtime.errors import IllegalAddress, IllegalState, UseAfterFree
 from lockstep.reference_runtime.segments import CaptureSession
+
+from lockstep.decoding import greedy
+from lockstep.engines.registry import load_engine
 
 PROMPT_IDS = list(PROMPT.encode())
 TOKENS = 8
@@ -131,7 +133,7 @@ def test_mutant_replay_reading_freed_intermediates_is_caught():
 
 
 def test_a_freed_bound_output_is_refused_before_a_replay():
-    ex = make_decoder("ref-sim", _model("tiny-fp32-standard")).ex
+    ex = load_engine("ref-sim").decoder(_model("tiny-fp32-standard")).ex
     session = CaptureSession(ex)
     rt = ex.runtime
     feeds = {"input_ids": np.asarray([[65]], np.int64), "position_ids": np.asarray([[0]], np.int64)}

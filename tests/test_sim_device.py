@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import primitives as P
 from lockstep.kernels._kernel import Kernel
 from lockstep.reference_runtime.backends import ArrayRef
 from lockstep.reference_runtime.backends.sim import SimDevice
-from lockstep.reference_runtime.errors import (CaptureD2HRefused, CaptureOnLegacyStream, CublasDuringCapture, IllegalAddress,
-                                      IllegalState, InvalidValue, LaunchFailure, StreamCaptureInvalidated,
-                                      StreamCaptureUnsupported)
+from lockstep.reference_runtime.errors import (
+    CaptureD2HRefused,
+    CaptureOnLegacyStream,
+    CublasDuringCapture,
+    IllegalAddress,
+    IllegalState,
+    InvalidValue,
+    LaunchFailure,
+    StreamCaptureInvalidated,
+    StreamCaptureUnsupported,
+)
 
 F32 = np.dtype(np.float32)
 

@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import primitives as P
 from lockstep.reference_runtime.backends.sim import SimDevice, SimStream
 from lockstep.reference_runtime.config import RuntimeConfig

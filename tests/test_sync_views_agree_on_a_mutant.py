@@ -5,14 +5,14 @@ unguarded call is a silent no-op in a capture: the seeds' class of hidden sync.)
 
 from __future__ import annotations
 
-
 import onnx
-
 from lockstep.contracts.audit import ROOT, audit
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
-from lockstep.reference_runtime.decode import RefDecoder, greedy
+from lockstep.reference_runtime.engine import RefDecoder
+
+from lockstep.decoding import greedy
 
 GUARDED = "        if not rt.is_capturing:\n"
 CALL = "            rt.synchronize()\n"

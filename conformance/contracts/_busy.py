@@ -9,7 +9,6 @@ timed window.
 from __future__ import annotations
 
 import numpy as np
-
 from lockstep.kernels import primitives as P
 
 SPIN_US = 300_000

@@ -6,10 +6,9 @@ import gc
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import Kernel
 from lockstep.kernels import primitives as P
-from lockstep.reference_runtime import DeviceAssert, RuntimeConfig, UseAfterFree, InvalidValue
+from lockstep.reference_runtime import DeviceAssert, InvalidValue, RuntimeConfig, UseAfterFree
 
 from ._busy import busy
 

@@ -9,7 +9,6 @@ process.
 from __future__ import annotations
 
 import pytest
-
 from lockstep.contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, expected_for, run_scenario
 
 

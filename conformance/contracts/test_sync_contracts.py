@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lockstep.kernels import primitives as P
 from lockstep.reference_runtime import GraphSlot, RuntimeConfig, StreamCaptureInvalidated, StreamCaptureUnsupported
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.golden.models.spec import VARIANTS
 from lockstep.reference_runtime import Runtime, RuntimeConfig

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.golden.models.spec import PROMPT, VARIANTS
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends import make_device
-from lockstep.reference_runtime.decode import RefDecoder, greedy
+from lockstep.reference_runtime.engine import RefDecoder
 from lockstep.reference_runtime.errors import IllegalAddress
 from lockstep.reference_runtime.executor import Executor
 from lockstep.reference_runtime.pager import PagingConfigError
+
+from lockstep.decoding import greedy
 
 TOKENS = 6
 
@@ -38,20 +39,18 @@ def _tightest_budget(model: onnx.ModelProto, device) -> int:
 
 
 def _decode(engine, proto, config, capture):
-    dec = RefDecoder(proto, Runtime(make_device(engine.device_name), config), capture=capture)
+    dec = RefDecoder(proto, engine.runtime(config), capture=capture)
     return dec, greedy(dec, list(PROMPT.encode()), TOKENS)
 
 
 @pytest.mark.paging
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("model", sorted(VARIANTS))
-def test_paged_decode_is_byte_identical_to_resident(engine, model, capture):
-    if not engine.name.startswith("ref-"):
-        pytest.skip(f"unsupported: {engine.name}: weight paging is the reference runtime's")
+def test_paged_decode_is_byte_identical_to_resident(ref_engine, model, capture):
     proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
-    budget = _tightest_budget(proto, make_device(engine.device_name))
-    _, resident = _decode(engine, proto, RuntimeConfig(), capture)
-    dec, paged = _decode(engine, proto, RuntimeConfig(vram_limit=budget), capture)
+    budget = _tightest_budget(proto, make_device(ref_engine.device_name))
+    _, resident = _decode(ref_engine, proto, RuntimeConfig(), capture)
+    dec, paged = _decode(ref_engine, proto, RuntimeConfig(vram_limit=budget), capture)
     c = dec.ex.pager.counters
     # contract: the budget really forced evictions in every decode step, and capture was really on/off
     assert c.evictions >= TOKENS and c.page_ins > len(dec.ex.pager._weights) and c.drains == c.evictions

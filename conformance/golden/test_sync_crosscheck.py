@@ -17,14 +17,15 @@ import warnings
 
 import onnx
 import pytest
-
 from lockstep.contracts.audit import audit, site_of
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.golden.models.spec import PROMPT, VARIANTS
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends import make_device
-from lockstep.reference_runtime.decode import RefDecoder, greedy
+from lockstep.reference_runtime.engine import RefDecoder
 from lockstep.reference_runtime.sync_debug import SyncDebugWarning
+
+from lockstep.decoding import greedy
 
 _AUDIT = None
 
@@ -38,10 +39,8 @@ def _audit():
 
 @pytest.mark.capture
 @pytest.mark.parametrize("model", sorted(VARIANTS))
-def test_observed_sync_sites_are_ones_the_audit_accepts(engine, model):
-    if not engine.name.startswith("ref-"):
-        pytest.skip(f"unsupported: {engine.name}: sync-debug mode is the reference runtime's")
-    rt = Runtime(make_device(engine.device_name), RuntimeConfig(sync_debug="warn"))
+def test_observed_sync_sites_are_ones_the_audit_accepts(ref_engine, model):
+    rt = Runtime(make_device(ref_engine.device_name), RuntimeConfig(sync_debug="warn"))
     dec = RefDecoder(onnx.load(str(MODEL_DIR / f"{model}.onnx")), rt, capture=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", SyncDebugWarning)

@@ -10,7 +10,6 @@ its reason).
 from __future__ import annotations
 
 import pytest
-
 from lockstep.reference_runtime.node_cases import load_cases, run_case
 
 CASES = load_cases()

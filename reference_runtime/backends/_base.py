@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from lockstep.kernels._kernel import Kernel
 
 

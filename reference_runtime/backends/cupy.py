@@ -14,7 +14,6 @@ import contextlib
 from typing import Any, Iterator
 
 import numpy as np
-
 from lockstep.kernels._kernel import Kernel
 
 from ..errors import (

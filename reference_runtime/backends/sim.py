@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from lockstep.kernels._kernel import Kernel
 
 from ..errors import (

@@ -1,0 +1,256 @@
+"""ONNX Runtime as engines: ``ort-cpu`` and ``ort-cuda`` (entry points ``cpu_engine``, ``cuda_engine``).
+
+Sessions get explicit providers; a CUDA provider request that falls back to CPU is detected (the
+session's providers are read back) and makes ``ort-cuda`` unavailable. Session-creation errors that
+mean "cannot run" (IR version or opset too new, an op not implemented) are ``Unsupported``.
+
+``OrtDecoder`` keeps the KV cache in OrtValues on the provider's device through IO binding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from lockstep.decoding import DecoderIO
+from lockstep.engines.protocol import CaptureStats, RunFn, Unsupported
+
+__all__ = ["OrtEngine", "OrtDecoder", "cpu_engine", "cuda_engine"]
+
+_NAMES = {"CPUExecutionProvider": "ort-cpu", "CUDAExecutionProvider": "ort-cuda"}
+
+
+class OrtEngine:
+    precision = {"float32": "fp32", "float16": "fp16"}
+
+    def __init__(self, provider: str):
+        if provider not in _NAMES:
+            raise ValueError(f"unknown provider {provider!r}; one of {list(_NAMES)}")
+        self.provider = provider
+        self.name = _NAMES[provider]
+        self._avail: tuple[bool, str] | None = None
+
+    def available(self) -> tuple[bool, str]:
+        if self._avail is None:
+            self._avail = self._probe()
+        return self._avail
+
+    def describe(self) -> dict[str, str]:
+        try:
+            import onnxruntime as ort
+        except Exception:
+            return {"provider": self.provider}
+        return {"provider": self.provider, "onnxruntime": ort.__version__}
+
+    def _probe(self) -> tuple[bool, str]:
+        try:
+            import onnxruntime as ort
+        except Exception as exc:
+            return False, f"onnxruntime is not importable: {exc!r}"
+        ort.set_default_logger_severity(4)
+        if self.provider not in ort.get_available_providers():
+            return False, f"onnxruntime {ort.__version__} has no {self.provider}"
+        probe = onnx.helper.make_model(
+            onnx.helper.make_graph(
+                [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+                [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+            ),
+            opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8,
+        )
+        try:
+            so = ort.SessionOptions()
+            so.log_severity_level = 4
+            sess = ort.InferenceSession(probe.SerializeToString(), so, providers=[self.provider])
+        except Exception as exc:
+            return False, f"{self.provider} failed to create a session: {str(exc)[:200]}"
+        got = sess.get_providers()
+        if got[0] != self.provider:
+            return False, f"{self.provider} requested but the session fell back to {got}"
+        return True, f"onnxruntime {ort.__version__} {self.provider}"
+
+    def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
+        """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``."""
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        provider = (self.provider, provider_options) if provider_options else self.provider
+        try:
+            return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+        except Exception as exc:
+            what = _ort_unsupported(str(exc))
+            if what:
+                raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
+            raise
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+
+    def prepare(self, model: onnx.ModelProto) -> RunFn:
+        sess = self.session(model)
+        names = [i.name for i in sess.get_inputs()]
+
+        def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            try:
+                return sess.run(None, {n: feeds[n] for n in names if n in feeds})
+            except RuntimeError as exc:
+                if "can't be converted to MLDataType" in str(exc):  # ml_dtypes feeds (bfloat16, float8, int4)
+                    raise Unsupported(f"{self.name}: feed dtype not accepted by onnxruntime's Python API: "
+                                      f"{str(exc)[:200]}") from exc
+                raise
+
+        return run
+
+    def decoder(self, model: onnx.ModelProto, *, capture: bool = False) -> "OrtDecoder":
+        """IO-bound decoding; ``capture=True`` is ONNX Runtime's CUDA graphs (CUDA provider, fixed-capacity cache)."""
+        if capture and self.device_type != "cuda":
+            raise Unsupported(f"{self.name}: ONNX Runtime's graphs are CUDA graphs (CUDA execution provider)")
+        if capture and not DecoderIO.of(model).capacity:
+            raise Unsupported(f"{self.name}: ONNX Runtime's CUDA graphs need fixed shapes (a fixed-capacity cache)")
+        return OrtDecoder(model, self, cuda_graphs=capture)
+
+
+def cpu_engine() -> OrtEngine:
+    """Entry point ``ort-cpu``."""
+    return OrtEngine("CPUExecutionProvider")
+
+
+def cuda_engine() -> OrtEngine:
+    """Entry point ``ort-cuda``."""
+    return OrtEngine("CUDAExecutionProvider")
+
+
+def _ort_unsupported(msg: str) -> str:
+    """Classify an ONNX Runtime session-creation error that means 'cannot run', not 'ran wrong'."""
+    low = msg.lower()
+    if "unsupported model ir version" in low:
+        return "model IR version newer than this engine accepts"
+    if "opset" in low and ("under development" in low or "not supported" in low or "unsupported" in low):
+        return "opset newer than this engine accepts"
+    if "could not find an implementation" in low or "not_implemented" in low:
+        return "operator or type not implemented"
+    return ""
+
+
+class OrtDecoder:
+    """ONNX Runtime with IO binding: the KV cache stays in OrtValues on the provider's device
+    (GPU memory for ort-cuda) and each step's present OrtValues are bound as the next past; only
+    the logits come back to the host.
+
+    ``fixed_bindings=True`` (fixed-capacity models): every input and output is a persistent
+    OrtValue at a fixed address, as ONNX Runtime's CUDA graphs require: the KV cache ping-pongs
+    between two buffer sets (a step reads set A and writes set B, the next reads B and writes A:
+    no output aliases an input), ``input_ids``/``position_ids`` are updated in place. With
+    ``cuda_graphs=True`` (ort-cuda only) the session is created with ``enable_cuda_graph`` and
+    the one-token steps run under two graph annotations (``gpu_graph_id`` 1 and 2, one per
+    ping-pong direction); other widths (prefill, verify) run with ``gpu_graph_id=-1`` (no graph).
+    The binding logic is the same on the CPU provider, where CI checks it against the plain path."""
+
+    def __init__(self, model: onnx.ModelProto, engine, *, fixed_bindings: bool = False, cuda_graphs: bool = False):
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.device = engine.device_type
+        self.io = io = DecoderIO.of(model)
+        self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
+        if cuda_graphs and self.device != "cuda":
+            raise Unsupported(f"{engine.name}: ONNX Runtime CUDA graphs need the CUDA execution provider")
+        if (fixed_bindings or cuda_graphs) and not self.capacity:
+            raise Unsupported(f"{engine.name}: fixed bindings and CUDA graphs need a fixed-capacity KV cache "
+                              "(fixed shapes and addresses)")
+        self.fixed = fixed_bindings or cuda_graphs
+        self.cuda_graphs = cuda_graphs
+        self.sess = engine.session(model, {"enable_cuda_graph": "1"} if cuda_graphs else None)
+        if cuda_graphs:  # read back: a session that silently ignored the option must not count as captured
+            options = self.sess.get_provider_options().get("CUDAExecutionProvider", {})
+            if options.get("enable_cuda_graph") not in ("1", "True", "true"):
+                raise RuntimeError(f"{engine.name}: enable_cuda_graph was asked for but the session reports {options}")
+        self.graph_runs = {1: 0, 2: 0}  # one-token steps run under each graph annotation
+        self.reset()
+
+    def reset(self) -> None:
+        zeros = self.io.empty_cache()
+        new = self.ort.OrtValue.ortvalue_from_numpy
+        if not self.fixed:
+            self.cache = {p: new(zeros, self.device, 0) for p in self.pasts}
+        elif not hasattr(self, "_sets"):
+            # one host array per value: on the CPU provider an OrtValue may wrap the numpy memory,
+            # and buffers that are written must not alias
+            self._sets = [{p: new(zeros.copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
+            self._ids = new(np.zeros((1, 1), np.int64), self.device, 0)
+            self._pos = new(np.zeros((1, 1), np.int64), self.device, 0)
+            self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
+        else:
+            for kv in self._sets:
+                for v in kv.values():
+                    v.update_inplace(zeros)  # same addresses: captured graphs stay valid
+        self._current = 0  # the buffer set holding the cache
+        self.position = 0
+
+    def forward(self, ids: list[int]) -> np.ndarray:
+        ids = list(ids)
+        n = len(ids)
+        self.io.check_room(self.position, n)
+        if self.fixed:
+            return self._forward_fixed(ids)
+        binding = self.sess.io_binding()
+        binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
+        binding.bind_cpu_input("position_ids", np.arange(self.position, self.position + n, dtype=np.int64)[None, :])
+        for p, value in self.cache.items():
+            binding.bind_ortvalue_input(p, value)
+        binding.bind_output("logits", "cpu")
+        for p in self.pasts:
+            binding.bind_output(self.present_of[p], self.device)
+        self.sess.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        self.cache = {p: outs[1 + i] for i, p in enumerate(self.pasts)}
+        self.position += n
+        return np.asarray(outs[0].numpy()[0])
+
+    def _forward_fixed(self, ids: list[int]) -> np.ndarray:
+        n = len(ids)
+        src, dst = self._sets[self._current], self._sets[1 - self._current]
+        binding = self.sess.io_binding()
+        positions = np.arange(self.position, self.position + n, dtype=np.int64)[None, :]
+        if n == 1:
+            self._ids.update_inplace(np.asarray([ids], np.int64))
+            self._pos.update_inplace(positions)
+            binding.bind_ortvalue_input("input_ids", self._ids)
+            binding.bind_ortvalue_input("position_ids", self._pos)
+            binding.bind_ortvalue_output("logits", self._logits)
+        else:
+            binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
+            binding.bind_cpu_input("position_ids", positions)
+            binding.bind_output("logits", "cpu")
+        for p in self.pasts:
+            binding.bind_ortvalue_input(p, src[p])
+            binding.bind_ortvalue_output(self.present_of[p], dst[p])
+        options = self.ort.RunOptions()
+        graph_id = (1 + self._current) if n == 1 else -1  # one graph per ping-pong direction
+        if self.cuda_graphs:
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.sess.run_with_iobinding(binding, options)
+        if n == 1:
+            self.graph_runs[graph_id] += 1
+        logits = self._logits.numpy() if n == 1 else binding.get_outputs()[0].numpy()
+        self._current = 1 - self._current
+        self.position += n
+        return np.array(logits[0])
+
+    def capture_stats(self) -> CaptureStats:
+        """With CUDA graphs: one graph per ping-pong direction (gpu_graph_id 1 and 2) that ran, and
+        every one-token step run under a graph id; ONNX Runtime captures a graph on a run and replays
+        it on later runs with the same id, which is not observable from outside."""
+        if not self.cuda_graphs:
+            return CaptureStats()
+        return CaptureStats(captures=sum(1 for n in self.graph_runs.values() if n),
+                            replays=sum(self.graph_runs.values()),
+                            detail={"one_token_runs_by_graph_id": dict(self.graph_runs)})
+
+    def counters(self) -> dict[str, Any]:
+        return {"capture": {"cuda_graphs": self.cuda_graphs, "fixed_bindings": self.fixed,
+                            "one_token_runs_by_graph_id": dict(self.graph_runs)}}

@@ -1,0 +1,99 @@
+"""The engine protocol: what a runtime implements to be put under lockstep's suite.
+
+An engine is a small object, built by a zero-argument factory registered under the entry-point
+group ``lockstep.engines`` (or named on the command line as ``pkg.module:factory``):
+
+Required (the node suite needs only these; ``onnx.backend``'s ``prepare``/``run`` in miniature):
+- ``name``: a short name without commas (``ref-sim``, ``ort-cuda``, ``mine``);
+- ``available() -> (bool, reason)``: whether it can run here, and why not (no GPU, no library);
+- ``prepare(model: onnx.ModelProto) -> run``, where ``run(feeds: dict[str, ndarray]) -> list[ndarray]``
+  returns the graph outputs in order. A model the engine cannot run (an op, a dtype, an IR version
+  it lacks) raises ``Unsupported(reason)``: reported as such, never as a numerical failure.
+
+Optional (each a separately declared capability; absent means the default below):
+- ``decoder(model, *, capture=False) -> DecodeSession``: a decode session with a KV cache for the
+  golden locks. Absent: lockstep decodes through ``prepare`` with the cache kept on the host
+  (``lockstep.decoding.HostKVSession``), which is slower but runs the same locks. ``capture=True``
+  asks for the engine's graph capture (CUDA graphs) and raises ``Unsupported`` where it has none.
+- ``precision: {model dtype: precision}``: how the engine computes each model dtype, one of
+  ``PRECISIONS``. It selects the error model of the golden locks (the near-tie band). Absent:
+  ``DEFAULT_PRECISION`` (fp32 models in strict fp32, fp16 models in fp16 with fp32 accumulation).
+- ``expectations``: a path to the engine's own node-suite expectations (TOML ``[[expect]]`` entries:
+  pattern, kind xfail|skip, reason), shipped with the engine.
+- ``describe() -> dict[str, str]``: versions and options that matter for conformance, for the report.
+
+A decode session (batch 1): ``reset()`` starts a fresh context; ``forward(ids)`` appends ``ids`` and
+returns their logits as an array ``[len(ids), vocab]`` (one call with the prompt is the prefill, one
+call per token a decode step); ``capture_stats()`` returns ``CaptureStats``: the counters that prove
+whether capture was engaged (graphs captured, replays, fallbacks to eager), all zero when it is off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS",
+           "DEFAULT_PRECISION", "precision_of"]
+
+RunFn = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+
+class Unsupported(NotImplementedError):
+    """The engine cannot run this model or capability; the message says why. Counted as a skip with
+    its reason, never as a numerical failure."""
+
+
+# precision name -> (activation storage, matrix-product operands, accumulation), each a
+# floating-point format whose unit roundoff the golden locks' error model uses
+PRECISIONS: dict[str, tuple[str, str, str]] = {
+    "fp32": ("float32", "float32", "float32"),      # strict fp32
+    "tf32": ("float32", "tf32", "float32"),         # fp32 storage, products on TF32 operands (10-bit mantissa)
+    "bf16": ("bfloat16", "bfloat16", "float32"),    # bf16 activations, fp32 accumulation
+    "fp16": ("float16", "float16", "float32"),      # fp16 activations, fp32 accumulation
+    "fp16-acc16": ("float16", "float16", "float16"),  # fp16 activations and accumulation
+}
+DEFAULT_PRECISION: dict[str, str] = {"float32": "fp32", "float16": "fp16"}
+
+
+def precision_of(engine: Any, dtype: str) -> str:
+    """The precision ``engine`` declares for models of ``dtype`` (``DEFAULT_PRECISION`` if it declares none)."""
+    declared: Mapping[str, str] = getattr(engine, "precision", None) or {}
+    got = declared.get(dtype, DEFAULT_PRECISION.get(dtype))
+    if got is None:
+        raise Unsupported(f"{engine.name}: declares no precision for {dtype} models")
+    return got
+
+
+@dataclass
+class CaptureStats:
+    """Whether graph capture was really engaged in a decode session: graphs captured, graph replays
+    (launches of a captured graph), fallbacks to eager execution; ``detail`` is engine-specific."""
+
+    captures: int = 0
+    replays: int = 0
+    fallbacks: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class DecodeSession(Protocol):
+    def reset(self) -> None: ...
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def capture_stats(self) -> CaptureStats: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def prepare(self, model: Any) -> RunFn: ...
