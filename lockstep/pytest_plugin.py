@@ -12,7 +12,8 @@ Fixtures
   fixture is left alone.
 - ``ref_engine``: the same over the selected engines that are the reference runtime (tests of the
   reference runtime's own machinery: paging, sync-debug, capture plans).
-- ``device_name`` / ``device``: parametrizes over the selected devices (``--devices``, default all);
+- ``device_name`` / ``device``: parametrizes over the selected devices (``--devices``; default the
+  devices of the reference engines named by ``--engines``, or all when it is not given);
   an unavailable device is a visible skip, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it.
 - ``make_runtime(config=None)``: builds runtimes on ``device`` from the class under test: the real
   ``Runtime``, or the mutant named by ``--lockstep-mutant``; closes them at teardown.
@@ -84,7 +85,11 @@ def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[st
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
+    engine_specs = _split(config.getoption("--engines"))
+    # the devices the reference runtime's own tests (runtime contracts, parity) run on: --devices, or
+    # those of the reference engines named by --engines, or all when neither is given
+    default = list(DEVICES) if not engine_specs else [d for d, e in ENGINE_OF_DEVICE.items() if e in engine_specs]
+    selected = _names(config.getoption("--devices"), DEVICES, "--devices", default)
     required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
     mutant = config.getoption("--lockstep-mutant")
     runtime_class(mutant)  # fail early on an unknown name
@@ -92,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = {
         "selected": selected,
         "required": required,
-        "engine_specs": _split(config.getoption("--engines")),
+        "engine_specs": engine_specs,
         "required_engines": _split(os.environ.get("LOCKSTEP_REQUIRE_ENGINES")),
         "engine_objs": None,  # name -> engine, loaded on first need (_engines)
         "availability": None,
@@ -143,7 +148,9 @@ def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
     if "device_name" in names and not _own_fixture(metafunc, "device_name"):
-        metafunc.parametrize("device_name", _state(metafunc.config)["selected"])
+        metafunc.parametrize("device_name", _state(metafunc.config)["selected"] or [pytest.param(
+            None, marks=pytest.mark.skip(reason="no reference-runtime device selected: --engines names no reference "
+                                                "engine (--devices=sim,cupy runs the runtime's own contract tests)"))])
     if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
         metafunc.parametrize("engine_name", list(_engines(metafunc.config)))
     if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):

@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.emit_expectations:
             if out.status in ("failed", "error"):
                 first = (out.detail.strip().splitlines() or [""])[0].replace('"', "'")[:200]
-                version = _engine_version(args.engine)
-                print(f'[[expect]]\nengine = "{args.engine}"\npattern = "{case.name}"\nkind = "xfail"\n'
+                version = _engine_version(engine)
+                print(f'[[expect]]\nengine = "{engine.name}"\npattern = "{case.name}"\nkind = "xfail"\n'
                       f'reason = "{version}: {out.status}: {first}"\n')
             continue
         if out.status in show:
@@ -168,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _engine_version(name: str) -> str:
-    if name.startswith("ort"):
-        import onnxruntime
-
-        return f"onnxruntime {onnxruntime.__version__}"
-    return name
+def _engine_version(engine) -> str:
+    """What the engine says of its versions (``describe()``), for an expectation's reason."""
+    describe = getattr(engine, "describe", None)
+    info = describe() if callable(describe) else {}
+    versions = [f"{k} {v}" for k, v in info.items() if any(ch.isdigit() for ch in str(v)) and k != "config"]
+    return ", ".join(versions) or engine.name
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from lockstep.reference_runtime.runtime import Runtime
 
 from lockstep.cli import main
 
-pytest_plugins = ["pytester"]
 
 
 

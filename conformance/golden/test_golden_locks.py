@@ -49,7 +49,7 @@ def test_teacher_forced_lock(engine, model, mode, record_property):
     res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise")
     assert res.checked > 0, "result: the lock checked no position (every position a near-tie?)"
     assert not res.violations, (f"result: {engine.name} ({precision}) breaks the lock on {model} ({mode}): "
-                                f"{res.describe()}; all: {res.violations}")
+                                f"{res.describe()}; the first ones: {res.violations[:4]}")
 
 
 @pytest.mark.golden

@@ -1,0 +1,268 @@
+"""Third-party engines: the registry (entry points and ``pkg.module:factory``), validation against the
+protocol, the pytest plugin's engine selection, the ``onnx.backend`` adapter, and the example
+out-of-tree plugin (``examples/engine-plugin``) clean and with its planted bug."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from lockstep.decoding import HostKVSession, open_session
+from lockstep.engines import EngineLoadError, Unsupported, load_engine, registered, validate
+from lockstep.engines import registry as registry_mod
+from lockstep.engines.onnx_backend import BackendEngine
+from lockstep.golden.anchors import MODEL_DIR, load_snapshot
+from lockstep.golden.locks import teacher_forced_lock, tripwire
+from lockstep.reference_runtime.node_cases import load_cases, run_case
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "engine-plugin"
+BUILTIN = ["ort-cpu", "ort-cuda", "ref-cuda", "ref-sim"]
+
+
+# -- registry --------------------------------------------------------------------------------------
+def test_the_builtin_engines_are_registered_as_entry_points():
+    eps = registered()
+    assert list(eps)[:4] == BUILTIN, "contract: lockstep's own engines come through its entry points"
+    assert eps["ref-sim"].value == "lockstep.reference_runtime.engine:sim_engine"
+    assert load_engine("ref-sim").name == "ref-sim"
+
+
+class _Tiny:
+    name = "tiny"
+
+    def available(self):
+        return True, "always"
+
+    def prepare(self, model):
+        return lambda feeds: [feeds["x"]]
+
+
+def make_tiny():
+    return _Tiny()
+
+
+def make_broken():
+    raise RuntimeError("no licence server")
+
+
+def make_nameless():
+    t = _Tiny()
+    t.name = "has,comma"
+    return t
+
+
+def test_a_factory_spec_loads_and_validates():
+    eng = load_engine(f"{__name__}:make_tiny")
+    assert eng.name == "tiny" and eng.prepare(None)({"x": 1}) == [1]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_such_module_xyz:make", "engine factory 'no_such_module_xyz:make': cannot import 'no_such_module_xyz'"),
+    (f"{__name__}:missing", f"module '{__name__}' has no attribute 'missing'"),
+    (f"{__name__}:make_broken", "the factory raised RuntimeError: no licence server"),
+    (f"{__name__}:make_nameless", "`name` must be a non-empty string without commas"),
+    (f"{__name__}:ROOT", "is not callable"),
+])
+def test_an_engine_that_fails_to_load_is_an_error_naming_it(spec, message):
+    with pytest.raises(EngineLoadError, match=None) as err:
+        load_engine(spec)
+    assert message in str(err.value)
+
+
+def test_validation_lists_every_problem_with_the_offending_definition(tmp_path):
+    class Bad:
+        name = "bad"
+        precision = {"float32": "fp31"}
+        expectations = tmp_path / "nope.toml"
+        decoder = 3
+
+    with pytest.raises(EngineLoadError) as err:
+        validate(Bad(), "engine entry point 'bad' (x:y)")
+    text = str(err.value)
+    assert text.startswith("engine entry point 'bad' (x:y) does not implement the engine protocol")
+    for problem in ("no `available()` method", "no `prepare()` method", "`decoder` is not callable",
+                    "unknown precision(s) {'float32': 'fp31'}", "nope.toml does not exist"):
+        assert problem in text
+
+
+def _fake_entry_points(monkeypatch, *eps: EntryPoint):
+    monkeypatch.setattr(registry_mod, "entry_points", lambda group: list(eps) if group == registry_mod.GROUP else [])
+
+
+def test_an_entry_point_whose_engine_has_another_name_is_refused(monkeypatch):
+    _fake_entry_points(monkeypatch, EntryPoint("mine", f"{__name__}:make_tiny", registry_mod.GROUP))
+    with pytest.raises(EngineLoadError, match="`name` is 'tiny' but it is registered as 'mine'"):
+        load_engine("mine")
+
+
+def test_a_broken_entry_point_names_itself(monkeypatch):
+    _fake_entry_points(monkeypatch, EntryPoint("mine", "no_such_module_xyz:make", registry_mod.GROUP))
+    with pytest.raises(EngineLoadError, match=r"engine entry point 'mine' \(no_such_module_xyz:make, from \?\) "
+                                              r"failed to load: ModuleNotFoundError"):
+        load_engine("mine")
+
+
+def test_one_name_registered_twice_is_an_error(monkeypatch):
+    _fake_entry_points(monkeypatch, EntryPoint("mine", "a:make", registry_mod.GROUP),
+                       EntryPoint("mine", "b:make", registry_mod.GROUP))
+    with pytest.raises(EngineLoadError, match="engine name 'mine' is registered twice: a:make"):
+        registered()
+
+
+def test_no_engines_registered_at_all_is_an_error(monkeypatch):
+    _fake_entry_points(monkeypatch)
+    with pytest.raises(EngineLoadError, match="is lockstep installed"):
+        registered()
+
+
+# -- the pytest plugin ------------------------------------------------------------------------------
+ENGINE_MODULE = '''
+import numpy as np
+
+class Doubler:
+    name = "doubler"
+    def available(self):
+        return True, "here"
+    def prepare(self, model):
+        return lambda feeds: [2 * feeds["x"]]
+
+def make():
+    return Doubler()
+'''
+
+USES_ENGINE = '''
+def test_uses_engine(engine):
+    assert engine.name == "doubler"
+'''
+
+OWN_FIXTURE = '''
+import pytest
+
+@pytest.fixture(params=["a", "b"])
+def engine_name(request):
+    return request.param
+
+def test_mine(engine_name):
+    assert engine_name in ("a", "b")
+'''
+
+
+def test_the_plugin_runs_tests_against_a_factory_engine_and_leaves_user_fixtures_alone(pytester):
+    pytester.makepyfile(my_engine=ENGINE_MODULE, test_uses=USES_ENGINE, test_own=OWN_FIXTURE)
+    pytester.syspathinsert()
+    result = pytester.runpytest("--engines", "my_engine:make", "-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_mine[[]a[]] PASSED*", "*test_uses_engine[[]doubler[]] PASSED*"])
+
+
+def test_the_plugin_refuses_an_engine_that_fails_to_load(pytester):
+    pytester.makepyfile(test_uses=USES_ENGINE)
+    result = pytester.runpytest("--engines", "no_such_module_xyz:make", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*engine factory 'no_such_module_xyz:make': cannot import*"])
+
+
+# -- the onnx.backend adapter ----------------------------------------------------------------------
+class _RefEvalRep:
+    def __init__(self, model):
+        from onnx.reference import ReferenceEvaluator
+
+        self.ev = ReferenceEvaluator(model)
+        init = {t.name for t in model.graph.initializer}
+        self.names = [i.name for i in model.graph.input if i.name not in init]
+
+    def run(self, inputs, **kwargs):
+        return self.ev.run(None, dict(zip(self.names, inputs)))
+
+
+class RefEvalBackend:
+    """A minimal ``onnx.backend.base.Backend`` over onnx's reference evaluator (the shape a runtime
+    that already runs ONNX's backend tests has)."""
+
+    @classmethod
+    def prepare(cls, model, device="CPU", **kwargs):
+        return _RefEvalRep(model)
+
+    @classmethod
+    def supports_device(cls, device):
+        return device == "CPU"
+
+    @classmethod
+    def is_compatible(cls, model, device="CPU", **kwargs):
+        return not any(n.op_type == "Loop" for n in model.graph.node)
+
+
+def test_an_onnx_backend_is_one_line_from_an_engine():
+    eng = validate(BackendEngine(RefEvalBackend, name="refeval"))
+    assert eng.available()[0] and not BackendEngine(RefEvalBackend, "x", device="CUDA").available()[0]
+    cases = [c for c in load_cases() if c.name in ("test_add", "test_softmax_axis_0", "test_matmul_2d")]
+    assert [run_case(eng, c).status for c in cases] == ["passed"] * 3, "result: the node suite runs through it"
+    loop = helper.make_model(helper.make_graph([helper.make_node("Loop", ["m", "c"], ["y"], body=helper.make_graph(
+        [], "b", [], []))], "g", [helper.make_tensor_value_info("m", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    with pytest.raises(Unsupported, match="incompatible"):
+        eng.prepare(loop)
+    # the golden locks decode through prepare() with the cache on the host
+    name = "tiny-fp32-standard"
+    session = open_session(eng, onnx.load(str(MODEL_DIR / f"{name}.onnx")))
+    assert isinstance(session, HostKVSession)
+    snap = load_snapshot(name)
+    assert teacher_forced_lock(session, snap, "fp32", stepwise=False).ok
+    assert teacher_forced_lock(session, snap, "fp32", stepwise=True).ok
+    with pytest.raises(Unsupported, match="no graph capture"):
+        open_session(eng, onnx.load(str(MODEL_DIR / f"{name}.onnx")), capture=True)
+
+
+# -- the example plugin (examples/engine-plugin) ---------------------------------------------------
+@pytest.fixture
+def example(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import lockstep_example_engine
+
+    return lockstep_example_engine
+
+
+def test_the_example_engine_passes_and_its_planted_bug_fails_at_the_first_diverging_position(example):
+    name = "tiny-fp32-standard"
+    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    snap = load_snapshot(name)
+    clean = validate(example.make_engine(), expected_name="example")
+    buggy = validate(example.make_buggy_engine())
+    for stepwise in (False, True):
+        assert teacher_forced_lock(clean.decoder(model), snap, "fp32", stepwise=stepwise).ok
+    assert not tripwire(clean.decoder(model), snap, "fp32").fatal
+    assert teacher_forced_lock(buggy.decoder(model), snap, "fp32", stepwise=False).ok, "the prefill is unaffected"
+    lock = teacher_forced_lock(buggy.decoder(model), snap, "fp32", stepwise=True)
+    assert not lock.ok and lock.describe().startswith(f"first divergence at position {snap['start']}:")
+    trip = tripwire(buggy.decoder(model), snap, "fp32")
+    assert trip.fatal and trip.divergence["pos"] == snap["start"] + 1, "result: the first greedy step after it"
+
+
+def test_the_example_has_no_capture_and_refuses_ops_it_lacks(example):
+    eng = example.make_engine()
+    with pytest.raises(Unsupported, match="no graph capture"):
+        eng.decoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")), capture=True)
+    case = next(c for c in load_cases() if c.name == "test_lrn")
+    assert run_case(eng, case).status == "unsupported"
+
+
+def test_lockstep_check_on_the_buggy_example_fails_with_the_position(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lockstep", "check", "--engines", "lockstep_example_engine:make_buggy_engine",
+         "--report-dir", str(tmp_path / "rep"), "-m", "golden", "-k", "tiny-fp32-standard and not kv64",
+         "-p", "no:cacheprovider", "-q"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "example-buggy (fp32) breaks the lock on tiny-fp32-standard (stepwise): first divergence at position 18" in out
+    assert "1 passed" not in out or "2 failed" in out

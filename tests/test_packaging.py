@@ -1,0 +1,110 @@
+"""The installed package, as a user gets it: build the wheel, install it with the example engine
+plugin into a fresh virtual environment, and run lockstep from an empty directory (no source
+checkout, no PYTHONPATH). Slow (a virtual environment and its dependencies, from pip's cache after
+the first install): marked ``packaging``; CI runs it (``pytest``); deselect it locally with
+``-m "not packaging"``. It needs pip to reach an index (as CI does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "engine-plugin"
+
+pytestmark = pytest.mark.packaging
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    mapping = cfg["package-dir"]
+    found = set()
+    for pkg, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([pkg, *rel.parts]))
+    assert found == listed, f"contract: pyproject lists every package (missing {found - listed}, extra {listed - found})"
+
+
+def _run(cmd, cwd, env, timeout=600):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(bin dir, empty working dir, environment) of a fresh venv holding the wheel and the example."""
+    tmp = tmp_path_factory.mktemp("packaging")
+    dist = tmp / "dist"
+    rc, out = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], ROOT,
+                   dict(os.environ), timeout=900)
+    assert rc == 0, f"building the wheel failed:\n{out[-3000:]}"
+    (wheel,) = dist.glob("lockstep_conformance-*.whl")
+    venv = tmp / "venv"
+    rc, out = _run([sys.executable, "-m", "venv", str(venv)], tmp, dict(os.environ))
+    assert rc == 0, out
+    bindir = venv / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR")}
+    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp / "cache"),
+               PYTHONDONTWRITEBYTECODE="1")
+    rc, out = _run([str(bindir / "python"), "-m", "pip", "install", "-q", f"{wheel}[test,ort]", str(EXAMPLE)],
+                   tmp, env, timeout=1800)
+    assert rc == 0, f"installing the wheel and the example plugin failed:\n{out[-3000:]}"
+    work = tmp / "empty"
+    work.mkdir()
+    return bindir, work, env, wheel
+
+
+def test_the_wheel_holds_what_the_suite_needs(installed):
+    names = zipfile.ZipFile(installed[3]).namelist()
+    for needed in ("lockstep/golden/models/tiny-fp32-standard.onnx", "lockstep/golden/models/manifest.json",
+                   "lockstep/golden/snapshots/tiny-fp32-standard.json", "lockstep/contracts/sync_allowlist.toml",
+                   "lockstep/conformance/node_suite/expectations.toml",
+                   "lockstep/conformance/golden/__snapshots__/test_capture_census.ambr",
+                   "lockstep/conformance/golden/test_golden_locks.py", "lockstep/pytest_plugin.py"):
+        assert needed in names, f"contract: the wheel carries {needed}"
+    assert not [n for n in names if n.startswith(("tests/", "kernels/", "golden/"))], "only the lockstep namespace"
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(installed[3]).read(entry_points).decode()
+    assert "[pytest11]" in text and "[lockstep.engines]" in text and "ref-sim = " in text
+
+
+def test_golden_locks_decode_and_audit_run_from_an_empty_directory(installed):
+    bindir, work, env, _ = installed
+    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim", "-m", "golden", "-q"], work, env)
+    assert rc == 0 and "| ref-sim | 30 | 0 |" in out, out[-3000:]
+    rc, out = _run([str(bindir / "pytest"), "--pyargs", "lockstep.conformance", "--engines", "ref-sim,ort-cpu",
+                    "-m", "golden", "-q", "-k", "tiny-fp32-standard and not kv64"], work, env)
+    assert rc == 0 and "7 passed" in out, f"plain pytest with the pytest11 plugin:\n{out[-3000:]}"
+    rc, out = _run([str(bindir / "lockstep"), "decode", "tiny-fp32-standard", "--prompt", "The quick", "--tokens", "4"],
+                   work, env)
+    assert rc == 0 and "tokens: [" in out, out[-2000:]
+    rc, out = _run([str(bindir / "lockstep"), "audit"], work, env)
+    assert rc == 0 and " 0 unsafe" in out and "186 capture entry points" in out, (
+        f"contract: the packaged allowlist's runtime entries are in force:\n{out[-2000:]}")
+    rc, out = _run([str(bindir / "lockstep"), "golden", "regenerate", "--dry-run", "--model", "tiny-fp32-standard"],
+                   work, env)
+    assert rc == 0 and "tiny-fp32-standard: unchanged" in out, out[-2000:]
+    rc, out = _run([str(bindir / "lockstep"), "mutants"], work, env)
+    assert rc == 0 and "PASS: 12/12 mutants killed" in out, out[-3000:]
+    assert sorted(p.name for p in work.iterdir()) == [".pytest_cache", "reports"], "nothing else left behind"
+
+
+def test_the_example_plugin_passes_clean_and_fails_on_its_planted_bug(installed):
+    bindir, work, env, _ = installed
+    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "example", "--report-dir", "clean", "-q",
+                    "-m", "node_suite or golden or capture"], work, env)
+    assert rc == 0, out[-4000:]
+    assert "| example | 2" in out and "xfailed" in out, "result: node cases, locks and capture checks ran"
+    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "lockstep_example_engine:make_buggy_engine",
+                    "--report-dir", "buggy", "-q", "-m", "golden"], work, env)
+    assert rc == 1, out[-4000:]
+    assert "example-buggy (fp32) breaks the lock on tiny-fp32-standard (stepwise): first divergence at position 18" in out
+    assert "diverges from the recorded stream of tiny-fp32-standard at position 19, not a near-tie" in out
