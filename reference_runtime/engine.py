@@ -28,6 +28,8 @@ from .model import UnsupportedModel
 
 __all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine"]
 
+# The engine name of each device (backends.DEVICES); each also has a factory below and an entry
+# point in pyproject.toml.
 ENGINE_OF_DEVICE = {"sim": "ref-sim", "cupy": "ref-cuda"}
 
 
@@ -39,7 +41,7 @@ class RefEngine:
 
     def __init__(self, device: str, config: RuntimeConfig | None = None):
         if device not in ENGINE_OF_DEVICE:
-            raise ValueError(f"unknown device {device!r}; devices are {list(ENGINE_OF_DEVICE)}")
+            raise ValueError(f"no reference engine for device {device!r}; engines: {ENGINE_OF_DEVICE}")
         self.device_name = device
         self.name = ENGINE_OF_DEVICE[device]
         self.config = config if config is not None else RuntimeConfig()
@@ -54,19 +56,21 @@ class RefEngine:
         return {"device": self.device_name, "config": repr(self.config)}
 
     def _fresh_device(self):
-        from .backends import make_device
+        from .backends import device_class, make_device
 
-        if self.device_name == "sim":
-            return make_device("sim")  # cheap; a fault in one model never poisons the next
+        if not device_class(self.device_name).SHARED:
+            return make_device(self.device_name)  # cheap; a fault in one model never poisons the next
         if self._device is None or self._device.sticky_error is not None:
             self._device = make_device(self.device_name)
         return self._device
 
     def _check_dtypes(self, model: onnx.ModelProto) -> None:
-        if self.device_name == "cupy":
-            exotic = _exotic_dtypes(model)
-            if exotic:
-                raise UnsupportedModel(f"{self.name}: CuPy has no array dtype for", sorted(exotic))
+        from .backends import device_class
+
+        holds = device_class(self.device_name).ARRAY_DTYPES
+        exotic = _dtypes(model) - holds if holds is not None else set()
+        if exotic:
+            raise UnsupportedModel(f"{self.name}: the {self.device_name} device has no array dtype for", sorted(exotic))
 
     def runtime(self, config: RuntimeConfig | None = None):
         """A runtime on a fresh device of this engine's kind."""
@@ -104,16 +108,8 @@ def cuda_engine() -> RefEngine:
     return RefEngine("cupy")
 
 
-# The dtypes CuPy arrays can hold. A whitelist by name: ml_dtypes types (bfloat16, float8_*, int4)
-# register themselves with numpy, and their kind differs across numpy versions (seen on the H200).
-_CUPY_DTYPES = {
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-}
-
-
-def _exotic_dtypes(model: onnx.ModelProto) -> set[str]:
-    """Element types of the model's tensors that CuPy cannot hold (bfloat16, float8, int4, ...)."""
+def _dtypes(model: onnx.ModelProto) -> set[str]:
+    """Names of the element types of the model's tensors (numpy's, or ONNX's where numpy has none)."""
     from .model import np_dtype
 
     types: set[int] = set()
@@ -133,12 +129,9 @@ def _exotic_dtypes(model: onnx.ModelProto) -> set[str]:
         if t == onnx.TensorProto.UNDEFINED:
             continue
         try:
-            dt = np_dtype(t)
+            out.add(np_dtype(t).name)
         except Exception:
             out.add(onnx.TensorProto.DataType.Name(t))
-            continue
-        if dt.name not in _CUPY_DTYPES:
-            out.add(dt.name)
     return out
 
 

@@ -10,7 +10,6 @@ import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from lockstep.kernels._op import Spec, Unary
 from lockstep.kernels.registry import REGISTRY, Registry
-from lockstep.reference_runtime.engine import RefEngine, _exotic_dtypes
+from lockstep.reference_runtime.backends import device_class
+from lockstep.reference_runtime.engine import RefEngine, _dtypes
 from lockstep.engines import EngineLoadError, Unsupported
 from lockstep.reference_runtime.model import UnsupportedModel
 from onnx import TensorProto, helper
@@ -90,11 +91,13 @@ def test_ort_cuda_that_falls_back_to_cpu_is_unavailable(monkeypatch):
 
 
 def test_cuda_engine_refuses_dtypes_cupy_cannot_hold():
-    assert _exotic_dtypes(_tiny(elem=TensorProto.BFLOAT16)) == {"bfloat16"}
-    assert _exotic_dtypes(_tiny(elem=TensorProto.FLOAT8E5M2)) == {"float8_e5m2"}
-    assert _exotic_dtypes(_tiny(elem=TensorProto.FLOAT16)) == set()
+    holds = device_class("cupy").ARRAY_DTYPES
+    assert _dtypes(_tiny(elem=TensorProto.BFLOAT16)) - holds == {"bfloat16"}
+    assert _dtypes(_tiny(elem=TensorProto.FLOAT8E5M2)) - holds == {"float8_e5m2"}
+    assert _dtypes(_tiny(elem=TensorProto.FLOAT16)) - holds == set()
+    assert device_class("sim").ARRAY_DTYPES is None, "contract: the simulated device holds every numpy dtype"
     eng = RefEngine("cupy")
-    with pytest.raises(UnsupportedModel, match="CuPy has no array dtype for: bfloat16"):
+    with pytest.raises(UnsupportedModel, match="the cupy device has no array dtype for: bfloat16"):
         eng.prepare(_tiny(elem=TensorProto.BFLOAT16))
 
 

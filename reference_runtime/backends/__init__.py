@@ -1,31 +1,47 @@
 """Device backends: ``sim`` (numpy, always available) and ``cupy`` (a CUDA GPU through CuPy).
 
-``make_device(name)`` builds one; ``available_devices()`` says which can be built here and why not.
-Adding a backend: a module implementing ``_base.Device``, and a line in ``_FACTORIES``.
+``make_device(name)`` builds one; ``available_devices()`` says which can be built here and why not;
+``device_class(name)`` is the class (its ``ARRAY_DTYPES`` and ``SHARED`` tell the engine layer what
+it may hold and whether to share one per process).
+
+Adding a backend: a module implementing ``_base.Device`` with a module-level ``available() ->
+(bool, reason)``, and one line in ``_BACKENDS`` (name -> module, class). See reference_runtime/README.md.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 
-__all__ = ["Device", "Stream", "Event", "Graph", "Buffer", "ArrayRef", "make_device", "available_devices", "DEVICES"]
+__all__ = ["Device", "Stream", "Event", "Graph", "Buffer", "ArrayRef", "make_device", "available_devices",
+           "device_class", "DEVICES"]
 
-DEVICES = ("sim", "cupy")
+# name -> (module of this package, Device class); modules are imported only when used
+_BACKENDS = {
+    "sim": ("sim", "SimDevice"),
+    "cupy": ("cupy", "CupyDevice"),
+}
+DEVICES = tuple(_BACKENDS)
+
+
+def _module(name: str):
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown device {name!r}; devices are {list(DEVICES)}")
+    return importlib.import_module(f".{_BACKENDS[name][0]}", __name__)
+
+
+def device_class(name: str) -> type[Device]:
+    return getattr(_module(name), _BACKENDS[name][1])
 
 
 def available_devices() -> dict[str, tuple[bool, str]]:
-    from . import cupy as _cupy
-
-    return {"sim": (True, "numpy simulated device"), "cupy": _cupy.available()}
+    out = {}
+    for name in DEVICES:
+        check = getattr(_module(name), "available", None)
+        out[name] = check() if check is not None else (True, f"{name} device")
+    return out
 
 
 def make_device(name: str, **kwargs) -> Device:
-    if name == "sim":
-        from .sim import SimDevice
-
-        return SimDevice(**kwargs)
-    if name == "cupy":
-        from .cupy import CupyDevice
-
-        return CupyDevice(**kwargs)
-    raise ValueError(f"unknown device {name!r}; devices are {list(DEVICES)}")
+    return device_class(name)(**kwargs)

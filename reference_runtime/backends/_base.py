@@ -170,6 +170,13 @@ class Device(ABC):
     @abstractmethod
     def sticky_error(self) -> BaseException | None: ...
 
+    # -- what the engine layer needs to know of a device class
+    # The numpy dtype names its arrays can hold (None: every dtype numpy has, ml_dtypes included).
+    ARRAY_DTYPES: frozenset[str] | None = None
+    # True if building one is expensive (a CUDA context): the engine keeps one per process and
+    # builds a fresh one only after a sticky error; False: a fresh device per model.
+    SHARED = False
+
 
 def check_buffer(device: Device, buffer: Buffer) -> None:
     from ..errors import InvalidValue

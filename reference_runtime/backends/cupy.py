@@ -168,6 +168,13 @@ class CupyStream(Stream):
 
 class CupyDevice(Device):
     name = "cupy"
+    # A whitelist by name: ml_dtypes types (bfloat16, float8_*, int4) register themselves with
+    # numpy, and their kind differs across numpy versions (seen on the H200); CuPy holds none of them.
+    ARRAY_DTYPES = frozenset({
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    })
+    SHARED = True  # one CUDA context per process
 
     def __init__(self, device_id: int = 0):
         import cupy

@@ -247,6 +247,10 @@ class SimStream(Stream):
         return SimGraph(self.device, cap.nodes)
 
 
+def available() -> tuple[bool, str]:
+    return True, "numpy simulated device"
+
+
 class SimDevice(Device):
     """A numpy-backed device with CUDA's asynchronous semantics. See the module docstring."""
 
