@@ -57,7 +57,7 @@ class SyncEvent:
     primitive: str  # one of PRIMITIVES
     capturing: bool  # a capture was open on the runtime when it was called
     node: str | None  # Runtime.current_node at the call
-    file: str  # call site, relative to the repository root when inside it
+    file: str  # call site: relative to lockstep's root (as the audit names files), else to the working directory
     line: int
     function: str  # co_qualname of the call site's code
 
@@ -67,7 +67,7 @@ class SyncEvent:
 
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_REPO_ROOT = os.path.dirname(_PKG_DIR)
+_REPO_ROOT = os.path.dirname(_PKG_DIR)  # the source checkout, or the installed lockstep package
 _INTERNAL_FILES = {os.path.join(_PKG_DIR, "runtime.py"), os.path.join(_PKG_DIR, "sync_debug.py")}
 _BACKENDS_DIR = os.path.join(_PKG_DIR, "backends") + os.sep
 _internal_cache: dict[str, bool] = {}
@@ -86,8 +86,10 @@ def _relpath(filename: str) -> str:
     rel = _relpath_cache.get(filename)
     if rel is None:
         path = os.path.abspath(filename)
-        if path.startswith(_REPO_ROOT + os.sep):
-            path = os.path.relpath(path, _REPO_ROOT).replace(os.sep, "/")
+        for root in (_REPO_ROOT, os.getcwd()):
+            if path.startswith(root + os.sep):
+                path = os.path.relpath(path, root).replace(os.sep, "/")
+                break
         rel = _relpath_cache[filename] = path
     return rel
 

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from lockstep.contracts import audit as A  # noqa: E402
 
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     cli, inproc = [], []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         rc = subprocess.run([sys.executable, "-m", "lockstep", "audit"], cwd=ROOT, env=env,

@@ -18,7 +18,6 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import onnx  # noqa: E402
 from lockstep.golden.anchors import MODEL_DIR  # noqa: E402
