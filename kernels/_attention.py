@@ -320,9 +320,9 @@ def _flex_shapes(node, specs):
     q, k, v = specs[0], specs[1], specs[2]
     for name in ("score_mod", "prob_mod"):
         if node.attr(name) is not None:
-            from lockstep.reference_runtime.model import UnsupportedModel  # lazy: kernels do not import the runtime
+            from lockstep.engines.protocol import Unsupported  # the protocol's exception: kernels do not import the runtime
 
-            raise UnsupportedModel("FlexAttention", [f"{node.name}: the {name} subgraph attribute is not supported"])
+            raise Unsupported(f"FlexAttention: {node.name}: the {name} subgraph attribute is not supported")
     if q.rank != 4 or k.rank != 4 or v.rank != 4:
         raise node.error(f"Q, K, V must be rank 4, got {q.shape}, {k.shape}, {v.shape}")
     B, hq, L, E = q.shape

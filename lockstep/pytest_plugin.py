@@ -105,6 +105,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "skipped": Counter(),
         "outcomes": {},
     }
+    # Engines named on the command line, or all registered ones when this run is lockstep's suite,
+    # load now: a bad one is one usage error up front. Otherwise (a user's own tests that take the
+    # `engine` fixture) they load when a test first needs one.
+    if engine_specs or _runs_lockstep_suite(config):
+        try:
+            config.stash[_STATE_KEY]["engine_objs"] = _load(engine_specs or list(registered()))
+        except EngineLoadError as exc:
+            raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
 
 
 def _state(config: pytest.Config) -> dict:
@@ -118,26 +126,45 @@ def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
     return st["availability"]
 
 
+def _load(specs: list[str]) -> dict:
+    """Load (import, build, validate) each engine; raises EngineLoadError naming the first that fails."""
+    objs: dict = {}
+    for spec in specs:
+        eng = load_engine(spec)
+        if eng.name in objs:
+            raise EngineLoadError(f"engine {eng.name!r} is selected twice")
+        objs[eng.name] = eng
+    return objs
+
+
 def _engines(config: pytest.Config) -> dict:
-    """The selected engines by name, loaded (imported, built, validated) once per process. Every
-    engine that fails to load is an error naming its entry point or factory."""
+    """The selected engines by name (``--engines``, default every registered one), loaded once per
+    process: at configuration when they are named or the run is lockstep's suite, else the first
+    time a collected test needs one. A failure names the entry point or factory."""
     st = _state(config)
     if st["engine_objs"] is None:
         try:
-            specs = st["engine_specs"] or list(registered())
-            objs: dict = {}
-            for spec in specs:
-                eng = load_engine(spec)
-                if eng.name in objs:
-                    raise EngineLoadError(f"--engines: engine {eng.name!r} is selected twice")
-                objs[eng.name] = eng
+            st["engine_objs"] = _load(st["engine_specs"] or list(registered()))
         except EngineLoadError as exc:
             st["engine_objs"] = exc
-        else:
-            st["engine_objs"] = objs
     if isinstance(st["engine_objs"], EngineLoadError):
         raise pytest.UsageError(f"lockstep: {st['engine_objs']}")
     return st["engine_objs"]
+
+
+def _runs_lockstep_suite(config: pytest.Config) -> bool:
+    """Whether this run collects lockstep's own suite (an argument inside or above the
+    lockstep.conformance package, or ``--pyargs lockstep...``)."""
+    suite = package_path("lockstep.conformance").resolve()
+    for arg in config.args:
+        target = str(arg).split("::")[0]
+        if config.option.pyargs and target.split(".")[0] == "lockstep":
+            return True
+        path = Path(target).resolve()
+        if path == suite or suite in path.parents or path in suite.parents or (path / "conformance").is_dir() and (
+                path / "conformance").resolve() == suite:
+            return True
+    return False
 
 
 def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:

@@ -166,8 +166,22 @@ def test_the_plugin_runs_tests_against_a_factory_engine_and_leaves_user_fixtures
 def test_the_plugin_refuses_an_engine_that_fails_to_load(pytester):
     pytester.makepyfile(test_uses=USES_ENGINE)
     result = pytester.runpytest("--engines", "no_such_module_xyz:make", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*engine factory 'no_such_module_xyz:make': cannot import*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --engines: engine factory 'no_such_module_xyz:make': cannot import*"])
+
+
+def test_a_broken_registered_engine_ends_the_run_once_with_its_name(pytester, monkeypatch):
+    """Without --engines every registered engine is loaded when a test first needs one: a broken
+    entry point ends the session with one message naming it, never a silent absence."""
+    _fake_entry_points(monkeypatch, EntryPoint("mine", "no_such_module_xyz:make", registry_mod.GROUP))
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.node_suite", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, "contract: lockstep's suite refuses to start"
+    text = result.stdout.str() + result.stderr.str()
+    assert text.count("engine entry point 'mine' (no_such_module_xyz:make, from ?) failed to load") == 1, text
+    # a user's own tests that take the engine fixture: loaded when needed, the error names it too
+    pytester.makepyfile(test_uses=USES_ENGINE)
+    result = pytester.runpytest("-p", "no:cacheprovider", "test_uses.py")
+    assert result.ret != 0 and "engine entry point 'mine'" in result.stdout.str() + result.stderr.str()
 
 
 # -- the onnx.backend adapter ----------------------------------------------------------------------
