@@ -93,9 +93,9 @@ class RefEngine:
 
         return run
 
-    def decoder(self, model: onnx.ModelProto, *, capture: bool = False) -> "RefDecoder":
+    def decoder(self, model: onnx.ModelProto, *, capture: bool = False, io: DecoderIO | None = None) -> "RefDecoder":
         self._check_dtypes(model)
-        return RefDecoder(model, self.runtime(), capture=capture)
+        return RefDecoder(model, self.runtime(), capture=capture, io=io)
 
 
 def sim_engine() -> RefEngine:
@@ -147,12 +147,12 @@ class RefDecoder:
     - a growing cache: each step runs through a ``segments.CaptureSession``: the plan's captured
       segments replay (one graph handle each), the seams where the cache grows run eagerly."""
 
-    def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False):
+    def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False, io: DecoderIO | None = None):
         from .executor import Executor
 
         self.rt = runtime
         self.ex = Executor(model, runtime)
-        self.io = io = DecoderIO.of(self.ex.model)
+        self.io = io = io or DecoderIO.of(self.ex.model)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
         self.session = None
         if capture and (not self.capacity or self.ex.pager is not None):
@@ -175,22 +175,21 @@ class RefDecoder:
         first use. Each slot has its own persistent input/output buffers and retained intermediates."""
         rt = self.rt
         w = len(ids)
-        io = self._step_io.get(slot)
-        if io is None:  # persistent step buffers: the graph bakes their addresses
-            io = self._step_io[slot] = {
-                "input_ids": rt.empty((1, w), np.int64, name=f"{slot.value}.input_ids"),
-                "position_ids": rt.empty((1, w), np.int64, name=f"{slot.value}.position_ids"),
-                "logits": rt.empty((1, w, self.io.vocab), self.io.logits_dtype, name=f"{slot.value}.logits"),
-            }
-        rt.write(io["input_ids"], np.asarray([ids], np.int64))
-        rt.write(io["position_ids"], np.arange(self.position, self.position + w, dtype=np.int64)[None, :])
+        feeds = self.io.step_feeds(ids, self.position)
+        bufs = self._step_io.get(slot)
+        if bufs is None:  # persistent step buffers: the graph bakes their addresses
+            bufs = self._step_io[slot] = {name: rt.empty(a.shape, a.dtype, name=f"{slot.value}.{name}")
+                                          for name, a in feeds.items()}
+            bufs[self.io.logits] = rt.empty((1, w, self.io.vocab), self.io.logits_dtype,
+                                            name=f"{slot.value}.{self.io.logits}")
+        for name, a in feeds.items():
+            rt.write(bufs[name], a)
         if not rt.has_graph(slot):
             bind = {self.present_of[p]: t for p, t in self.cache.items()}
-            bind["logits"] = io["logits"]
+            bind[self.io.logits] = bufs[self.io.logits]
             rt.begin_capture(slot)
             try:
-                self.ex.run({"input_ids": io["input_ids"], "position_ids": io["position_ids"], **self.cache},
-                            bind=bind, retain=self._graph_temps)
+                self.ex.run({**{name: bufs[name] for name in feeds}, **self.cache}, bind=bind, retain=self._graph_temps)
                 rt.end_capture(slot)
             except Exception as exc:
                 if rt.is_capturing:
@@ -200,7 +199,7 @@ class RefDecoder:
                 return self.forward(ids)
         rt.replay(slot)
         self.position += w
-        return rt.download(io["logits"])[0]
+        return rt.download(bufs[self.io.logits])[0]
 
     def reset(self) -> None:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
@@ -233,11 +232,7 @@ class RefDecoder:
                 raise ValueError(f"the {slot.value} graph replays steps of {width} tokens, not {n}")
             else:
                 return self._captured(slot, ids)
-        feeds: dict[str, Any] = {
-            "input_ids": np.asarray([ids], np.int64),
-            "position_ids": np.arange(self.position, self.position + n, dtype=np.int64)[None, :],
-            **self.cache,
-        }
+        feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position), **self.cache}
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
             run = self.session.run if self.session is not None else self.ex.run
             out = run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
@@ -248,7 +243,7 @@ class RefDecoder:
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
             self.cache = {p: out[self.present_of[p]] for p in self.pasts}
         self.position += n
-        return np.asarray(out["logits"][0])
+        return np.asarray(out[self.io.logits][0])
 
     def capture_stats(self) -> CaptureStats:
         c = self.capture_counters()

@@ -105,13 +105,14 @@ class OrtEngine:
 
         return run
 
-    def decoder(self, model: onnx.ModelProto, *, capture: bool = False) -> "OrtDecoder":
+    def decoder(self, model: onnx.ModelProto, *, capture: bool = False, io: DecoderIO | None = None) -> "OrtDecoder":
         """IO-bound decoding; ``capture=True`` is ONNX Runtime's CUDA graphs (CUDA provider, fixed-capacity cache)."""
+        io = io or DecoderIO.of(model)
         if capture and self.device_type != "cuda":
             raise Unsupported(f"{self.name}: ONNX Runtime's graphs are CUDA graphs (CUDA execution provider)")
-        if capture and not DecoderIO.of(model).capacity:
+        if capture and not io.capacity:
             raise Unsupported(f"{self.name}: ONNX Runtime's CUDA graphs need fixed shapes (a fixed-capacity cache)")
-        return OrtDecoder(model, self, cuda_graphs=capture)
+        return OrtDecoder(model, self, cuda_graphs=capture, io=io)
 
 
 def cpu_engine() -> OrtEngine:
@@ -150,12 +151,13 @@ class OrtDecoder:
     ping-pong direction); other widths (prefill, verify) run with ``gpu_graph_id=-1`` (no graph).
     The binding logic is the same on the CPU provider, where CI checks it against the plain path."""
 
-    def __init__(self, model: onnx.ModelProto, engine, *, fixed_bindings: bool = False, cuda_graphs: bool = False):
+    def __init__(self, model: onnx.ModelProto, engine, *, fixed_bindings: bool = False, cuda_graphs: bool = False,
+                 io: DecoderIO | None = None):
         import onnxruntime as ort
 
         self.ort = ort
         self.device = engine.device_type
-        self.io = io = DecoderIO.of(model)
+        self.io = io = io or DecoderIO.of(model)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
         if cuda_graphs and self.device != "cuda":
             raise Unsupported(f"{engine.name}: ONNX Runtime CUDA graphs need the CUDA execution provider")
@@ -181,8 +183,8 @@ class OrtDecoder:
             # one host array per value: on the CPU provider an OrtValue may wrap the numpy memory,
             # and buffers that are written must not alias
             self._sets = [{p: new(zeros.copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
-            self._ids = new(np.zeros((1, 1), np.int64), self.device, 0)
-            self._pos = new(np.zeros((1, 1), np.int64), self.device, 0)
+            # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
+            self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
         else:
             for kv in self._sets:
@@ -198,11 +200,11 @@ class OrtDecoder:
         if self.fixed:
             return self._forward_fixed(ids)
         binding = self.sess.io_binding()
-        binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
-        binding.bind_cpu_input("position_ids", np.arange(self.position, self.position + n, dtype=np.int64)[None, :])
+        for name, a in self.io.step_feeds(ids, self.position).items():
+            binding.bind_cpu_input(name, a)
         for p, value in self.cache.items():
             binding.bind_ortvalue_input(p, value)
-        binding.bind_output("logits", "cpu")
+        binding.bind_output(self.io.logits, "cpu")
         for p in self.pasts:
             binding.bind_output(self.present_of[p], self.device)
         self.sess.run_with_iobinding(binding)
@@ -215,17 +217,16 @@ class OrtDecoder:
         n = len(ids)
         src, dst = self._sets[self._current], self._sets[1 - self._current]
         binding = self.sess.io_binding()
-        positions = np.arange(self.position, self.position + n, dtype=np.int64)[None, :]
+        feeds = self.io.step_feeds(ids, self.position)
         if n == 1:
-            self._ids.update_inplace(np.asarray([ids], np.int64))
-            self._pos.update_inplace(positions)
-            binding.bind_ortvalue_input("input_ids", self._ids)
-            binding.bind_ortvalue_input("position_ids", self._pos)
-            binding.bind_ortvalue_output("logits", self._logits)
+            for name, a in feeds.items():
+                self._step[name].update_inplace(a)
+                binding.bind_ortvalue_input(name, self._step[name])
+            binding.bind_ortvalue_output(self.io.logits, self._logits)
         else:
-            binding.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
-            binding.bind_cpu_input("position_ids", positions)
-            binding.bind_output("logits", "cpu")
+            for name, a in feeds.items():
+                binding.bind_cpu_input(name, a)
+            binding.bind_output(self.io.logits, "cpu")
         for p in self.pasts:
             binding.bind_ortvalue_input(p, src[p])
             binding.bind_ortvalue_output(self.present_of[p], dst[p])

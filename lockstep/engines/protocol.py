@@ -11,8 +11,11 @@ Required (the node suite needs only these; ``onnx.backend``'s ``prepare``/``run`
   it lacks) raises ``Unsupported(reason)``: reported as such, never as a numerical failure.
 
 Optional (each a separately declared capability; absent means the default below):
-- ``decoder(model, *, capture=False) -> DecodeSession``: a decode session with a KV cache for the
-  golden locks. Absent: lockstep decodes through ``prepare`` with the cache kept on the host
+- ``decoder(model, *, capture=False, io=None) -> DecodeSession``: a decode session with a KV cache
+  for the golden locks. ``io`` (``lockstep.decoder_io.DecoderIO``) says which input and output plays
+  which role (ids, mask, positions, past/present) and builds each step's feeds
+  (``io.step_feeds(ids, position)``); a decoder without an ``io`` parameter is given lockstep's own
+  convention. Absent: lockstep decodes through ``prepare`` with the cache kept on the host
   (``lockstep.decoding.HostKVSession``), which is slower but runs the same locks. ``capture=True``
   asks for the engine's graph capture (CUDA graphs) and raises ``Unsupported`` where it has none.
 - ``precision: {model dtype: precision}``: how the engine computes each model dtype, one of

@@ -1,0 +1,316 @@
+"""Which input and output of a decoder-only ONNX LLM plays which role, read from the graph.
+
+Three conventions are recognised from names, ranks and shapes:
+
+- Hugging Face Optimum / transformers.js: ``input_ids``, ``attention_mask``, optional
+  ``position_ids``, optional extras (``num_logits_to_keep``, ``logits_to_keep``, ``cache_position``),
+  ``past_key_values.{l}.key|value`` -> ``logits``, ``present.{l}.key|value`` (or
+  ``present_key_values.{l}.key|value``);
+- ONNX Runtime GenAI: the same names without ``position_ids`` (GroupQueryAttention derives
+  positions from the mask inside the graph), past/present in BNSH;
+- lockstep's own golden models: ``input_ids``, ``position_ids``, past/present, no mask.
+
+The KV layout (batch, kv heads, sequence, head size) and the growing axis come from the graph:
+the sequence axis of a past input is its symbolic non-batch axis; a cache with no symbolic axis has
+a fixed capacity and its sequence axis is the one the attention op reads (axis 2, BNSH, unless a
+model card says otherwise). When detection is ambiguous or fails, ``NotADecoder`` lists what was
+found and how to say it explicitly: a model card (``<model>.lockstep.toml`` next to the model, or
+``--io role=name,...``) mapping roles to names::
+
+    [io]
+    input_ids = "tokens"
+    attention_mask = "mask"            # optional; "" says the model has none
+    position_ids = "positions"         # optional; "" says the model has none
+    logits = "scores"
+    past = "cache.{layer}.{kind}"      # {layer} 0.., {kind} key|value
+    present = "next_cache.{layer}.{kind}"
+    kv_layout = "BNSH"                 # or "BSNH"
+
+Decoding is batch 1: a model whose batch axis is fixed to another size is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+
+__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "read_card", "parse_io_option", "card_path_for", "ROLES"]
+
+ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
+_EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
+           "cache_position": "the positions of the step's tokens"}
+_PAST_DEFAULT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_PRESENT_DEFAULT = (re.compile(r"^present\.(\d+)\.(key|value)$"), re.compile(r"^present_key_values\.(\d+)\.(key|value)$"))
+_CARD_EXAMPLE = ('[io]\ninput_ids = "..."\nattention_mask = "..."  # or ""\nposition_ids = "..."  # or ""\n'
+                 'logits = "..."\npast = "...{layer}...{kind}"\npresent = "...{layer}...{kind}"\nkv_layout = "BNSH"')
+
+
+class NotADecoder(ValueError):
+    """The model's inputs and outputs are not those of a decoder lockstep can drive (or are
+    ambiguous); the message lists what was found and how to say it with a model card."""
+
+
+class ModelCardError(ValueError):
+    """A model card (TOML or ``--io``) is malformed or names what the model does not have."""
+
+
+def card_path_for(model_path: str | Path) -> Path:
+    """Where a model's card lives: ``model.onnx`` -> ``model.lockstep.toml``."""
+    p = Path(model_path)
+    return p.with_name(p.stem + ".lockstep.toml")
+
+
+def read_card(path: str | Path) -> dict[str, str]:
+    """The ``[io]`` table of a model card, checked for known roles."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ModelCardError(f"model card {path}: {exc}") from None
+    io = data.get("io")
+    if not isinstance(io, dict) or not io:
+        raise ModelCardError(f"model card {path}: no [io] table mapping roles to names; e.g.\n{_CARD_EXAMPLE}")
+    return _check_roles(io, f"model card {path}")
+
+
+def parse_io_option(text: str) -> dict[str, str]:
+    """``--io input_ids=tokens,past=cache.{layer}.{kind}`` -> a card's ``[io]`` mapping."""
+    out = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        role, eq, name = part.partition("=")
+        if not eq:
+            raise ModelCardError(f"--io: {part!r} is not role=name (roles: {', '.join(ROLES)})")
+        out[role.strip()] = name.strip()
+    return _check_roles(out, "--io")
+
+
+def _check_roles(io: Mapping[str, Any], where: str) -> dict[str, str]:
+    unknown = sorted(set(io) - set(ROLES))
+    if unknown:
+        raise ModelCardError(f"{where}: unknown role(s) {unknown}; roles: {', '.join(ROLES)}")
+    bad = {k: v for k, v in io.items() if not isinstance(v, str)}
+    if bad:
+        raise ModelCardError(f"{where}: each role maps to a name (a string): {bad}")
+    if io.get("kv_layout", "BNSH") not in ("BNSH", "BSNH"):
+        raise ModelCardError(f"{where}: kv_layout must be BNSH or BSNH, got {io['kv_layout']!r}")
+    for role in ("past", "present"):
+        if role in io and not ("{layer}" in io[role] and "{kind}" in io[role]):
+            raise ModelCardError(f"{where}: {role} must be a pattern with {{layer}} and {{kind}}, got {io[role]!r}")
+    return dict(io)
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Each dimension: its size, its symbol, or None when unnamed."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return []
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def _describe(values) -> str:
+    return ", ".join(f"{v.name} {_dims(v)}" for v in values) or "none"
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"(\{layer\}|\{kind\})", template)
+    rx = "".join(r"(?P<layer>\d+)" if p == "{layer}" else r"(?P<kind>key|value)" if p == "{kind}" else re.escape(p)
+                 for p in parts)
+    return re.compile(f"^{rx}$")
+
+
+def _match_kv(values, patterns) -> dict[tuple[int, str], Any]:
+    out = {}
+    for v in values:
+        for rx in patterns:
+            m = rx.match(v.name)
+            if m:
+                out[(int(m.group("layer") if "layer" in rx.groupindex else m.group(1)),
+                     m.group("kind") if "kind" in rx.groupindex else m.group(2))] = v
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class DecoderIO:
+    """The roles of a decoder's inputs and outputs (see the module docstring)."""
+
+    input_ids: str
+    logits: str
+    pasts: tuple[str, ...]          # past inputs, layer by layer, key then value
+    present_of: dict[str, str]      # past name -> present name
+    kv_heads: int
+    head_dim: int
+    kv_dtype: np.dtype
+    capacity: int                   # fixed KV length, or 0 for a growing cache
+    vocab: int
+    logits_dtype: np.dtype
+    seq_axis: int = 2               # 2: BNSH, 1: BSNH
+    attention_mask: str | None = None
+    position_ids: str | None = None
+    extras: dict[str, str] = field(default_factory=dict)  # name -> role (num_logits_to_keep, cache_position)
+    feed_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    convention: str = "lockstep"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.pasts) // 2
+
+    @property
+    def kv_layout(self) -> str:
+        return "BNSH" if self.seq_axis == 2 else "BSNH"
+
+    def empty_cache(self) -> np.ndarray:
+        shape = [1, self.kv_heads, self.capacity, self.head_dim] if self.seq_axis == 2 else \
+            [1, self.capacity, self.kv_heads, self.head_dim]
+        return np.zeros(shape, self.kv_dtype)
+
+    def check_room(self, position: int, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a decode step needs at least one token, got {n}")
+        if self.capacity and position + n > self.capacity:
+            raise ValueError(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
+
+    def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
+        """The non-cache feeds of a step appending ``ids`` at ``position`` (batch 1): ids, the
+        attention mask over every key so far (all ones: no padding), positions, extras."""
+        ids = np.asarray([list(ids)], self.feed_dtypes.get(self.input_ids, np.int64))
+        n = ids.shape[1]
+        positions = np.arange(position, position + n)
+        feeds = {self.input_ids: ids}
+        if self.attention_mask:
+            total = self.capacity or position + n
+            feeds[self.attention_mask] = np.ones((1, total), self.feed_dtypes[self.attention_mask])
+        if self.position_ids:
+            feeds[self.position_ids] = positions[None, :].astype(self.feed_dtypes[self.position_ids])
+        for name, role in self.extras.items():
+            dt = self.feed_dtypes[name]
+            feeds[name] = positions.astype(dt) if role == "cache_position" else np.array(0, dt)
+        return feeds
+
+    # -- detection ------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, model: onnx.ModelProto, card: Mapping[str, str] | None = None) -> "DecoderIO":
+        """The roles of ``model``'s inputs and outputs, from the graph (and ``card`` where given)."""
+        from lockstep.reference_runtime.model import np_dtype
+
+        card = dict(card or {})
+        g = model.graph
+        init = {t.name for t in g.initializer}
+        inputs = [vi for vi in g.input if vi.name not in init]
+        outputs = list(g.output)
+        by_in = {vi.name: vi for vi in inputs}
+        by_out = {vo.name: vo for vo in outputs}
+        found = f"inputs: {_describe(inputs)}; outputs: {_describe(outputs)}"
+
+        def fail(why: str) -> NotADecoder:
+            return NotADecoder(f"not a decoder lockstep can drive: {why}. Found {found}. If it is one, say which "
+                               f"name plays which role in a model card: <model>.lockstep.toml with an [io] table "
+                               f"({', '.join(ROLES)}; past/present as patterns with {{layer}} and {{kind}}), "
+                               f"or --io role=name,...")
+
+        def named(role: str, default: str | None, pool: dict, required: bool) -> str | None:
+            if role in card:
+                name = card[role]
+                if name == "":
+                    if required:
+                        raise ModelCardError(f"model card: {role} is required, it cannot be \"\"")
+                    return None
+                if name not in pool:
+                    raise ModelCardError(f"model card: {role} = {name!r} is not a graph "
+                                         f"{'input' if pool is by_in else 'output'} ({', '.join(pool)})")
+                return name
+            if default in pool:
+                return default
+            if required:
+                raise fail(f"no {role} {'input' if pool is by_in else 'output'}")
+            return None
+
+        input_ids = named("input_ids", "input_ids", by_in, True)
+        logits = named("logits", "logits", by_out, True)
+        mask = named("attention_mask", "attention_mask", by_in, False)
+        positions = named("position_ids", "position_ids", by_in, False)
+
+        past_rx = [_pattern(card["past"])] if "past" in card else [_PAST_DEFAULT]
+        present_rx = [_pattern(card["present"])] if "present" in card else list(_PRESENT_DEFAULT)
+        pasts = _match_kv(inputs, past_rx)
+        presents = _match_kv(outputs, present_rx)
+        if not pasts:
+            raise fail("no past key/value inputs (a decoder without a KV cache is not decoded by lockstep)")
+        layers = sorted({layer for layer, _ in pasts})
+        if layers != list(range(len(layers))) or any((layer, k) not in pasts for layer in layers for k in ("key", "value")):
+            raise fail(f"past inputs must be key and value for layers 0..n-1, found {sorted(pasts)}")
+        missing = [k for k in pasts if k not in presents]
+        if missing:
+            raise fail(f"no present output for past {[pasts[k].name for k in missing]}")
+
+        used = {input_ids, mask, positions, *(v.name for v in pasts.values())}
+        extras, unknown = {}, []
+        for vi in inputs:
+            if vi.name in used:
+                continue
+            if vi.name in _EXTRAS:
+                extras[vi.name] = "cache_position" if vi.name == "cache_position" else "logits_to_keep"
+            else:
+                unknown.append(vi.name)
+        if unknown:
+            raise fail(f"inputs lockstep does not know how to feed: {unknown} (it feeds input_ids, attention_mask, "
+                       f"position_ids, {', '.join(_EXTRAS)} and the past key/values)")
+
+        ordered = [pasts[(layer, k)] for layer in layers for k in ("key", "value")]
+        seq_axis, capacity, heads, head_dim = cls._layout(ordered[0], card, fail)
+        for vi in ordered[1:]:
+            if cls._layout(vi, card, fail) != (seq_axis, capacity, heads, head_dim):
+                raise fail(f"past inputs disagree on their layout ({ordered[0].name} vs {vi.name})")
+        for vi in inputs:
+            if vi.name in (input_ids, mask, positions):
+                d = _dims(vi)
+                if len(d) != 2:
+                    raise fail(f"{vi.name} must be [batch, sequence], got {d}")
+                if isinstance(d[0], int) and d[0] not in (0, 1):
+                    raise NotADecoder(f"{vi.name}: batch axis fixed to {d[0]}; lockstep decodes batch 1 "
+                                      "(re-export with a symbolic or unit batch axis)")
+        ldims = _dims(by_out[logits])
+        if len(ldims) != 3 or not isinstance(ldims[-1], int) or not ldims[-1]:
+            raise fail(f"{logits} must be [batch, sequence, vocab] with a fixed vocab, got {ldims}")
+        feed_dtypes = {vi.name: np_dtype(vi.type.tensor_type.elem_type) for vi in inputs if vi.name not in
+                       {v.name for v in ordered}}
+        convention = ("lockstep" if not mask else "optimum" if positions else "genai"
+                      if any(n.op_type == "GroupQueryAttention" for n in g.node) else "optimum")
+        return cls(input_ids=input_ids, logits=logits, pasts=tuple(v.name for v in ordered),
+                   present_of={pasts[k].name: presents[k].name for k in pasts}, kv_heads=heads, head_dim=head_dim,
+                   kv_dtype=np_dtype(ordered[0].type.tensor_type.elem_type), capacity=capacity, vocab=ldims[-1],
+                   logits_dtype=np_dtype(by_out[logits].type.tensor_type.elem_type), seq_axis=seq_axis,
+                   attention_mask=mask, position_ids=positions, extras=extras, feed_dtypes=feed_dtypes,
+                   convention=convention)
+
+    @staticmethod
+    def _layout(vi: onnx.ValueInfoProto, card: Mapping[str, str], fail) -> tuple[int, int, int, int]:
+        """(sequence axis, capacity or 0, kv heads, head size) of a past input."""
+        d = _dims(vi)
+        if len(d) != 4:
+            raise fail(f"{vi.name} must be rank 4 [batch, kv heads, sequence, head size] (or BSNH), got {d}")
+        if not isinstance(d[3], int) or not d[3]:
+            raise fail(f"{vi.name}: the head size (last axis) must be fixed, got {d}")
+        symbolic = [a for a in (1, 2) if not isinstance(d[a], int)]
+        if "kv_layout" in card:
+            axis = 2 if card["kv_layout"] == "BNSH" else 1
+            if len(symbolic) == 1 and symbolic[0] != axis:
+                raise ModelCardError(f"model card: kv_layout {card['kv_layout']} puts the sequence on axis {axis} "
+                                     f"but {vi.name} {d} grows on axis {symbolic[0]}")
+        elif len(symbolic) == 1:
+            axis = symbolic[0]
+        elif not symbolic:
+            axis = 2  # a fixed-capacity cache: the attention ops' layout (BNSH)
+        else:
+            raise fail(f"{vi.name} {d}: both middle axes are symbolic; which is the sequence? (kv_layout)")
+        heads = d[3 - axis]
+        if not isinstance(heads, int) or not heads:
+            raise fail(f"{vi.name}: the kv-heads axis must be fixed, got {d}")
+        capacity = d[axis] if isinstance(d[axis], int) else 0
+        return axis, capacity, heads, d[3]
