@@ -31,6 +31,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+import onnx
+
+from lockstep.decoder_io import DecoderIO
 from lockstep.engines.protocol import PRECISIONS
 
 from .models.spec import GENERATOR_VERSION, PROMPT, VARIANTS, ModelSpec
@@ -38,7 +41,8 @@ from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, orac
 
 __all__ = [
     "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "precisions_for", "band_for", "compute_anchors", "load_snapshot",
-    "snapshot_text", "write_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL", "model_sha256", "OracleDisagreement",
+    "snapshot_text", "write_snapshot", "read_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL",
+    "model_sha256", "file_sha256", "OracleDisagreement", "ModelShape", "anchors_from_oracle",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -61,13 +65,39 @@ class OracleDisagreement(RuntimeError):
     """The oracle and its float64 cross-check disagree: regeneration refuses to write."""
 
 
-def near_tie_band(spec: ModelSpec, precision: str, logit_scale: float) -> float:
+def near_tie_band(shape: "ModelShape", precision: str, logit_scale: float) -> float:
     storage, operand, accum = PRECISIONS[precision]
-    u_s = max(UNIT_ROUNDOFF[storage], UNIT_ROUNDOFF[spec.dtype])
+    u_s = max(UNIT_ROUNDOFF[storage], UNIT_ROUNDOFF[shape.dtype])
     u_o = UNIT_ROUNDOFF[operand] if UNIT_ROUNDOFF[operand] > u_s else 0.0
-    k = max(spec.d_model, spec.q_dim, spec.d_ff)
-    rel = ROUNDINGS_PER_LAYER * (spec.n_layers + 1) * (u_s + u_o) + math.sqrt(k) * UNIT_ROUNDOFF[accum]
+    rel = ROUNDINGS_PER_LAYER * (shape.n_layers + 1) * (u_s + u_o) + math.sqrt(shape.k) * UNIT_ROUNDOFF[accum]
     return KAPPA * logit_scale * rel
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the error model needs of a model: its dtype, layers and longest dot product."""
+
+    dtype: str
+    n_layers: int
+    k: int
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, io: DecoderIO | None = None) -> "ModelShape":
+        """From the graph: layers = past key inputs, K = the largest contraction dimension of the
+        matrix products whose weights are initializers (MatMul, Gemm, MatMulNBits)."""
+        io = io or DecoderIO.of(model)
+        inits = {t.name: list(t.dims) for t in model.graph.initializer}
+        k = 0
+        for n in model.graph.node:
+            if n.op_type == "MatMulNBits":
+                k = max(k, next((a.i for a in n.attribute if a.name == "K"), 0))
+            elif n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and len(inits.get(n.input[1], [])) == 2:
+                trans_b = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
+                dims = inits[n.input[1]]
+                k = max(k, dims[1] if trans_b else dims[0])
+        if not k:
+            raise ValueError("no matrix product with a weight initializer found: cannot size the near-tie band")
+        return cls(np.dtype(io.logits_dtype).name, io.n_layers, k)
 
 
 def band_for(snap: dict[str, Any], precision: str) -> float:
@@ -81,11 +111,19 @@ def band_for(snap: dict[str, Any], precision: str) -> float:
     return bands[precision]
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def model_sha256(name: str) -> str:
     path = MODEL_DIR / f"{name}.onnx"
     if not path.is_file():
         raise FileNotFoundError(f"golden model {path} is missing: run `python -m lockstep.golden.models --write`")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return file_sha256(path)
 
 
 def _prompt(spec: ModelSpec) -> list[int]:
@@ -93,26 +131,47 @@ def _prompt(spec: ModelSpec) -> list[int]:
 
 
 def compute_anchors(name: str, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Anchors for ``name`` from the oracle only (never from an engine under test)."""
+    """Anchors for the built-in golden model ``name`` from the oracle only (never from an engine
+    under test); other models: ``catalog.GoldenModel.compute_anchors``."""
     from .models.build import build
 
-    say = progress or (lambda msg: None)
     spec = VARIANTS[name]
     # The oracle runs standard ONNX ops: a genai model's oracle is its standard-flavour twin (same
     # dequantized int4 weights, same function), since onnx's evaluator has no contrib ops.
     flavour = "standard" if spec.flavour == "genai" else spec.flavour
     fp32 = build(dataclasses.replace(spec, dtype="float32", flavour=flavour))
-    prompt = _prompt(spec)
-    say(f"{name}: oracle greedy prefix ({PREFIX_TOKENS} tokens)")
-    prefix = greedy_oracle(fp32, prompt, PREFIX_TOKENS)
+    target = build(spec) if spec.dtype != "float32" or spec.flavour == "genai" else fp32
+    return anchors_from_oracle(
+        name, target, fp32, decomposed_twin(spec), _prompt(spec),
+        provenance={"model_sha256": model_sha256(name), "generator_version": GENERATOR_VERSION,
+                    "crosscheck": "lockstep ref-sim, float64, decomposed flavour"},
+        progress=progress)
+
+
+def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: onnx.ModelProto,
+                        crosscheck_fp32: onnx.ModelProto | None, prompt: list[int], *, provenance: dict[str, Any],
+                        io_card: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+                        prefix_tokens: int = PREFIX_TOKENS,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """A snapshot for ``target`` (the model engines will run) from ``oracle_fp32`` (onnx's reference
+    evaluator on a float32 model computing the same function), cross-checked by the reference
+    runtime in float64 on ``crosscheck_fp32`` (None: no cross-check, said in the provenance)."""
+    say = progress or (lambda msg: None)
+    io = DecoderIO.of(oracle_fp32, io_card)
+    target_io = DecoderIO.of(target, io_card)
+    say(f"{name}: oracle greedy prefix ({prefix_tokens} tokens)")
+    prefix = greedy_oracle(oracle_fp32, prompt, prefix_tokens, io)
     context = prompt + prefix
     say(f"{name}: oracle logits over the canonical context ({len(context)} tokens)")
-    logits = oracle_logits(fp32, context)
-    say(f"{name}: float64 cross-check on the reference runtime")
-    cross = float64_logits(decomposed_twin(spec), context)
+    logits = oracle_logits(oracle_fp32, context, io)
+    cross = None
+    if crosscheck_fp32 is not None:
+        say(f"{name}: float64 cross-check on the reference runtime")
+        cross = float64_logits(crosscheck_fp32, context, DecoderIO.of(crosscheck_fp32, io_card))
     scale = float(np.abs(logits).max())
-    bands = {p: near_tie_band(spec, p, scale) for p in precisions_for(spec.dtype)}
-    fp32_band = near_tie_band(dataclasses.replace(spec, dtype="float32"), "fp32", scale)
+    shape = ModelShape.of(target, target_io)
+    bands = {p: near_tie_band(shape, p, scale) for p in precisions_for(shape.dtype)}
+    fp32_band = near_tie_band(dataclasses.replace(shape, dtype="float32"), "fp32", scale)
     start = len(prompt) - 1
     positions = []
     for i in range(start, len(context) - 1):
@@ -122,24 +181,21 @@ def compute_anchors(name: str, progress: Callable[[str], None] | None = None) ->
         margin = float(row[top1] - row[top2])
         if top1 != context[i + 1]:
             raise OracleDisagreement(f"{name}: position {i}: the oracle's argmax {top1} is not its own greedy token")
-        diff = float(np.abs(row - cross[i]).max())
-        if diff > fp32_band or (margin > fp32_band and int(np.argmax(cross[i])) != top1):
-            raise OracleDisagreement(
-                f"{name}: position {i}: oracle and float64 cross-check differ by {diff:.3g} "
-                f"(fp32 band {fp32_band:.3g}); refusing to write anchors"
-            )
+        if cross is not None:
+            diff = float(np.abs(row - cross[i]).max())
+            if diff > fp32_band or (margin > fp32_band and int(np.argmax(cross[i])) != top1):
+                raise OracleDisagreement(
+                    f"{name}: position {i}: oracle and float64 cross-check differ by {diff:.3g} "
+                    f"(fp32 band {fp32_band:.3g}); refusing to write anchors"
+                )
         positions.append({"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)})
+    prov = {**provenance, "oracle": ORACLE["name"], "oracle_version": ORACLE["version"], "dtype": shape.dtype}
+    prov.setdefault("crosscheck", "none")
     return {
         "format": SNAPSHOT_FORMAT,
         "model": name,
-        "provenance": {
-            "model_sha256": model_sha256(name),
-            "generator_version": GENERATOR_VERSION,
-            "oracle": ORACLE["name"],
-            "oracle_version": ORACLE["version"],
-            "crosscheck": "lockstep ref-sim, float64, decomposed flavour",
-            "dtype": spec.dtype,
-        },
+        **(extra or {}),
+        "provenance": prov,
         "prompt": prompt,
         "prefix": prefix,
         "start": start,
@@ -154,20 +210,31 @@ def snapshot_text(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
-def load_snapshot(name: str) -> dict[str, Any]:
-    path = SNAPSHOT_DIR / f"{name}.json"
+def load_snapshot(name: str, directory: Path | None = None) -> dict[str, Any]:
+    """The snapshot ``<directory>/<name>.json`` (default: the built-in snapshots)."""
+    return read_snapshot((directory or SNAPSHOT_DIR) / f"{name}.json")
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no golden snapshot {path}: run `lockstep golden regenerate --model {name}`")
+        raise FileNotFoundError(f"no golden snapshot {path}: run `lockstep golden regenerate --model {path.stem}`")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"golden snapshot {path} is corrupt ({exc}); regenerate it") from exc
+    missing = [k for k in ("model", "provenance", "prompt", "prefix", "band", "positions") if k not in data]
+    if not isinstance(data, dict) or missing:
+        raise ValueError(f"golden snapshot {path} is not a lockstep snapshot (missing {missing}); regenerate it")
+    return data
 
 
-def write_snapshot(data: dict[str, Any]) -> Path:
-    SNAPSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    path = SNAPSHOT_DIR / f"{data['model']}.json"
-    fd, tmp = tempfile.mkstemp(dir=SNAPSHOT_DIR, suffix=".tmp")
+def write_snapshot(data: dict[str, Any], directory: Path | None = None) -> Path:
+    """Write ``<directory>/<model>.json`` atomically (default: the built-in snapshots)."""
+    directory = Path(directory or SNAPSHOT_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{data['model']}.json"
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(snapshot_text(data))
     os.replace(tmp, path)  # atomic: a crash never leaves half a snapshot

@@ -14,74 +14,90 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-__all__ = ["ORACLE", "oracle_logits", "float64_logits", "as_float64", "greedy_oracle"]
+__all__ = ["ORACLE", "oracle_logits", "float64_logits", "as_float64", "retyped", "greedy_oracle"]
 
 ORACLE = {"name": "onnx.reference.ReferenceEvaluator", "version": onnx.__version__}
 
 
-def _feeds(model: onnx.ModelProto, ids: list[int]) -> dict[str, np.ndarray]:
-    feeds: dict[str, np.ndarray] = {
-        "input_ids": np.asarray([ids], np.int64),
-        "position_ids": np.arange(len(ids), dtype=np.int64)[None, :],
-    }
-    for vi in model.graph.input:
-        if vi.name.startswith("past_key_values."):
-            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            feeds[vi.name] = np.zeros((1, dims[1], dims[2], dims[3]), dtype)  # dims[2]: capacity, or 0 (growing)
+def _feeds(model: onnx.ModelProto, ids: list[int], io=None) -> dict[str, np.ndarray]:
+    """A prefill of ``ids`` from position 0 with an empty (or zeroed fixed-capacity) cache."""
+    from lockstep.decoder_io import DecoderIO
+
+    io = io or DecoderIO.of(model)
+    feeds = io.step_feeds(ids, 0)
+    for name in io.pasts:
+        feeds[name] = io.empty_cache()
     return feeds
 
 
-def oracle_logits(model_fp32: onnx.ModelProto, ids: list[int]) -> np.ndarray:
-    """Logits [len(ids), vocab] of one prefill of ``ids``, from onnx's reference evaluator."""
+def _evaluator(model_fp32: onnx.ModelProto):
     from onnx.reference import ReferenceEvaluator
 
-    ev = ReferenceEvaluator(model_fp32)
-    (logits,) = ev.run(["logits"], _feeds(model_fp32, ids))
+    return ReferenceEvaluator(model_fp32)
+
+
+def oracle_logits(model_fp32: onnx.ModelProto, ids: list[int], io=None) -> np.ndarray:
+    """Logits [len(ids), vocab] of one prefill of ``ids``, from onnx's reference evaluator."""
+    from lockstep.decoder_io import DecoderIO
+
+    io = io or DecoderIO.of(model_fp32)
+    (logits,) = _evaluator(model_fp32).run([io.logits], _feeds(model_fp32, ids, io))
     return np.asarray(logits[0], np.float64)
 
 
-def greedy_oracle(model_fp32: onnx.ModelProto, prompt: list[int], n: int) -> list[int]:
+def greedy_oracle(model_fp32: onnx.ModelProto, prompt: list[int], n: int, io=None) -> list[int]:
     """The oracle's greedy continuation (a full prefill per token: slow, exact, no cache involved)."""
-    from onnx.reference import ReferenceEvaluator
+    from lockstep.decoder_io import DecoderIO
 
-    ev = ReferenceEvaluator(model_fp32)
+    io = io or DecoderIO.of(model_fp32)
+    ev = _evaluator(model_fp32)
     ids = list(prompt)
     for _ in range(n):
-        (logits,) = ev.run(["logits"], _feeds(model_fp32, ids))
+        (logits,) = ev.run([io.logits], _feeds(model_fp32, ids, io))
         ids.append(int(np.argmax(logits[0, -1])))
     return ids[len(prompt):]
 
 
-def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same graph with every float32 tensor, value and Cast target made float64."""
+def retyped(model: onnx.ModelProto, src: int, dst: int) -> onnx.ModelProto:
+    """The same graph with every ``src`` floating-point tensor, value and Cast target made ``dst``
+    (float16 -> float32 upcasts an fp16 model's weights exactly: its fp32 computation)."""
+    np_dst = onnx.helper.tensor_dtype_to_np_dtype(dst)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
     for t in g.initializer:
-        if t.data_type == TensorProto.FLOAT:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+        if t.data_type == src:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np_dst), t.name))
     for vi in [*g.input, *g.output, *g.value_info]:
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+        if vi.type.tensor_type.elem_type == src:
+            vi.type.tensor_type.elem_type = dst
     for n in g.node:
         for a in n.attribute:
-            if a.name == "to" and a.i == TensorProto.FLOAT:
-                a.i = TensorProto.DOUBLE
-            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
-                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float64), a.t.name))
+            if a.name == "to" and a.i == src:
+                a.i = dst
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == src:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np_dst), a.t.name))
     return m
 
 
-def float64_logits(decomposed_fp32: onnx.ModelProto, ids: list[int]) -> np.ndarray:
+def as_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph with every float32 tensor, value and Cast target made float64."""
+    return retyped(model, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def float64_logits(model_fp32: onnx.ModelProto, ids: list[int], io=None) -> np.ndarray:
     """Logits of one prefill on the reference runtime (simulated device) in float64."""
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
     from lockstep.reference_runtime.executor import Executor
 
-    model = as_float64(decomposed_fp32)
+    from lockstep.decoder_io import DecoderIO
+
+    model = as_float64(model_fp32)
+    io = io or DecoderIO.of(model_fp32)
     ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
-    return np.asarray(ex.run(_feeds(model, ids))["logits"][0], np.float64)
+    feeds = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in _feeds(model_fp32, ids, io).items()}
+    return np.asarray(ex.run(feeds)[io.logits][0], np.float64)
 
 
 def decomposed_twin(spec):

@@ -26,6 +26,7 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
             "-W", "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"]
     if args.engines:
         argv.append(f"--engines={args.engines}")
+    argv += [f"--golden-dir={d}" for d in args.golden_dir]
     started = time.time()
     rc = int(pytest.main(argv + passthrough))
     md = Path(args.report_dir) / "report.md"
@@ -44,17 +45,26 @@ def _decode(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from lockstep.decoding import NotADecoder, greedy, open_session
+    from lockstep.decoder_io import ModelCardError, NotADecoder, card_path_for, parse_io_option, read_card
+    from lockstep.decoding import greedy, open_session
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
-    from lockstep.paths import package_path
+    from lockstep.golden.catalog import builtin_models, trained_models
+    from lockstep.golden.text import Text, TokenizerError
     from lockstep.reference_runtime.model import ModelError, load_model
 
-    path = Path(args.model)
+    if args.tokens < 1:
+        raise CliError(f"--tokens {args.tokens}: generate at least one token")
+    path, tokenizer = Path(args.model), args.tokenizer
     if not path.is_file():
-        path = package_path("lockstep.golden.models", f"{args.model}.onnx")
-    if not path.is_file():
-        raise CliError(f"model {args.model!r}: neither a file nor a golden model name "
-                       f"(see {package_path('lockstep.golden.models', 'manifest.json')})")
+        known = {m.name: m for m in [*builtin_models(), *trained_models()]}
+        gm = known.get(args.model)
+        if gm is None:
+            raise CliError(f"model {args.model!r}: neither a file nor a golden model name ({', '.join(sorted(known))})")
+        ok, why = gm.available()
+        if not ok:
+            raise CliError(f"model {gm.name} is unavailable here: {why}")
+        path = gm.model_path()
+        tokenizer = tokenizer or gm.tokenizer_path()
     try:
         engine = load_engine(args.engine)
     except EngineLoadError as exc:
@@ -64,16 +74,28 @@ def _decode(args: argparse.Namespace) -> int:
         raise CliError(f"engine {engine.name} is unavailable here: {why}")
     try:
         model, _ = load_model(path)
-        session = open_session(engine, model, capture=args.capture == "on")
-    except ModelError as exc:
+        card = parse_io_option(args.io) if args.io else (read_card(card_path_for(path))
+                                                         if card_path_for(path).is_file() else None)
+        from lockstep.decoder_io import DecoderIO
+
+        io = DecoderIO.of(model, card)
+        text = Text.load(tokenizer, io.vocab)
+        prompt = text.encode(args.prompt)
+        if not prompt:
+            raise CliError("--prompt: empty prompt (it must encode to at least one token)")
+        room = io.capacity - len(prompt) if io.capacity else None
+        if room is not None and args.tokens > room + 1:
+            raise CliError(f"--tokens {args.tokens}: the model's fixed KV cache holds {io.capacity} positions, "
+                           f"the prompt takes {len(prompt)}: at most {room + 1} tokens")
+        session = open_session(engine, model, capture=args.capture == "on", io=io)
+    except (ModelError, ModelCardError, TokenizerError) as exc:
         raise CliError(f"{path}: {exc}") from None
     except (Unsupported, NotADecoder) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
-    prompt = list(args.prompt.encode("utf-8"))
     result = greedy(session, prompt, args.tokens)
-    print(f"engine: {engine.name}  model: {path.name}")
+    print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
     print(f"prompt: {args.prompt!r}")
-    print(f"output: {result.text()!r}")
+    print(f"output: {text.decode(result.tokens)!r}")
     print(f"tokens: {result.tokens}")
     if args.capture == "on":
         fallback = getattr(session, "capture_fallback", None)
@@ -86,49 +108,82 @@ def _decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _golden(args: argparse.Namespace) -> int:
-    """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
-    from lockstep.golden.anchors import compute_anchors, diff_snapshots, load_snapshot, same_anchors, write_snapshot
-    from lockstep.golden.models.spec import VARIANTS
-
-    if args.source != "oracle":
-        print(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
-              "(an engine under test is never its own yardstick)")
-        return 2
-    names = args.model or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        print(f"unknown golden model(s) {unknown}; known: {sorted(VARIANTS)}")
-        return 2
+def _progress():
     try:
         from tqdm import tqdm
     except ImportError:  # progress is a nicety, not a dependency of correctness
         def tqdm(it, **kw):
             return it
+        tqdm.write = print
+    return tqdm
+
+
+def _golden(args: argparse.Namespace) -> int:
+    """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
+    from lockstep.golden.anchors import diff_snapshots, same_anchors
+    from lockstep.golden.catalog import GoldenError, builtin_models, dir_models, trained_models
+
+    if args.source != "oracle":
+        raise CliError(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
+                       "(an engine under test is never its own yardstick)")
+    try:
+        models = dir_models(args.dir) if args.dir else [*builtin_models(), *trained_models()]
+    except GoldenError as exc:
+        raise CliError(str(exc)) from None
+    by_name = {m.name: m for m in models}
+    names = args.model or [m.name for m in models if m.kind != "trained" or m.available()[0]]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise CliError(f"unknown golden model(s) {unknown}; known: {sorted(by_name)}")
+    tqdm = _progress()
     changed = 0
     for name in tqdm(names, desc="golden anchors", unit="model"):
-        new = compute_anchors(name)
+        gm = by_name[name]
+        new = gm.compute_anchors()
         try:
-            old = load_snapshot(name)
-        except FileNotFoundError:
+            old = gm.snapshot()
+        except (FileNotFoundError, ValueError):
             old = None
         diff = diff_snapshots(old, new)
         if old is not None and same_anchors(old, new):
             # the same comparison `pytest --snapshot-update` makes: nothing to write
             extra = f" ({'; '.join(diff)})" if diff else ""
-            print(f"{name}: unchanged{extra}")
+            tqdm.write(f"{name}: unchanged{extra}")
             continue
         changed += 1
-        print(f"{name}: {len(diff)} change(s)")
-        for line in diff[:40]:
-            print(f"  {line}")
+        lines = [f"{name}: {len(diff)} change(s)", *(f"  {line}" for line in diff[:40])]
         if len(diff) > 40:
-            print(f"  ... and {len(diff) - 40} more")
-        if args.dry_run:
-            continue
-        print(f"  written: {write_snapshot(new)}")
+            lines.append(f"  ... and {len(diff) - 40} more")
+        if not args.dry_run:
+            lines.append(f"  written: {gm.write(new)}")
+        tqdm.write("\n".join(lines))
     if args.dry_run and changed:
         print(f"dry run: {changed} snapshot(s) would change; nothing written")
+    return 0
+
+
+def _golden_add(args: argparse.Namespace) -> int:
+    """Record a golden snapshot for the user's model from the fp32 oracle."""
+    from lockstep.decoder_io import ModelCardError, NotADecoder, card_path_for, parse_io_option, read_card
+    from lockstep.golden.anchors import OracleDisagreement
+    from lockstep.golden.catalog import GoldenError, add_model
+    from lockstep.golden.text import TokenizerError
+    from lockstep.reference_runtime.model import ModelError
+
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise CliError(f"--name {args.name!r}: a plain name (it becomes <dir>/<name>.json)")
+    try:
+        card = parse_io_option(args.io) if args.io else None
+        if card is None and card_path_for(args.model).is_file():
+            card = read_card(card_path_for(args.model))
+        path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=args.tokenizer,
+                         twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print)
+    except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,
+            FileNotFoundError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"written: {path}")
+    print(f"lock it: pytest --pyargs lockstep.conformance --golden-dir {args.dir} -m golden   "
+          f"(or lockstep check --golden-dir {args.dir})")
     return 0
 
 
@@ -169,10 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                        "(unknown options are passed to pytest)")
     c.add_argument("--engines", default=None, help="comma-separated engines (default: all available)")
     c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
+    c.add_argument("--golden-dir", action="append", default=[],
+                   help="a folder of snapshots from `lockstep golden add` to lock too (repeatable)")
     c.set_defaults(func=_check)
 
     d = sub.add_parser("decode", help="greedy-decode a prompt with a golden (or any golden-contract) model")
-    d.add_argument("model", help="a .onnx path or a golden model name, e.g. tiny-fp32-standard")
+    d.add_argument("model", help="a .onnx path or a golden model name, e.g. tiny-fp32-standard, smollm2-fp32")
+    d.add_argument("--tokenizer", help="a tokenizers JSON file (default: the golden model's, else UTF-8 bytes)")
+    d.add_argument("--io", help="decoder roles as role=name,... (default: <model>.lockstep.toml, else detected)")
     d.add_argument("--prompt", required=True)
     d.add_argument("--tokens", type=int, default=16)
     d.add_argument("--engine", default="ref-sim",
@@ -182,13 +241,28 @@ def main(argv: list[str] | None = None) -> int:
                         "segments and eager seams with a growing one; ort-cuda: ONNX Runtime CUDA graphs")
     d.set_defaults(func=_decode)
 
-    g = sub.add_parser("golden", help="golden anchors: `lockstep golden regenerate [--model NAME]`")
+    g = sub.add_parser("golden", help="golden anchors: `lockstep golden regenerate [--model NAME] [--dir DIR]`, "
+                       "`lockstep golden add MODEL.onnx --name NAME --prompt TEXT --dir DIR`")
     gsub = g.add_subparsers(dest="golden_command", required=True)
     gr = gsub.add_parser("regenerate", help="recompute anchors from the fp32 oracle, show the diff, write atomically")
     gr.add_argument("--model", action="append", help="golden model name (repeatable; default: all)")
     gr.add_argument("--source", default="oracle", help="where anchors come from: only 'oracle' is accepted")
     gr.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    gr.add_argument("--dir", help="a folder of snapshots written by `lockstep golden add` (default: lockstep's own)")
     gr.set_defaults(func=_golden)
+    ga = gsub.add_parser("add", help="record a golden snapshot for your model from the fp32 oracle")
+    ga.add_argument("model", help="the .onnx model (a decoder: Optimum, GenAI or lockstep I/O, or a model card)")
+    ga.add_argument("--name", required=True, help="the model's name in the suite (<dir>/<name>.json)")
+    ga.add_argument("--prompt", required=True, help="the prompt text of the canonical context")
+    ga.add_argument("--tokens", type=int, default=None, help="length of the recorded greedy prefix (default 24)")
+    ga.add_argument("--tokenizer", help="a tokenizers JSON file (default: UTF-8 bytes, for byte-level models)")
+    ga.add_argument("--twin", help="an fp32 model computing the same function (the oracle runs it: for an int4 or "
+                                   "contrib-op model; for fp16 the default is the model upcast to fp32)")
+    ga.add_argument("--io", help="roles as role=name,... (default: <model>.lockstep.toml, else detected)")
+    ga.add_argument("--dir", default="lockstep-golden", help="where the snapshot goes (default: %(default)s)")
+    ga.add_argument("--no-crosscheck", action="store_true",
+                    help="skip the float64 cross-check on the reference runtime (recorded in the provenance)")
+    ga.set_defaults(func=_golden_add)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")

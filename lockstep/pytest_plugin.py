@@ -65,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
     g.addoption("--lockstep-report-dir", default=None,
                 help="write report.json and report.md (per-engine counts, op gaps) here")
+    g.addoption("--golden-dir", action="append", default=[],
+                help="a folder of golden snapshots written by `lockstep golden add` (repeatable): its models are "
+                     "locked next to the built-in ones")
     g.addoption("--lockstep-expectations", default=None,
                 help="node-suite expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml)")
 
@@ -180,11 +183,40 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                                 "engine (--devices=sim,cupy runs the runtime's own contract tests)"))])
     if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
         metafunc.parametrize("engine_name", list(_engines(metafunc.config)))
+    if "golden_model_name" in names and not _own_fixture(metafunc, "golden_model_name"):
+        metafunc.parametrize("golden_model_name", [m.name for m in _golden_models(metafunc.config)])
     if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):
         refs = [n for n, e in _engines(metafunc.config).items() if isinstance(e, RefEngine)]
         metafunc.parametrize("ref_engine_name", refs or [pytest.param(
             None, marks=pytest.mark.skip(reason="no reference-runtime engine selected (--engines): "
                                                 "this test checks the reference runtime's own machinery"))])
+
+
+def _golden_models(config: pytest.Config) -> list:
+    st = _state(config)
+    if st.get("golden") is None:
+        from lockstep.golden.catalog import GoldenError, catalog
+
+        try:
+            st["golden"] = catalog(config.getoption("--golden-dir"))
+        except GoldenError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return st["golden"]
+
+
+@pytest.fixture
+def golden_model(request: pytest.FixtureRequest, golden_model_name: str):
+    """The parametrized golden model (``lockstep.golden.catalog.GoldenModel``): built-in, trained
+    (a counted skip where it cannot be had here, a failure when ``LOCKSTEP_REQUIRE_MODELS`` names
+    it or says ``all``), or from ``--golden-dir``."""
+    gm = next(m for m in _golden_models(request.config) if m.name == golden_model_name)
+    ok, reason = gm.available()
+    if not ok:
+        required = _split(os.environ.get("LOCKSTEP_REQUIRE_MODELS"))
+        if gm.name in required or "all" in required:
+            pytest.fail(f"golden model {gm.name!r} is required by LOCKSTEP_REQUIRE_MODELS but unavailable: {reason}")
+        pytest.skip(f"{UNAVAILABLE}{gm.name}: {reason}")
+    return gm
 
 
 def _usable(request: pytest.FixtureRequest, name: str):
@@ -287,7 +319,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("contract tests malformed:\n  " + "\n  ".join(problems))
 
 
-UNAVAILABLE = "lockstep: device unavailable: "
+UNAVAILABLE = "lockstep: unavailable: "
 
 
 @pytest.fixture
@@ -459,9 +491,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
             if len(reasons) > 8:
                 terminalreporter.write_line(f"    ... and {len(reasons) - 8} more reasons (see the JSON report)")
     if st["skipped"]:
-        terminalreporter.section("lockstep: unavailable devices and engines")
+        terminalreporter.section("lockstep: unavailable devices, engines and models")
         for (name, reason), n in sorted(st["skipped"].items()):
             terminalreporter.write_line(f"{name}: {n} test(s) skipped: {reason}", yellow=True)
         terminalreporter.write_line(
-            "LOCKSTEP_REQUIRE_DEVICES=cupy / LOCKSTEP_REQUIRE_ENGINES=ref-cuda,... make an absent one a failure"
+            "LOCKSTEP_REQUIRE_DEVICES=cupy / LOCKSTEP_REQUIRE_ENGINES=ref-cuda,... / LOCKSTEP_REQUIRE_MODELS=... "
+            "make an absent one a failure"
         )

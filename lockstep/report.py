@@ -26,7 +26,7 @@ def summarize(outcomes: dict[str, dict]) -> dict:
         status = o.get("outcome", "passed")
         per_engine[engine][status] += 1
         if status != "passed" and o.get("ops"):
-            unavailable = "device unavailable" in (o.get("reason") or "")
+            unavailable = "lockstep: unavailable: " in (o.get("reason") or "")
             if not unavailable:
                 for op in o["ops"]:
                     gaps[op][engine] += 1

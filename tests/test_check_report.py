@@ -35,7 +35,7 @@ def test_summary_counts_and_gaps():
         "a[ort-cpu-test_y]": {"outcome": "skipped", "engine": "ort-cpu", "ops": ["Add", "Loop"],
                               "reason": "unsupported: ort-cpu: operator or type not implemented"},
         "a[ref-cuda-test_y]": {"outcome": "skipped", "engine": "ref-cuda", "ops": ["Loop"],
-                               "reason": "lockstep: device unavailable: ref-cuda: no GPU"},
+                               "reason": "lockstep: unavailable: ref-cuda: no GPU"},
     }
     s = summarize(outcomes)
     assert s["engines"]["ref-sim"] == {"passed": 1, "failed": 1, "xfailed": 0, "skipped": 0}

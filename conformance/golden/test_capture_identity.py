@@ -27,7 +27,6 @@ from lockstep.decoding import greedy, open_session
 from lockstep.engines import Unsupported
 
 FIXED = sorted(n for n, s in VARIANTS.items() if s.kv_capacity)
-ALL = sorted(VARIANTS)
 TOKENS = 12
 # after the prompt: decode (1 token) and verify (3 teacher-forced tokens) steps, alternating
 ALTERNATION = [[66], [67, 68, 69], [70], [71, 72, 73], [74], [75, 76, 77], [78]]
@@ -38,23 +37,23 @@ def _digest(result):
 
 
 @pytest.mark.capture
-@pytest.mark.parametrize("model", ALL)
-def test_capture_on_off_byte_identity(engine, model):
-    proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
-    prompt = list(PROMPT.encode())
+def test_capture_on_off_byte_identity(engine, golden_model):
+    proto = golden_model.load()
+    io = golden_model.io(proto)
+    prompt = golden_model.prompt()
     try:
-        on_session = open_session(engine, proto, capture=True)
+        on_session = open_session(engine, proto, capture=True, io=io)
     except Unsupported as exc:
         pytest.skip(f"unsupported: {engine.name}: {exc}")
     on = greedy(on_session, prompt, TOKENS)
-    off = greedy(open_session(engine, proto, capture=False), prompt, TOKENS)
+    off = greedy(open_session(engine, proto, capture=False, io=io), prompt, TOKENS)
     assert on.capture.captures >= 1 and on.capture.replays >= 1, f"contract: capture was really on ({on.capture})"
     assert on.capture.fallbacks == 0, f"contract: no step fell back to eager ({on.capture})"
     assert off.capture.captures == 0 and off.capture.replays == 0, f"contract: capture was really off ({off.capture})"
     if isinstance(engine, RefEngine):
         # prefill, one eager warm-up step, then TOKENS - 2 steps replayed (the first right after its
         # capture): one graph per step with a fixed-capacity cache, one per segment with a growing one
-        segments = 1 if VARIANTS[model].kv_capacity else on.capture.detail["segments"]
+        segments = 1 if io.capacity else on.capture.detail["segments"]
         assert on.capture.captures == segments, "contract: one graph per segment"
         assert on.capture.replays == segments * (TOKENS - 2), "contract: every later step replayed"
         assert on.counters["replays"] == segments * (TOKENS - 2), "contract: the runtime launched those graphs"

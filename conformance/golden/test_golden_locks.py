@@ -1,38 +1,37 @@
 """Golden token locks on every engine: ``pytest conformance/ -m golden``.
 
-Per engine and golden model: the snapshot must belong to this model file and come from the
-oracle; the fatal lock runs teacher forcing as one prefill and step by step; the tripwire compares
-the greedy stream with the recorded one (a first divergence at a near-tie is reported in the
-terminal summary and the JSON report, not failed). The engine's declared precision for the model's
-dtype (``engine.precision``) selects the near-tie band, and is recorded in the report. An engine
-without a decode session of its own decodes through ``prepare`` with the cache on the host. A
-missing model or snapshot is a failure, never a skip. ``test_snapshot_is_the_oracle`` recomputes
-the anchors from the oracle and compares them with the snapshot through syrupy (``pytest
---snapshot-update`` rewrites it, like ``lockstep golden regenerate``).
+Per engine and golden model (the built-in ones, the trained SmolLM2 exports, and the user's from
+``--golden-dir``): the snapshot must belong to this model file and come from the oracle; the fatal
+lock runs teacher forcing as one prefill and step by step; the tripwire compares the greedy stream
+with the recorded one (a first divergence at a near-tie is reported in the terminal summary and the
+JSON report, not failed). The engine's declared precision for the model's dtype
+(``engine.precision``) selects the near-tie band, and is recorded in the report. An engine without
+a decode session of its own decodes through ``prepare`` with the cache on the host. A missing model
+or snapshot is a failure, never a skip (a trained model that cannot be built here is a counted skip
+with its reason, a failure under ``LOCKSTEP_REQUIRE_MODELS``). ``test_snapshot_is_the_oracle``
+recomputes the anchors from the oracle and compares them with the snapshot (built-in and trained
+through syrupy: ``pytest --snapshot-update`` rewrites them, like ``lockstep golden regenerate``).
 """
 
 from __future__ import annotations
 
 import json
 
-import onnx
 import pytest
-from lockstep.golden.anchors import MODEL_DIR, compute_anchors, load_snapshot
-from lockstep.golden.locks import check_provenance, teacher_forced_lock, tripwire
-from lockstep.golden.models.spec import VARIANTS
-from lockstep.golden.syrupy_ext import GoldenSnapshotExtension
 
 from lockstep.decoding import open_session
 from lockstep.engines import Unsupported, precision_of
+from lockstep.golden.anchors import same_anchors
+from lockstep.golden.catalog import TRAINED_DIR
+from lockstep.golden.locks import teacher_forced_lock, tripwire
+from lockstep.golden.syrupy_ext import GoldenSnapshotExtension
 
-MODELS = sorted(VARIANTS)
 
-
-def _session(engine, name, record_property):
-    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+def _session(engine, golden_model, record_property):
+    model = golden_model.load()
     try:
-        precision = precision_of(engine, VARIANTS[name].dtype)
-        session = open_session(engine, model)
+        precision = precision_of(engine, golden_model.dtype)
+        session = open_session(engine, model, io=golden_model.io(model))
     except Unsupported as exc:
         pytest.skip(f"unsupported: {engine.name}: {exc}")
     record_property("precision", precision)
@@ -40,33 +39,46 @@ def _session(engine, name, record_property):
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("mode", ["prefill", "stepwise"])
-def test_teacher_forced_lock(engine, model, mode, record_property):
-    snap = load_snapshot(model)
-    check_provenance(snap)
-    session, precision = _session(engine, model, record_property)
+def test_teacher_forced_lock(engine, golden_model, mode, record_property):
+    snap = golden_model.snapshot()
+    golden_model.check_provenance(snap)
+    session, precision = _session(engine, golden_model, record_property)
     res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise")
     assert res.checked > 0, "result: the lock checked no position (every position a near-tie?)"
-    assert not res.violations, (f"result: {engine.name} ({precision}) breaks the lock on {model} ({mode}): "
-                                f"{res.describe()}; the first ones: {res.violations[:4]}")
+    assert not res.violations, (f"result: {engine.name} ({precision}) breaks the lock on {golden_model.name} "
+                                f"({mode}): {res.describe()}; the first ones: {res.violations[:4]}")
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("model", MODELS)
-def test_tripwire(engine, model, record_property):
-    snap = load_snapshot(model)
-    check_provenance(snap)
-    session, precision = _session(engine, model, record_property)
+def test_tripwire(engine, golden_model, record_property):
+    snap = golden_model.snapshot()
+    golden_model.check_provenance(snap)
+    session, precision = _session(engine, golden_model, record_property)
     trip = tripwire(session, snap, precision)
     if trip.divergence is not None:
-        record_property("tripwire", json.dumps({"engine": engine.name, "model": model, "precision": precision,
-                                                **trip.divergence}))
-    assert not trip.fatal, (f"result: {engine.name} ({precision}) diverges from the recorded stream of {model} at "
-                            f"position {trip.divergence and trip.divergence['pos']}, not a near-tie: {trip.divergence}")
+        record_property("tripwire", json.dumps({"engine": engine.name, "model": golden_model.name,
+                                                "precision": precision, **trip.divergence}))
+    assert not trip.fatal, (f"result: {engine.name} ({precision}) diverges from the recorded stream of "
+                            f"{golden_model.name} at position {trip.divergence and trip.divergence['pos']}, "
+                            f"not a near-tie: {trip.divergence}")
+
+
+class TrainedSnapshotExtension(GoldenSnapshotExtension):
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(TRAINED_DIR)
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("model", MODELS)
-def test_snapshot_is_the_oracle(model, snapshot):
-    assert compute_anchors(model) == snapshot.use_extension(GoldenSnapshotExtension)(name=model)
+def test_snapshot_is_the_oracle(golden_model, snapshot):
+    """The snapshot is what the oracle computes today (built-in and trained models through syrupy,
+    whose --snapshot-update rewrites them; a user's through the same comparison)."""
+    anchors = golden_model.compute_anchors()
+    if golden_model.kind == "user":
+        assert same_anchors(anchors, golden_model.snapshot()), (
+            f"result: the oracle no longer gives {golden_model.snapshot_path}: `lockstep golden regenerate "
+            f"--model {golden_model.name} --dir {golden_model.snapshot_path.parent}`")
+        return
+    ext = GoldenSnapshotExtension if golden_model.kind == "builtin" else TrainedSnapshotExtension
+    assert anchors == snapshot.use_extension(ext)(name=golden_model.name)

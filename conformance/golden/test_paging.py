@@ -14,7 +14,7 @@ from __future__ import annotations
 import onnx
 import pytest
 from lockstep.golden.anchors import MODEL_DIR
-from lockstep.golden.models.spec import PROMPT, VARIANTS
+from lockstep.golden.models.spec import PROMPT
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends import make_device
 from lockstep.reference_runtime.engine import RefDecoder
@@ -38,19 +38,18 @@ def _tightest_budget(model: onnx.ModelProto, device) -> int:
     return need
 
 
-def _decode(engine, proto, config, capture):
-    dec = RefDecoder(proto, engine.runtime(config), capture=capture)
-    return dec, greedy(dec, list(PROMPT.encode()), TOKENS)
+def _decode(engine, proto, config, capture, golden_model):
+    dec = RefDecoder(proto, engine.runtime(config), capture=capture, io=golden_model.io(proto))
+    return dec, greedy(dec, golden_model.prompt(), TOKENS)
 
 
 @pytest.mark.paging
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "captured"])
-@pytest.mark.parametrize("model", sorted(VARIANTS))
-def test_paged_decode_is_byte_identical_to_resident(ref_engine, model, capture):
-    proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
+def test_paged_decode_is_byte_identical_to_resident(ref_engine, golden_model, capture):
+    proto = golden_model.load()
     budget = _tightest_budget(proto, make_device(ref_engine.device_name))
-    _, resident = _decode(ref_engine, proto, RuntimeConfig(), capture)
-    dec, paged = _decode(ref_engine, proto, RuntimeConfig(vram_limit=budget), capture)
+    _, resident = _decode(ref_engine, proto, RuntimeConfig(), capture, golden_model)
+    dec, paged = _decode(ref_engine, proto, RuntimeConfig(vram_limit=budget), capture, golden_model)
     c = dec.ex.pager.counters
     # contract: the budget really forced evictions in every decode step, and capture was really on/off
     assert c.evictions >= TOKENS and c.page_ins > len(dec.ex.pager._weights) and c.drains == c.evictions
