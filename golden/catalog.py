@@ -26,8 +26,8 @@ import onnx
 
 from lockstep.decoder_io import DecoderIO
 
-from .anchors import (MODEL_DIR, PREFIX_TOKENS, SNAPSHOT_DIR, anchors_from_oracle, compute_anchors, file_sha256,
-                      read_snapshot, write_snapshot)
+from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, file_sha256, read_snapshot,
+                      write_snapshot)
 from .models.spec import PROMPT, VARIANTS
 from .oracle import ORACLE, retyped
 
@@ -191,7 +191,10 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
 
 
 def builtin_models() -> list[GoldenModel]:
-    return [GoldenModel(n, "builtin", SNAPSHOT_DIR / f"{n}.json", MODEL_DIR / f"{n}.onnx") for n in sorted(VARIANTS)]
+    from . import anchors  # read at call time: tests point SNAPSHOT_DIR elsewhere
+
+    return [GoldenModel(n, "builtin", anchors.SNAPSHOT_DIR / f"{n}.json", MODEL_DIR / f"{n}.onnx")
+            for n in sorted(VARIANTS)]
 
 
 def _from_snapshot(path: Path, kind: str) -> GoldenModel:

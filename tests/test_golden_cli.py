@@ -10,7 +10,7 @@ from lockstep.cli import main
 
 def test_regenerate_refuses_an_engine_as_the_source(capsys):
     assert main(["golden", "regenerate", "--source", "ref-sim"]) == 2
-    assert "anchors come from the fp32 oracle only" in capsys.readouterr().out
+    assert "anchors come from the fp32 oracle only" in capsys.readouterr().err
 
 
 def test_regenerate_dry_run_reports_unchanged_committed_snapshots(capsys):

@@ -137,3 +137,27 @@ def test_a_divergence_outside_the_band_is_fatal():
     snap = load_snapshot(FP32)
     trip = tripwire(Perturbed(ref_decoder(FP32), delta=5.0), snap, "fp32")
     assert trip.fatal and not trip.divergence["near_tie"]
+
+
+def _tf32(a):
+    """Round float32 values to TF32 (10 explicit mantissa bits, round to nearest even)."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    lsb = (bits >> 13) & 1
+    return ((bits + 0xFFF + lsb) & ~np.uint64(0x1FFF)).astype(np.uint32).view(np.float32)
+
+
+def test_tf32_products_fail_the_fp32_lock_and_pass_the_tf32_band():
+    """What ORT's CUDA provider does by default (TF32 matrix products), emulated by rounding the
+    weights to TF32: the strict fp32 lock catches it; declared as tf32, the wider band accepts it."""
+    from onnx import numpy_helper
+
+    snap = load_snapshot(FP32)
+    model = onnx.load(str(MODEL_DIR / f"{FP32}.onnx"))
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2 and not t.name.startswith("rope"):
+            t.CopyFrom(numpy_helper.from_array(_tf32(numpy_helper.to_array(t)), t.name))
+    dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()))
+    strict = teacher_forced_lock(dec, snap, "fp32", stepwise=False)
+    assert not strict.ok and all(v["kind"] == "margin" for v in strict.violations), strict.describe()
+    assert teacher_forced_lock(dec, snap, "tf32", stepwise=False).ok, "result: inside the TF32 band"
+    assert snap["band"]["tf32"] > 100 * snap["band"]["fp32"]

@@ -102,9 +102,22 @@ def test_cuda_engine_refuses_dtypes_cupy_cannot_hold():
 
 
 def test_unknown_engine_name():
-    with pytest.raises(EngineLoadError, match=r"unknown engine 'trt'; registered: \['ort-cpu', 'ort-cuda', 'ref-cuda', 'ref-sim'\]"):
+    with pytest.raises(EngineLoadError, match=r"unknown engine 'trt'; registered: \['ort-cpu', 'ort-cuda', 'ort-cuda-tf32', 'ref-cuda', 'ref-sim'\]"):
         load_engine("trt")
 
 
 def test_spec_rank():
     assert Spec((2, 3), np.dtype(np.float32)).rank == 2
+
+
+def test_ort_cuda_engines_declare_their_options_and_precision():
+    """ort-cuda is strict fp32 (use_tf32=0) and says so; ort-cuda-tf32 keeps ONNX Runtime's TF32
+    default and is locked with the TF32 error model; both pin cuDNN's algorithm choice."""
+    from lockstep.engines.ort import cpu_engine, cuda_engine, cuda_tf32_engine
+
+    strict, tf32 = cuda_engine(), cuda_tf32_engine()
+    assert strict.provider_options["use_tf32"] == "0" and strict.precision["float32"] == "fp32"
+    assert tf32.provider_options["use_tf32"] == "1" and tf32.precision["float32"] == "tf32"
+    assert strict.provider_options["cudnn_conv_algo_search"] == tf32.provider_options["cudnn_conv_algo_search"] == "DEFAULT"
+    info = cpu_engine().describe()
+    assert info["deterministic_compute"] == "True" and info["provider_options"] == "defaults"

@@ -17,20 +17,34 @@ import onnx
 from lockstep.decoding import DecoderIO
 from lockstep.engines.protocol import CaptureStats, RunFn, Unsupported
 
-__all__ = ["OrtEngine", "OrtDecoder", "cpu_engine", "cuda_engine"]
+__all__ = ["OrtEngine", "OrtDecoder", "cpu_engine", "cuda_engine", "cuda_tf32_engine", "CUDA_STRICT", "CUDA_TF32"]
 
 _NAMES = {"CPUExecutionProvider": "ort-cpu", "CUDAExecutionProvider": "ort-cuda"}
 
 
-class OrtEngine:
-    precision = {"float32": "fp32", "float16": "fp16"}
+# Options that matter for conformance, explicit rather than ONNX Runtime's defaults. On the CUDA
+# provider: use_tf32=0 (fp32 matrix products in strict fp32; ONNX Runtime's default is TF32, whose
+# 10-bit operands move fp32 logits by ~1e-2), cuDNN's default algorithm instead of a timed
+# exhaustive search (the same kernels every run), and deterministic compute in the session.
+CUDA_STRICT = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
+CUDA_TF32 = {"use_tf32": "1", "cudnn_conv_algo_search": "DEFAULT"}
 
-    def __init__(self, provider: str):
+
+class OrtEngine:
+    """ONNX Runtime on one execution provider, with explicit provider options; ``precision`` is
+    what those options make of each model dtype (the golden locks' error model)."""
+
+    def __init__(self, provider: str, *, name: str | None = None, provider_options: dict[str, str] | None = None,
+                 precision: dict[str, str] | None = None, deterministic: bool = True):
         if provider not in _NAMES:
             raise ValueError(f"unknown provider {provider!r}; one of {list(_NAMES)}")
         self.provider = provider
-        self.name = _NAMES[provider]
+        self.name = name or _NAMES[provider]
+        self.provider_options = dict(provider_options or {})
+        self.precision = dict(precision or {"float32": "fp32", "float16": "fp16"})
+        self.deterministic = deterministic
         self._avail: tuple[bool, str] | None = None
+        self._effective: dict[str, str] = {}
 
     def available(self) -> tuple[bool, str]:
         if self._avail is None:
@@ -42,7 +56,19 @@ class OrtEngine:
             import onnxruntime as ort
         except Exception:
             return {"provider": self.provider}
-        return {"provider": self.provider, "onnxruntime": ort.__version__}
+        self.available()
+        shown = {k: self._effective.get(k, v) for k, v in self.provider_options.items()}
+        return {"provider": self.provider, "onnxruntime": ort.__version__,
+                "provider_options": ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "defaults",
+                "deterministic_compute": str(self.deterministic)}
+
+    def _session_options(self):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        so.use_deterministic_compute = self.deterministic
+        return so
 
     def _probe(self) -> tuple[bool, str]:
         try:
@@ -61,25 +87,29 @@ class OrtEngine:
             opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8,
         )
         try:
-            so = ort.SessionOptions()
-            so.log_severity_level = 4
-            sess = ort.InferenceSession(probe.SerializeToString(), so, providers=[self.provider])
+            provider = (self.provider, self.provider_options) if self.provider_options else self.provider
+            sess = ort.InferenceSession(probe.SerializeToString(), self._session_options(), providers=[provider])
         except Exception as exc:
             return False, f"{self.provider} failed to create a session: {str(exc)[:200]}"
         got = sess.get_providers()
         if got[0] != self.provider:
             return False, f"{self.provider} requested but the session fell back to {got}"
+        # read back: an option the provider ignored or renamed must not be reported as in force
+        self._effective = sess.get_provider_options().get(self.provider, {})
+        wrong = {k: (v, self._effective.get(k)) for k, v in self.provider_options.items()
+                 if k in self._effective and str(self._effective[k]) != v}
+        if wrong:
+            return False, f"{self.provider} did not take the options {wrong} (asked, got)"
         return True, f"onnxruntime {ort.__version__} {self.provider}"
 
     def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
         """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``."""
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.log_severity_level = 4
-        provider = (self.provider, provider_options) if provider_options else self.provider
+        options = {**self.provider_options, **(provider_options or {})}
+        provider = (self.provider, options) if options else self.provider
         try:
-            return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+            return ort.InferenceSession(model.SerializeToString(), self._session_options(), providers=[provider])
         except Exception as exc:
             what = _ort_unsupported(str(exc))
             if what:
@@ -121,8 +151,15 @@ def cpu_engine() -> OrtEngine:
 
 
 def cuda_engine() -> OrtEngine:
-    """Entry point ``ort-cuda``."""
-    return OrtEngine("CUDAExecutionProvider")
+    """Entry point ``ort-cuda``: the CUDA provider in strict fp32 (``use_tf32=0``)."""
+    return OrtEngine("CUDAExecutionProvider", provider_options=CUDA_STRICT)
+
+
+def cuda_tf32_engine() -> OrtEngine:
+    """Entry point ``ort-cuda-tf32``: the CUDA provider's default TF32 matrix products, locked
+    with the TF32 error model."""
+    return OrtEngine("CUDAExecutionProvider", name="ort-cuda-tf32", provider_options=CUDA_TF32,
+                     precision={"float32": "tf32", "float16": "fp16"})
 
 
 def _ort_unsupported(msg: str) -> str:
