@@ -22,12 +22,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import onnx
 
 from lockstep.decoder_io import DecoderIO
 
-from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, file_sha256, read_snapshot,
-                      write_snapshot)
+from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, file_sha256, oracle_run,
+                      read_snapshot, write_snapshot)
 from .models.spec import PROMPT, VARIANTS
 from .oracle import ORACLE, retyped
 
@@ -35,6 +36,16 @@ __all__ = ["GoldenModel", "builtin_models", "trained_models", "dir_models", "cat
            "TRAINED_DIR"]
 
 TRAINED_DIR = Path(__file__).resolve().parent / "trained"
+
+# The trained models: built on demand from a public checkpoint; their snapshots are in TRAINED_DIR.
+_SMOLLM2 = {"builder": "lockstep.golden.smollm2:model_path", "tokenizer": "builder",
+            "prompt_text": "The capital of France is", "kv_capacity": 0, "crosscheck": "float64"}
+TRAINED = {
+    "smollm2-fp32": {**_SMOLLM2, "flavour": "fp32"},
+    # the fp16 and int4 exports lock against the fp32 export (the same dequantized weights)
+    "smollm2-fp16": {**_SMOLLM2, "flavour": "fp16", "twin": "fp32"},
+    "smollm2-int4": {**_SMOLLM2, "flavour": "int4", "twin": "fp32"},
+}
 
 
 class GoldenError(ValueError):
@@ -91,7 +102,9 @@ class GoldenModel:
     def dtype(self) -> str:
         if self.kind == "builtin":
             return VARIANTS[self.name].dtype
-        return self.snapshot()["provenance"]["dtype"]
+        if self.snapshot_path.is_file():
+            return self.snapshot()["provenance"]["dtype"]
+        return np.dtype(self.io().logits_dtype).name
 
     @cached_property
     def kv_capacity(self) -> int:
@@ -100,9 +113,15 @@ class GoldenModel:
         return int(self.meta.get("kv_capacity", 0))
 
     def prompt(self) -> list[int]:
+        """The prompt's token ids: the built-in spec's bytes, else the recorded prompt text through
+        the model's tokenizer, else the snapshot's ids."""
         if self.kind == "builtin":
             spec = VARIANTS[self.name]
             return list((spec.near_tie.prompt if spec.near_tie else PROMPT).encode())
+        if "prompt_text" in self.meta:
+            from .text import Text
+
+            return Text.load(self.tokenizer_path(), 1 << 31).encode(self.meta["prompt_text"])
         return list(self.snapshot()["prompt"])
 
     def tokenizer_path(self) -> Path | None:
@@ -185,9 +204,19 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
     if twin is not None:
         provenance["twin_sha256"] = file_sha256(twin)
     extra = {"source": {k: v for k, v in source.items() if v is not None}}
+    tokens = int(source.get("tokens", PREFIX_TOKENS))
+    # the oracle's work depends only on its model, the prompt and the options: twins share it
+    key = (provenance.get("twin_sha256") or provenance["model_sha256"], tuple(prompt), tokens, crosscheck,
+           json.dumps(card, sort_keys=True))
+    if key not in _ORACLE_RUNS:
+        _ORACLE_RUNS[key] = oracle_run(name, oracle, None if crosscheck == "none" else oracle, prompt, io_card=card,
+                                       prefix_tokens=tokens, progress=progress)
     return anchors_from_oracle(name, target, oracle, None if crosscheck == "none" else oracle, prompt,
-                               provenance=provenance, io_card=card, extra=extra,
-                               prefix_tokens=int(source.get("tokens", PREFIX_TOKENS)), progress=progress)
+                               provenance=provenance, io_card=card, extra=extra, prefix_tokens=tokens,
+                               run=_ORACLE_RUNS[key], progress=progress)
+
+
+_ORACLE_RUNS: dict[tuple, tuple] = {}
 
 
 def builtin_models() -> list[GoldenModel]:
@@ -215,7 +244,8 @@ def _from_snapshot(path: Path, kind: str) -> GoldenModel:
 
 
 def trained_models() -> list[GoldenModel]:
-    return [_from_snapshot(p, "trained") for p in sorted(TRAINED_DIR.glob("*.json"))]
+    return [GoldenModel(name, "trained", TRAINED_DIR / f"{name}.json", None, src["builder"], src["flavour"], dict(src))
+            for name, src in TRAINED.items()]
 
 
 def dir_models(directory: str | Path) -> list[GoldenModel]:

@@ -14,7 +14,10 @@ drifting machine does not favour the mode that ran first. Modes:
 - ``eager, deferred``: the default: ``synchronize()`` is a counted no-op;
 - ``captured``: a fixed-capacity model replays its whole step from the PRIMARY slot; a growing
   one runs captured segments and eager seams (``segments.CaptureSession``);
-- ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale.
+- ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale;
+- ``ort-cuda, eager`` and ``ort-cuda, CUDA graphs`` (where the CUDA provider is available):
+  ONNX Runtime's CUDA provider (strict fp32) with IO binding, plainly and with
+  ``enable_cuda_graph`` (fixed-capacity models only: one graph per ping-pong direction).
 
 Reported per mode: median tokens/s over ``--repeats`` runs (all runs listed), launches per token
 (kernel launches + graph launches issued by the host), real synchronisations per token, and the
@@ -90,6 +93,11 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
     ort = load_engine("ort-cpu")
     if ort.available()[0]:
         modes.append(("ort-cpu", lambda: OrtDecoder(model, ort)))
+    ort_cuda = load_engine("ort-cuda")
+    if device == "cupy" and ort_cuda.available()[0]:
+        modes.append(("ort-cuda, eager", lambda: OrtDecoder(model, ort_cuda)))
+        if OrtDecoder(model, ort_cuda).capacity:
+            modes.append(("ort-cuda, CUDA graphs", lambda: OrtDecoder(model, ort_cuda, cuda_graphs=True)))
     decoders = {label: make() for label, make in modes}
     for dec in decoders.values():
         timed_decode(dec, 2)  # first use compiles kernels (NVRTC on the GPU): not timed
@@ -112,9 +120,13 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
             extra = dec.capture_counters()
             if extra.get("fallbacks"):
                 raise SystemExit(f"{name}: capture fell back ({extra}); refusing to report eager numbers as captured")
+        if label == "ort-cuda, CUDA graphs":
+            extra = dec.capture_stats().as_dict()
+            if not extra["captures"]:
+                raise SystemExit(f"{name}: ONNX Runtime ran no step under a graph id ({extra})")
         rows.append({"model": name, "mode": label, "tokens_per_s": statistics.median(runs[label]), "runs": runs[label],
                      **{f"{k}_per_token": v for k, v in per_token[label].items()}, "capture": extra})
-    ref_streams = {k: v for k, v in streams.items() if k != "ort-cpu"}
+    ref_streams = {k: v for k, v in streams.items() if not k.startswith("ort-")}
     if len({tuple(v) for v in ref_streams.values()}) != 1:
         raise SystemExit(f"{name}: token streams differ between modes: {ref_streams}")
     base = rows[0]["tokens_per_s"]
@@ -139,8 +151,11 @@ def conditions(device: str, steps: int, repeats: int) -> str:
         dev = f"{props['name'].decode()} (CuPy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()})"
     import onnxruntime
 
+    cuda = load_engine("ort-cuda")
+    ort_cuda = f", ort-cuda {cuda.describe().get('provider_options')}" if cuda.available()[0] else ""
     return (f"device {dev}; commit {commit}; Python {platform.python_version()}, numpy {np.__version__}, "
-            f"onnxruntime {onnxruntime.__version__} (ort-cpu on {os.cpu_count()} cores); prompt {len(PROMPT)} tokens, "
+            f"onnxruntime {onnxruntime.__version__} (ort-cpu on {os.cpu_count()} cores{ort_cuda}); "
+            f"prompt {len(PROMPT)} tokens, "
             f"{WARMUP} warm-up steps, {steps} timed one-token steps per run, median of {repeats} runs")
 
 

@@ -51,7 +51,8 @@ def installed(tmp_path_factory):
     rc, out = _run([sys.executable, "-m", "venv", str(venv)], tmp, dict(os.environ))
     assert rc == 0, out
     bindir = venv / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR", "LOCKSTEP_REQUIRE_MODELS")}
     env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp / "cache"),
                PYTHONDONTWRITEBYTECODE="1")
     rc, out = _run([str(bindir / "python"), "-m", "pip", "install", "-q", f"{wheel}[test,ort]", str(EXAMPLE)],

@@ -1,0 +1,553 @@
+"""A Llama-architecture ONNX exporter in the conventions real exports use, and a float64 numpy
+forward of the same architecture to check it against.
+
+``build_llama_onnx(cfg, weights, convention=...)`` is a pure function of its arguments: the same
+config, weights and options give a byte-identical ``SerializeToString()`` (IR 10, opset 24, plus
+``com.microsoft`` 1 when a contrib op is used). ``weights`` use Hugging Face's names and layouts
+(``model.embed_tokens.weight`` [vocab, hidden], projections [out, in], see ``weight_names``) and
+Hugging Face's semantics: rotate-half (non-interleaved) RoPE on the HF-layout q/k rows, grouped
+query attention, SiLU-gated MLP, RMSNorm with ``rms_eps``.
+
+Conventions (batch 1 is what lockstep decodes; both graphs are shape-generic):
+
+``optimum`` (Hugging Face Optimum / transformers.js)
+    inputs ``input_ids`` int64 [batch_size, sequence_length], ``attention_mask`` int64
+    [batch_size, total_sequence_length], ``position_ids`` int64 [batch_size, sequence_length]
+    (only with ``position_ids=True``; without it positions are past length + 0..S-1),
+    ``past_key_values.{i}.key|value`` [batch_size, n_kv_heads, past_sequence_length, head_dim];
+    outputs ``logits`` [batch_size, sequence_length, vocab] and ``present.{i}.key|value``
+    [batch_size, n_kv_heads, total_sequence_length, head_dim]. Standard ONNX ops: RMSNormalization,
+    RotaryEmbedding, Attention (boolean mask, past -> present). Query ``s`` (cache index
+    ``past + s``) attends key ``t`` iff ``t <= past + s`` and ``attention_mask[b, t] == 1``; a
+    padding query also attends itself, so that its (unused) row stays finite.
+``genai`` (ONNX Runtime GenAI builder style)
+    inputs ``input_ids``, ``attention_mask``, ``past_key_values.{i}.key|value`` (BNSH), no
+    position_ids; com.microsoft GroupQueryAttention (``seqlens_k`` = ReduceSum(attention_mask) - 1
+    as int32 [batch], ``total_sequence_length`` = Shape(attention_mask)[1] as an int32 scalar,
+    ``do_rotary=1`` with cos/sin caches), SkipSimplifiedLayerNormalization carrying the residual;
+    the first norm is RMSNormalization (ONNX Runtime registers SimplifiedLayerNormalization only
+    in the ai.onnx domain, which onnx.checker rejects), as in ``golden/models/build.py``.
+
+Tied embeddings (``tie_embeddings=True``): the [vocab, hidden] matrix is one initializer, read by
+the Gather and by the LM head (``Gemm(transB=1)`` on the hidden states reshaped to 2-D). Untied,
+``lm_head.weight`` [vocab, hidden] feeds the same Gemm. Other projections are MatMuls on the
+transposed ([in, out]) weight, initializer ``<HF name>.T``, or, when listed in ``int4``,
+com.microsoft MatMulNBits (bits 4) on ``<HF name>.qweight|scales|zero_points``.
+
+Also here: ``random_llama_weights`` (float64, HF naming), ``llama_forward`` (independent float64
+forward, HF semantics), ``quantize_q4_1`` (scale + minimum per block, as llama.cpp's Q4_1, in
+MatMulNBits' layout) and ``ExportSession`` (a batch-1 decode session over any engine's ``run``
+for models of either convention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "CONVENTIONS", "EXPORTER_VERSION", "IR_VERSION", "OPSET", "ExportSession", "Int4Weight", "LlamaConfig",
+    "build_llama_onnx", "dequantize_int4", "llama_forward", "projection_names", "quantize_q4_1",
+    "random_llama_weights", "rope_tables", "weight_names",
+]
+
+EXPORTER_VERSION = "1"
+IR_VERSION = 10
+OPSET = 24
+CONVENTIONS = ("optimum", "genai")
+_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a Llama-architecture decoder (Hugging Face ``LlamaConfig`` terms)."""
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = True
+    max_positions: int = 2048
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab", "max_positions"):
+            if int(getattr(self, f)) <= 0:
+                raise ValueError(f"LlamaConfig.{f} must be positive, got {getattr(self, f)!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig: head_dim={self.head_dim} must be even (rotary halves)")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_LAYER_PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def projection_names(cfg: LlamaConfig) -> list[str]:
+    """The HF names of every per-layer projection weight (the ones ``int4`` may quantize)."""
+    return [f"model.layers.{i}.{p}.weight" for i in range(cfg.n_layers) for p in _LAYER_PROJ]
+
+
+def _shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    h = cfg.hidden
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab, h)}
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "self_attn.q_proj.weight"] = (cfg.q_dim, h)
+        out[p + "self_attn.k_proj.weight"] = (cfg.kv_dim, h)
+        out[p + "self_attn.v_proj.weight"] = (cfg.kv_dim, h)
+        out[p + "self_attn.o_proj.weight"] = (h, cfg.q_dim)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        out[p + "mlp.gate_proj.weight"] = (cfg.d_ff, h)
+        out[p + "mlp.up_proj.weight"] = (cfg.d_ff, h)
+        out[p + "mlp.down_proj.weight"] = (h, cfg.d_ff)
+    out["model.norm.weight"] = (h,)
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = (cfg.vocab, h)
+    return out
+
+
+def weight_names(cfg: LlamaConfig) -> list[str]:
+    """Every weight ``cfg`` needs, in HF naming and a fixed order (no ``lm_head.weight`` when tied)."""
+    return list(_shapes(cfg))
+
+
+# -- weights ------------------------------------------------------------------------------------
+
+def random_llama_weights(cfg: LlamaConfig, seed: int) -> dict[str, np.ndarray]:
+    """float64 weights in HF naming and layout, drawn in ``weight_names`` order from
+    ``numpy.random.default_rng(seed)``. Projections are N(0, 1/fan_in) (q and k twice that scale,
+    for attention of a few units), norms 1 + N(0, 0.1^2), the embedding / LM head N(0, 9/hidden):
+    logits have a spread of a few units."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in _shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            out[name] = rng.standard_normal(shape) * (3.0 / np.sqrt(cfg.hidden))
+        else:
+            gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+            out[name] = rng.standard_normal(shape) * (gain / np.sqrt(shape[1]))
+    return out
+
+
+class Int4Weight(NamedTuple):
+    """A projection in MatMulNBits' 4-bit layout: ``packed`` uint8 [N, K/block, block/2] (low nibble
+    first), ``scales`` [N*K/block], ``zero_points`` float [N*K/block] or None (zero point 8);
+    dequantized ``W[n, k] = (q - zero_point) * scale`` per block of ``block_size`` along K."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    block_size: int
+
+
+def dequantize_int4(q: Int4Weight) -> np.ndarray:
+    """The float64 [N, K] (HF layout) weight an ``Int4Weight`` encodes."""
+    n, nb, half = q.packed.shape
+    if 2 * half != q.block_size:
+        raise ValueError(f"packed shape {q.packed.shape} does not hold blocks of {q.block_size}")
+    vals = np.empty((n, nb, q.block_size), np.float64)
+    vals[..., 0::2] = q.packed & 0x0F
+    vals[..., 1::2] = q.packed >> 4
+    zp = np.full(n * nb, 8.0) if q.zero_points is None else np.asarray(q.zero_points, np.float64)
+    w = (vals - zp.reshape(n, nb, 1)) * np.asarray(q.scales, np.float64).reshape(n, nb, 1)
+    return w.reshape(n, nb * q.block_size)
+
+
+def quantize_q4_1(w: np.ndarray, block: int = 32, dtype: str = "float32") -> Int4Weight:
+    """Quantize ``w`` [N, K] (HF layout) as llama.cpp's Q4_1 does (per block of ``block`` along K:
+    ``d = (max - min) / 15``, ``q = round((x - min) / d)`` clipped to 0..15, ``x ~ d*q + min``) and
+    express it for MatMulNBits: scale ``d``, float zero point ``-min/d``. A constant block
+    (``d == 0``) is stored as q = 0, scale ``min``, zero point -1. ``dtype`` is the stored dtype of
+    scales and zero points (the model's)."""
+    w = np.asarray(w, np.float64)
+    n, k = w.shape
+    if k % block or block % 2:
+        raise ValueError(f"K={k} must be a multiple of the (even) block size {block}")
+    b = w.reshape(n, k // block, block)
+    lo, hi = b.min(axis=2), b.max(axis=2)
+    d = ((hi - lo) / 15.0).astype(dtype).astype(np.float64)
+    m = lo.astype(dtype).astype(np.float64)
+    flat = d == 0
+    safe = np.where(flat, 1.0, d)
+    q = np.where(flat[..., None], 0, np.clip(np.rint((b - m[..., None]) / safe[..., None]), 0, 15)).astype(np.uint8)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    scales = np.where(flat, m, d).astype(dtype)
+    zp = np.where(flat, -1.0, -m / safe).astype(dtype)
+    return Int4Weight(packed, scales.reshape(-1), zp.reshape(-1), block)
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (cos, sin) [max_positions, head_dim/2]: angle ``p * rope_theta^(-2i/head_dim)``."""
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / cfg.head_dim)
+    angles = np.arange(cfg.max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+def _check_weights(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], skip: set[str] = frozenset()) -> None:
+    for name, shape in _shapes(cfg).items():
+        if name in skip:
+            continue
+        if name not in weights:
+            raise KeyError(f"weights: {name!r} is missing (config {cfg})")
+        got = tuple(np.shape(weights[name]))
+        if got != shape:
+            raise ValueError(f"weights: {name!r} has shape {got}, expected {shape} (HF layout [out, in])")
+    if cfg.tie_embeddings and "lm_head.weight" in weights:
+        raise ValueError("weights: lm_head.weight given but tie_embeddings=True (the embedding is the LM head)")
+
+
+# -- the float64 forward ------------------------------------------------------------------------
+
+def llama_forward(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], input_ids) -> np.ndarray:
+    """float64 logits [seq, vocab] of ``input_ids`` ([seq] or [1, seq]) at positions 0..seq-1, no
+    past: Hugging Face Llama semantics, written independently of the ONNX graphs (plain numpy)."""
+    _check_weights(cfg, weights)
+    ids = np.asarray(input_ids, np.int64).reshape(-1)
+    S, H, KV, D = ids.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+
+    def w(name: str) -> np.ndarray:
+        return np.asarray(weights[name], np.float64)
+
+    def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * g
+
+    cos, sin = (t[:S] for t in rope_tables(cfg))
+    cos, sin = np.concatenate((cos, cos), -1), np.concatenate((sin, sin), -1)  # [S, D]
+
+    def rope(x: np.ndarray) -> np.ndarray:  # [n, S, D]: x*cos + rotate_half(x)*sin, rotate_half = [-x2, x1]
+        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        return x * cos + np.concatenate((-x2, x1), -1) * sin
+
+    x = np.asarray(weights["model.embed_tokens.weight"])[ids].astype(np.float64)
+    causal = np.tril(np.ones((S, S), bool))
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        h = rms(x, w(p + "input_layernorm.weight"))
+        q = (h @ w(p + "self_attn.q_proj.weight").T).reshape(S, H, D).transpose(1, 0, 2)
+        k = (h @ w(p + "self_attn.k_proj.weight").T).reshape(S, KV, D).transpose(1, 0, 2)
+        v = (h @ w(p + "self_attn.v_proj.weight").T).reshape(S, KV, D).transpose(1, 0, 2)
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)  # head j reads kv head j // (H/KV)
+        scores = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(D), -np.inf)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        att = (e / e.sum(-1, keepdims=True)) @ v  # [H, S, D]
+        x = x + att.transpose(1, 0, 2).reshape(S, H * D) @ w(p + "self_attn.o_proj.weight").T
+        h = rms(x, w(p + "post_attention_layernorm.weight"))
+        g = h @ w(p + "mlp.gate_proj.weight").T
+        u = h @ w(p + "mlp.up_proj.weight").T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ w(p + "mlp.down_proj.weight").T
+    h = rms(x, w("model.norm.weight"))
+    head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+    return h @ w(head).T
+
+
+# -- the graph ----------------------------------------------------------------------------------
+
+class _Graph:
+    """Nodes and initializers in insertion order; small constants deduplicated by value."""
+
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._consts: dict[tuple, str] = {}
+        self.contrib = False
+
+    def init(self, name: str, value: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def const(self, value, dtype) -> str:
+        a = np.asarray(value, dtype=dtype)
+        key = (a.dtype.str, a.shape, a.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.init(f"const.{len(self._consts)}", a)
+        return self._consts[key]
+
+    def i64(self, value) -> str:
+        return self.const(value, np.int64)
+
+    def op(self, op_type: str, inputs: list[str], name: str, outputs: list[str] | None = None, **attrs: Any):
+        outs = outputs if outputs is not None else [name]
+        domain = attrs.pop("domain", "")
+        if domain == _MS:
+            self.contrib = True
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+
+def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, convention: str,
+                     dtype: str = "float32", int4: Mapping[str, Int4Weight | tuple] | None = None,
+                     position_ids: bool = True, name: str = "llama") -> onnx.ModelProto:
+    """The ONNX decoder of ``cfg`` with ``weights`` (HF naming, float64 or float32) in ``convention``
+    (``optimum`` or ``genai``, see the module docstring), weights and activations in ``dtype``
+    (float32 or float16). ``int4`` maps projection names (``projection_names``) to ``Int4Weight``
+    (or a 4-tuple of the same fields): those become MatMulNBits and their float weight may be absent
+    from ``weights``. ``position_ids`` (optimum only): whether positions are an input. Deterministic."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if convention == "genai" and position_ids:
+        position_ids = False  # the GenAI convention has no position_ids input (GroupQueryAttention derives them)
+    int4 = {k: Int4Weight(*v) for k, v in (int4 or {}).items()}
+    unknown = sorted(set(int4) - set(projection_names(cfg)))
+    if unknown:
+        raise KeyError(f"int4: {unknown[:4]} are not projection weights of this config "
+                       f"(e.g. {projection_names(cfg)[0]!r})")
+    _check_weights(cfg, weights, skip=set(int4))
+    for key, q in int4.items():
+        _check_int4(cfg, key, q)
+
+    odt = _DTYPES[dtype]
+    KV, D, L = cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
+    g = _Graph(dtype)
+
+    def cast(a) -> np.ndarray:
+        return np.asarray(a, np.float64).astype(dtype)
+
+    # initializers: embedding, norms, (lm head), rope caches; projections as they are first used
+    g.init("model.embed_tokens.weight", cast(weights["model.embed_tokens.weight"]))
+    for i in range(L):
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            g.init(f"model.layers.{i}.{n}.weight", cast(weights[f"model.layers.{i}.{n}.weight"]))
+    g.init("model.norm.weight", cast(weights["model.norm.weight"]))
+    head = "model.embed_tokens.weight"
+    if not cfg.tie_embeddings:
+        head = g.init("lm_head.weight", cast(weights["lm_head.weight"]))
+    cos, sin = rope_tables(cfg)
+    g.init("rope.cos_cache", cos.astype(dtype))
+    g.init("rope.sin_cache", sin.astype(dtype))
+
+    def proj(x: str, key: str, node: str) -> str:
+        q = int4.get(key)
+        if q is None:
+            wt = g.init(key + ".T", np.ascontiguousarray(cast(weights[key]).T))
+            return g.op("MatMul", [x, wt], node)
+        n_out, k_in = _shapes(cfg)[key]
+        ins = [g.init(key + ".qweight", q.packed.astype(np.uint8)), g.init(key + ".scales", cast(q.scales))]
+        if q.zero_points is not None:
+            ins.append(g.init(key + ".zero_points", cast(q.zero_points)))
+        return g.op("MatMulNBits", [x] + ins, node, domain=_MS, K=k_in, N=n_out, bits=4, block_size=q.block_size)
+
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])]
+    if position_ids:
+        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]))
+    outputs = [helper.make_tensor_value_info("logits", odt, ["batch_size", "sequence_length", cfg.vocab])]
+    for i in range(L):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", odt,
+                                                        ["batch_size", KV, "past_sequence_length", D]))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", odt,
+                                                         ["batch_size", KV, "total_sequence_length", D]))
+
+    ids_shape = g.op("Shape", ["input_ids"], "ids_shape")  # [B, S]
+    x = g.op("Gather", ["model.embed_tokens.weight", "input_ids"], "embed_tokens", axis=0)
+    scale = float(1.0 / np.sqrt(D))
+    if convention == "optimum":
+        x = _optimum_layers(g, cfg, x, ids_shape, proj, position_ids, scale)
+    else:
+        x = _genai_layers(g, cfg, x, proj, scale)
+
+    # LM head: Gemm(transB=1) on [B*S, hidden] against the [vocab, hidden] matrix, then [B, S, vocab]
+    flat = g.op("Reshape", [x, g.i64([-1, cfg.hidden])], "lm_head/flatten")
+    logits2 = g.op("Gemm", [flat, head], "lm_head/gemm", transB=1)
+    out_shape = g.op("Concat", [ids_shape, g.i64([cfg.vocab])], "lm_head/shape", axis=0)
+    g.op("Reshape", [logits2, out_shape], "lm_head", outputs=["logits"])
+
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.inits)
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(_MS, 1)] if g.contrib else [])
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
+                              producer_name="lockstep.golden.llama_export", producer_version=EXPORTER_VERSION)
+    meta = {"config": cfg.as_dict(), "convention": convention, "dtype": dtype, "position_ids": bool(position_ids),
+            "int4": sorted(int4), "exporter_version": EXPORTER_VERSION}
+    model.doc_string = json.dumps(meta, sort_keys=True)
+    helper.set_model_props(model, {"lockstep.llama.config": json.dumps(cfg.as_dict(), sort_keys=True),
+                                   "lockstep.llama.convention": convention,
+                                   "lockstep.llama.exporter_version": EXPORTER_VERSION})
+    return model
+
+
+def _check_int4(cfg: LlamaConfig, key: str, q: Int4Weight) -> None:
+    n, k = _shapes(cfg)[key]
+    bs = int(q.block_size)
+    if bs < 16 or bs & (bs - 1) or k % bs:
+        raise ValueError(f"int4[{key!r}]: block_size {bs} must be a power of two >= 16 dividing K={k}")
+    if np.asarray(q.packed).dtype != np.uint8 or tuple(np.shape(q.packed)) != (n, k // bs, bs // 2):
+        raise ValueError(f"int4[{key!r}]: packed must be uint8 {(n, k // bs, bs // 2)}, got "
+                         f"{np.asarray(q.packed).dtype}{tuple(np.shape(q.packed))}")
+    for what, a in (("scales", q.scales), ("zero_points", q.zero_points)):
+        if a is not None and np.size(a) != n * (k // bs):
+            raise ValueError(f"int4[{key!r}]: {what} must have N*K/block = {n * (k // bs)} values, got {np.size(a)}")
+
+
+def _rms(g: _Graph, cfg: LlamaConfig, x: str, scale: str, name: str) -> str:
+    return g.op("RMSNormalization", [x, scale], name, axis=-1, epsilon=float(cfg.rms_eps), stash_type=1)
+
+
+def _mlp(g: _Graph, proj: Callable, h: str, p: str, n: str) -> str:
+    gate = proj(h, p + "mlp.gate_proj.weight", f"{n}/mlp/gate_proj")
+    up = proj(h, p + "mlp.up_proj.weight", f"{n}/mlp/up_proj")
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/mlp/gate_sigmoid")], f"{n}/mlp/gate_silu")
+    return proj(g.op("Mul", [act, up], f"{n}/mlp/gated"), p + "mlp.down_proj.weight", f"{n}/mlp/down_proj")
+
+
+def _optimum_layers(g: _Graph, cfg: LlamaConfig, x: str, ids_shape: str, proj: Callable, has_positions: bool,
+                    scale: float) -> str:
+    H, KV, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    # key t is attended by query s (cache index P + s) iff t <= P + s and (mask[b, t] or t == P + s)
+    past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
+                    "mask/past_length", axis=0)
+    seq_len = g.op("Gather", [ids_shape, g.i64(1)], "mask/sequence_length", axis=0)
+    total = g.op("Gather", [g.op("Shape", ["attention_mask"], "mask/mask_shape"), g.i64(1)],
+                 "mask/total_length", axis=0)
+    kpos = g.op("Unsqueeze", [g.op("Range", [g.i64(0), total, g.i64(1)], "mask/key_index"), g.i64([0])],
+                "mask/key_index_row")  # [1, T]
+    qidx = g.op("Range", [past_len, g.op("Add", [past_len, seq_len], "mask/end"), g.i64(1)], "mask/query_index")
+    qpos = g.op("Unsqueeze", [qidx, g.i64([1])], "mask/query_index_col")  # [S, 1]
+    causal = g.op("LessOrEqual", [kpos, qpos], "mask/causal")  # [S, T]
+    itself = g.op("Equal", [kpos, qpos], "mask/self")  # [S, T]
+    keep = g.op("Unsqueeze", [g.op("Cast", ["attention_mask"], "mask/keep_bool", to=TensorProto.BOOL),
+                              g.i64([1, 2])], "mask/keep")  # [B, 1, 1, T]
+    allowed = g.op("And", [causal, g.op("Or", [keep, itself], "mask/keep_or_self")], "mask/allowed")  # [B,1,S,T]
+    if has_positions:
+        positions = "position_ids"
+    else:
+        positions = g.op("Expand", [g.op("Unsqueeze", [qidx, g.i64([0])], "rope/positions_row"), ids_shape],
+                         "rope/positions")  # [B, S]
+
+    def heads(t: str, n: int, name: str) -> str:  # [B, S, n*D] -> [B, n, S, D]
+        r = g.op("Reshape", [t, g.i64([0, 0, n, D])], f"{name}/reshape")
+        return g.op("Transpose", [r], f"{name}/transpose", perm=[0, 2, 1, 3])
+
+    for i in range(cfg.n_layers):
+        p, n = f"model.layers.{i}.", f"layers.{i}"
+        h = _rms(g, cfg, x, p + "input_layernorm.weight", f"{n}/input_layernorm")
+        q = heads(proj(h, p + "self_attn.q_proj.weight", f"{n}/attn/q_proj"), H, f"{n}/attn/q")
+        k = heads(proj(h, p + "self_attn.k_proj.weight", f"{n}/attn/k_proj"), KV, f"{n}/attn/k")
+        v = heads(proj(h, p + "self_attn.v_proj.weight", f"{n}/attn/v_proj"), KV, f"{n}/attn/v")
+        q = g.op("RotaryEmbedding", [q, "rope.cos_cache", "rope.sin_cache", positions], f"{n}/attn/q_rope",
+                 interleaved=0)
+        k = g.op("RotaryEmbedding", [k, "rope.cos_cache", "rope.sin_cache", positions], f"{n}/attn/k_rope",
+                 interleaved=0)
+        att = g.op("Attention", [q, k, v, allowed, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+                   f"{n}/attn/attention", outputs=[f"{n}/attn/attention", f"present.{i}.key", f"present.{i}.value"],
+                   scale=scale)[0]
+        att = g.op("Transpose", [att], f"{n}/attn/merge_transpose", perm=[0, 2, 1, 3])
+        att = g.op("Reshape", [att, g.i64([0, 0, H * D])], f"{n}/attn/merge")
+        x = g.op("Add", [x, proj(att, p + "self_attn.o_proj.weight", f"{n}/attn/o_proj")], f"{n}/attn_residual")
+        h = _rms(g, cfg, x, p + "post_attention_layernorm.weight", f"{n}/post_attention_layernorm")
+        x = g.op("Add", [x, _mlp(g, proj, h, p, n)], f"{n}/mlp_residual")
+    return _rms(g, cfg, x, "model.norm.weight", "norm")
+
+
+def _genai_layers(g: _Graph, cfg: LlamaConfig, x: str, proj: Callable, scale: float) -> str:
+    L = cfg.n_layers
+    mask_sum = g.op("ReduceSum", ["attention_mask", g.i64([1])], "attn_mask/reduce_sum", keepdims=0)
+    seqlens = g.op("Cast", [g.op("Sub", [mask_sum, g.i64(1)], "attn_mask/sub")], "attn_mask/seqlens_k",
+                   to=TensorProto.INT32)  # [B]
+    total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"], "attn_mask/shape"), g.i64(1)],
+                               "attn_mask/total_length", axis=0)],
+                 "attn_mask/total_sequence_length", to=TensorProto.INT32)  # int32 scalar
+    h = _rms(g, cfg, x, "model.layers.0.input_layernorm.weight", "layers.0/input_layernorm")
+    for i in range(L):
+        p, n = f"model.layers.{i}.", f"layers.{i}"
+        q = proj(h, p + "self_attn.q_proj.weight", f"{n}/attn/q_proj")
+        k = proj(h, p + "self_attn.k_proj.weight", f"{n}/attn/k_proj")
+        v = proj(h, p + "self_attn.v_proj.weight", f"{n}/attn/v_proj")
+        att = g.op("GroupQueryAttention",
+                   [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total,
+                    "rope.cos_cache", "rope.sin_cache"], f"{n}/attn/gqa",
+                   outputs=[f"{n}/attn/gqa", f"present.{i}.key", f"present.{i}.value"], domain=_MS,
+                   num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
+                   scale=scale)[0]
+        o = proj(att, p + "self_attn.o_proj.weight", f"{n}/attn/o_proj")
+        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [o, x, p + "post_attention_layernorm.weight"],
+                          f"{n}/post_attention_layernorm",
+                          outputs=[f"{n}/post_attention_layernorm", "", "", f"{n}/attn_residual"], domain=_MS,
+                          epsilon=float(cfg.rms_eps))
+        down = _mlp(g, proj, h, p, n)
+        last = i + 1 == L
+        gamma = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
+        norm = "norm" if last else f"layers.{i + 1}/input_layernorm"
+        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [down, x, gamma], norm,
+                          outputs=[norm, "", "", f"{n}/mlp_residual"], domain=_MS, epsilon=float(cfg.rms_eps))
+    return h
+
+
+# -- decoding through an engine's run ------------------------------------------------------------
+
+class ExportSession:
+    """A batch-1 decode session (``reset``/``forward``/``capture_stats``, lockstep's DecodeSession
+    protocol) over ``run(feeds) -> outputs`` for a model built by ``build_llama_onnx`` (either
+    convention): each step feeds ``input_ids``, an all-ones ``attention_mask`` over every key so
+    far, ``position_ids`` when the graph has them, and the previous step's presents as host arrays.
+    ``forward(ids)`` returns the logits of ``ids`` [len(ids), vocab]."""
+
+    def __init__(self, model: onnx.ModelProto, run: Callable[[dict[str, np.ndarray]], list]):
+        from onnx.helper import tensor_dtype_to_np_dtype
+
+        self.run = run
+        ins = {vi.name: vi for vi in model.graph.input}
+        if "input_ids" not in ins or "attention_mask" not in ins:
+            raise ValueError(f"not an optimum/genai decoder: inputs {list(ins)[:6]}")
+        self.positions = "position_ids" in ins
+        self.pasts = [n for n in ins if n.startswith("past_key_values.")]
+        first = ins[self.pasts[0]].type.tensor_type
+        self.kv_dtype = tensor_dtype_to_np_dtype(first.elem_type)
+        self.kv_heads, self.head_dim = first.shape.dim[1].dim_value, first.shape.dim[3].dim_value
+        self.outputs = [o.name for o in model.graph.output]
+        self.reset()
+
+    def reset(self) -> None:
+        empty = np.zeros((1, self.kv_heads, 0, self.head_dim), self.kv_dtype)
+        self.cache = {p: empty for p in self.pasts}
+        self.position = 0
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        n = len(ids)
+        if n < 1:
+            raise ValueError("forward needs at least one token")
+        feeds = {"input_ids": np.asarray([list(ids)], np.int64),
+                 "attention_mask": np.ones((1, self.position + n), np.int64), **self.cache}
+        if self.positions:
+            feeds["position_ids"] = np.arange(self.position, self.position + n, dtype=np.int64)[None, :]
+        out = dict(zip(self.outputs, self.run(feeds)))
+        self.cache = {p: np.asarray(out["present." + p[len("past_key_values."):]]) for p in self.pasts}
+        self.position += n
+        return np.asarray(out["logits"][0])
+
+    def capture_stats(self):
+        from lockstep.engines.protocol import CaptureStats
+
+        return CaptureStats()
