@@ -22,12 +22,12 @@ if [ "${ORT:-1}" = 1 ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     -d "$tmp" "onnxruntime-gpu==$v"
   whl=$(ls "$tmp"/onnxruntime_gpu-*.whl)
-  (cd .chunks/parts && split -b 40M -d -a 2 "$whl" ort.p)
+  (cd .chunks/parts && split -b 50M -d -a 2 "$whl" ort.p)
   echo "ort $(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >> .chunks/MANIFEST
 fi
 if [ "${SMOLLM2:-1}" = 1 ]; then
   gguf=$(python3 -c "from lockstep.golden.smollm2 import locate_gguf; print(locate_gguf())")
-  (cd .chunks/parts && split -b 40M -d -a 2 "$gguf" gguf.p)
+  (cd .chunks/parts && split -b 50M -d -a 2 "$gguf" gguf.p)
   echo "gguf $(basename "$gguf") $(sha256sum "$gguf" | cut -d' ' -f1)" >> .chunks/MANIFEST
 fi
 i=0

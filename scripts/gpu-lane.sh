@@ -104,7 +104,7 @@ if [ "$ORT_CUDA" = 1 ]; then
   step ort-expect  timeout 200 bash -c "python3 -m lockstep.reference_runtime.node_cases --engine ort-cuda --emit-expectations > '$out/ort-cuda-expectations.toml'"
 fi
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
-step golden        timeout 600 python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -v --engines=$engines --lockstep-report-dir "$out/golden-report"
+step golden        timeout 420 python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
 step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
 step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
 step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
