@@ -15,6 +15,7 @@ import argparse
 import fnmatch
 import os
 import pickle
+import re
 import sys
 import tempfile
 import warnings
@@ -172,7 +173,7 @@ def _engine_version(engine) -> str:
     """What the engine says of its versions (``describe()``), for an expectation's reason."""
     describe = getattr(engine, "describe", None)
     info = describe() if callable(describe) else {}
-    versions = [f"{k} {v}" for k, v in info.items() if any(ch.isdigit() for ch in str(v)) and k != "config"]
+    versions = [f"{k} {v}" for k, v in info.items() if re.fullmatch(r"\d+(\.\d+)+\S*", str(v))]
     return ", ".join(versions) or engine.name
 
 

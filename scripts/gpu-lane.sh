@@ -9,6 +9,7 @@
 #               version than CI's, whose expectations the node suite's ort entries record)
 #   node-suite  ONNX's node cases on ref-sim and ref-cuda (and ort-cuda, ort-cuda-tf32), with a report
 #   ort-expect  ort-cuda's failing node cases as expectation entries to review (with ONNX Runtime CUDA)
+#   ort-divergence where ort-cuda first departs from ort-cpu in the findings' cases (with ONNX Runtime CUDA)
 #   smollm2-build  the SmolLM2 exports from the carried GGUF (with it)
 #   golden      golden token locks, tripwires, capture on/off identity and paging on every engine,
 #               the trained SmolLM2 exports included when their GGUF came along
@@ -66,7 +67,8 @@ fi
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
-  echo "commit: ${LOCKSTEP_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat .whl/COMMIT 2>/dev/null || echo 'unknown (pass LOCKSTEP_COMMIT)')}"
+  # the wheel's commit (scripts/gpu-prepare.sh): the device's copy of .git, if any, may be stale
+  echo "commit: ${LOCKSTEP_COMMIT:-$(cat .whl/COMMIT 2>/dev/null || echo 'unknown (pass LOCKSTEP_COMMIT)')}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cupy, onnx; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), '| onnx', onnx.__version__)"
   python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers(), o.__file__)"
@@ -102,6 +104,12 @@ step node-suite    timeout 330 python3 -m pytest --pyargs lockstep.conformance -
 if [ "$ORT_CUDA" = 1 ]; then
   # every failing or erroring ort-cuda case, as expectation entries to review (not applied here)
   step ort-expect  timeout 200 bash -c "python3 -m lockstep.reference_runtime.node_cases --engine ort-cuda --emit-expectations > '$out/ort-cuda-expectations.toml'"
+fi
+if [ "$ORT_CUDA" = 1 ]; then
+  # the minimal case of each ORT CUDA finding (docs/ort-cuda-findings.md): first node departing from ort-cpu
+  step ort-divergence timeout 150 python3 scripts/ort_first_divergence.py test_attention_causal_boolmask_nan_robustness_expanded \
+    test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded test_attention_local_window_gqa_rank4_mask_expanded \
+    test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded test_attention_4d_fp16 test_max_int16
 fi
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
 step golden        timeout 420 python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
