@@ -42,6 +42,8 @@ diff -rq -x __pycache__ -x README.md $(printf -- '-x %s ' $subs) lockstep "$site
 if [ -n "$stale" ]; then
   echo "the wheel in .whl/ is not this tree (differs:$stale): run scripts/gpu-prepare.sh again" >&2; exit 2
 fi
+# the commit every step reports (bench conditions too): the wheel's, unless given
+export LOCKSTEP_COMMIT=${LOCKSTEP_COMMIT:-$(cat .whl/COMMIT 2>/dev/null || echo unknown)}
 # ONNX Runtime's CUDA build and the SmolLM2 GGUF, when scripts/gpu-chunks.sh's parts were moved
 # into /tmp/parts by the chunk calls: assembled, checked against .whl/CHUNKS, installed/exported.
 ORT_CUDA=0 SMOLLM2=0
@@ -67,8 +69,7 @@ fi
 
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
-  # the wheel's commit (scripts/gpu-prepare.sh): the device's copy of .git, if any, may be stale
-  echo "commit: ${LOCKSTEP_COMMIT:-$(cat .whl/COMMIT 2>/dev/null || echo 'unknown (pass LOCKSTEP_COMMIT)')}"
+  echo "commit: $LOCKSTEP_COMMIT (the wheel's: the device's copy of .git, if any, may be stale)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cupy, onnx; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), '| onnx', onnx.__version__)"
   python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers(), o.__file__)"
