@@ -36,7 +36,9 @@ def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout
         ]
         if mutant:
             cmd.append(f"--lockstep-mutant={mutant}")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # the child selects its device itself: the outer run's requirements are not its own
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+        env["PYTHONUNBUFFERED"] = "1"
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                                   cwd=tests.parent.parent)
@@ -53,6 +55,7 @@ def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list
                 jobs: int | None = None, timeout_s: float = 600, out=sys.stdout) -> int:
     tests = contract_tests_dir()
     extra = extra or []
+    full = not names  # the every-test-kills-a-mutant rule needs the whole catalogue
     names = names or list(MUTANTS)
     unknown = [n for n in names if n not in MUTANTS]
     if unknown:
@@ -92,12 +95,14 @@ def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list
         print(f"  {m:<{width}}  {status:8}  {len(killed_by):2d} test(s): {short}", file=out)
         doc = (MUTANTS[m].__doc__ or "").strip().splitlines()[0]
         print(f"  {'':<{width}}            {doc}", file=out)
-    idle = [t for t, ms in kills.items() if not ms]
+    idle = [t for t, ms in kills.items() if not ms] if full else []
     print("", file=out)
     for t, ms in kills.items():
-        print(f"  {'KILLS NONE' if not ms else 'ok':10}  {t.split('::')[-1]}  <- {', '.join(ms) or '-'}", file=out)
+        tag = ("KILLS NONE" if full else "-") if not ms else "ok"
+        print(f"  {tag:10}  {t.split('::')[-1]}  <- {', '.join(ms) or '-'}", file=out)
     print("", file=out)
     verdict = not survivors and not idle
-    print(f"{'PASS' if verdict else 'FAIL'}: {len(names) - len(survivors)}/{len(names)} mutants killed; "
-          f"{len(kills) - len(idle)}/{len(kills)} contract tests kill at least one mutant", file=out)
+    rule = (f"{len(kills) - len(idle)}/{len(kills)} contract tests kill at least one mutant" if full else
+            "named mutants only: the every-test-kills-one rule is checked on the full catalogue")
+    print(f"{'PASS' if verdict else 'FAIL'}: {len(names) - len(survivors)}/{len(names)} mutants killed; {rule}", file=out)
     return 0 if verdict else 1

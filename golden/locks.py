@@ -52,6 +52,16 @@ class LockResult:
     checked: int = 0
     near_ties: int = 0
     violations: list[dict[str, Any]] = field(default_factory=list)
+    band: float = 0.0
+    positions: list[int] = field(default_factory=list)
+    oracle_margins: list[float] = field(default_factory=list)
+    engine_margins: list[float | None] = field(default_factory=list)  # None: a near-tie, not checked
+
+    def plot_data(self, model: str, engine: str, precision: str) -> dict[str, Any]:
+        """What the report's golden plot needs (lockstep/plots.py)."""
+        return {"model": model, "mode": self.mode, "engine": engine, "precision": precision, "band": self.band,
+                "positions": self.positions, "oracle_margins": self.oracle_margins,
+                "engine_margins": self.engine_margins, "violations": [v["pos"] for v in self.violations]}
 
     @property
     def ok(self) -> bool:
@@ -80,16 +90,19 @@ def teacher_forced_lock(session, snap: dict[str, Any], precision: str, *, stepwi
     context = snap["prompt"] + snap["prefix"]
     band = band_for(snap, precision)
     logits = np.asarray(teacher_force(session, context[:-1], stepwise=stepwise), np.float64)
-    res = LockResult("stepwise" if stepwise else "prefill")
+    res = LockResult("stepwise" if stepwise else "prefill", band=band)
     for entry in snap["positions"]:
-        if entry["margin"] <= band:
-            res.near_ties += 1
-            continue
-        res.checked += 1
         row = logits[entry["pos"]]
         anchor = entry["top1"]
-        others = np.delete(row, anchor)
-        margin = float(row[anchor] - others.max())
+        margin = float(row[anchor] - np.delete(row, anchor).max())
+        res.positions.append(entry["pos"])
+        res.oracle_margins.append(entry["margin"])
+        if entry["margin"] <= band:
+            res.near_ties += 1
+            res.engine_margins.append(None)
+            continue
+        res.checked += 1
+        res.engine_margins.append(round(margin, 6))
         got = int(np.argmax(row))
         if got != anchor:
             res.violations.append({"pos": entry["pos"], "kind": "argmax", "anchor": anchor, "engine": got,

@@ -6,10 +6,28 @@ import argparse
 import sys
 
 
+def _device(name: str) -> str:
+    """A device name that exists and can be built here, or a one-line error."""
+    from lockstep.reference_runtime.backends import DEVICES, available_devices
+
+    if name not in DEVICES:
+        raise CliError(f"--device {name!r}: unknown device; devices: {', '.join(DEVICES)}")
+    ok, why = available_devices()[name]
+    if not ok:
+        raise CliError(f"--device {name}: unavailable here: {why}")
+    return name
+
+
 def _mutants(args: argparse.Namespace) -> int:
     from lockstep.contracts.mutant_runner import run_mutants
+    from lockstep.contracts.mutants import MUTANTS
 
-    return run_mutants(args.device, args.mutant, jobs=args.jobs, timeout_s=args.timeout)
+    unknown = [m for m in args.mutant or [] if m not in MUTANTS]
+    if unknown:
+        raise CliError(f"--mutant: unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}")
+    if args.jobs is not None and args.jobs < 1:
+        raise CliError(f"--jobs {args.jobs}: at least 1")
+    return run_mutants(_device(args.device), args.mutant, jobs=args.jobs, timeout_s=args.timeout)
 
 
 def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -20,7 +38,12 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
 
     import pytest
 
+    from pathlib import Path as _P
+
+    if not _P(args.report_dir).resolve().parent.is_dir():
+        raise CliError(f"--report-dir {args.report_dir}: its parent folder does not exist")
     argv = ["--pyargs", "lockstep.conformance", f"--lockstep-report-dir={args.report_dir}",
+            f"--junitxml={_P(args.report_dir) / 'junit.xml'}",
             # this command imported lockstep before pytest loads its plugin; the suite's test
             # modules are still rewritten, only the plugin's own asserts are not
             "-W", "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"]
@@ -154,12 +177,12 @@ def _golden(args: argparse.Namespace) -> int:
         lines = [f"{name}: {len(diff)} change(s)", *(f"  {line}" for line in diff[:40])]
         if len(diff) > 40:
             lines.append(f"  ... and {len(diff) - 40} more")
-        if not args.dry_run:
+        if not (args.dry_run or args.check):
             lines.append(f"  written: {gm.write(new)}")
         tqdm.write("\n".join(lines))
-    if args.dry_run and changed:
-        print(f"dry run: {changed} snapshot(s) would change; nothing written")
-    return 0
+    if (args.dry_run or args.check) and changed:
+        print(f"{'check' if args.check else 'dry run'}: {changed} snapshot(s) would change; nothing written")
+    return 1 if args.check and changed else 0
 
 
 def _golden_add(args: argparse.Namespace) -> int:
@@ -187,8 +210,31 @@ def _golden_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_merge(args: argparse.Namespace) -> int:
+    """Merge the report.json of several shards into one report (md, json, pictures)."""
+    from lockstep.report import ReportError, merge
+
+    try:
+        paths = merge(args.reports, args.output)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    print(f"merged {len(args.reports)} report(s): {paths['markdown']} and {paths['json']}")
+    return 0
+
+
 def _parity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from lockstep.contracts import parity
+
+    _device(args.device)
+    unknown = [n for n in args.scenario or [] if n not in parity.SCENARIOS]
+    if unknown:
+        raise CliError(f"--scenario: unknown scenario(s) {unknown}; known: {', '.join(sorted(parity.SCENARIOS))}")
+    if args.compare and not Path(args.compare).is_file():
+        raise CliError(f"--compare {args.compare}: no such file (observations written by `lockstep parity --json`)")
+    if args.json and args.json != "-" and not Path(args.json).resolve().parent.is_dir():
+        raise CliError(f"--json {args.json}: the folder does not exist")
 
     argv = ["--device", args.device]
     for s in args.scenario or []:
@@ -208,14 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         from lockstep.contracts.audit import main as audit_main
 
         return audit_main(raw[1:])
+    from lockstep import __version__
+
     ap = argparse.ArgumentParser(prog="lockstep", description="Conformance and correctness suite for CUDA inference runtimes.")
+    ap.add_argument("--version", action="version", version=f"lockstep {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("audit", help="static audit of capture-unsafe synchronisation: "
                    "`lockstep audit [PATHS...] [--format text|json|sarif] [--explain]`", add_help=False)
 
     m = sub.add_parser("mutants", help="run the contract tests against the catalogue of broken runtimes")
     m.add_argument("--device", default="sim", help="device to run on (sim, cupy); default sim")
-    m.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    m.add_argument("--mutant", action="append",
+                   help="only this mutant (repeatable): each named mutant must be killed; the rule that every "
+                        "contract test kills some mutant needs the full catalogue and is not applied")
     m.add_argument("--jobs", type=int, default=None, help="parallel pytest processes (default: CPU count)")
     m.add_argument("--timeout", type=float, default=600, help="seconds allowed per pytest process (default 600)")
     m.set_defaults(func=_mutants)
@@ -248,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument("--model", action="append", help="golden model name (repeatable; default: all)")
     gr.add_argument("--source", default="oracle", help="where anchors come from: only 'oracle' is accepted")
     gr.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+    gr.add_argument("--check", action="store_true",
+                    help="for CI: exit 1 with the diff when any snapshot would change; write nothing")
     gr.add_argument("--dir", help="a folder of snapshots written by `lockstep golden add` (default: lockstep's own)")
     gr.set_defaults(func=_golden)
     ga = gsub.add_parser("add", help="record a golden snapshot for your model from the fp32 oracle")
@@ -263,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     ga.add_argument("--no-crosscheck", action="store_true",
                     help="skip the float64 cross-check on the reference runtime (recorded in the provenance)")
     ga.set_defaults(func=_golden_add)
+
+    r = sub.add_parser("report", help="reports: `lockstep report merge SHARD/report.json ... --output DIR`")
+    rsub = r.add_subparsers(dest="report_command", required=True)
+    rm = rsub.add_parser("merge", help="merge the reports of --lockstep-shard runs into one")
+    rm.add_argument("reports", nargs="+", help="report.json files, one per shard")
+    rm.add_argument("--output", required=True, help="where the merged report goes")
+    rm.set_defaults(func=_report_merge)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from lockstep import expectations
 from lockstep.contracts.mutants import runtime_class
 from lockstep.engines.registry import EngineLoadError, load_engine, registered
 from lockstep.paths import package_path
@@ -65,6 +66,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
     g.addoption("--lockstep-report-dir", default=None,
                 help="write report.json and report.md (per-engine counts, op gaps) here")
+    g.addoption("--lockstep-shard", default=None,
+                help="i/n: run only the i-th of n deterministic shards (by a hash of each test's id), for a "
+                     "CI matrix over machines; merge their reports with `lockstep report merge`")
+    g.addoption("--lockstep-gpus", default=None,
+                help="comma-separated GPU indices for pytest-xdist workers: worker gwN sees only GPU N mod len "
+                     "(CUDA_VISIBLE_DEVICES), one GPU each on a multi-GPU runner")
     g.addoption("--golden-dir", action="append", default=[],
                 help="a folder of golden snapshots written by `lockstep golden add` (repeatable): its models are "
                      "locked next to the built-in ones")
@@ -85,9 +92,37 @@ def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[st
     return names
 
 
+def _shard(raw: str | None) -> tuple[int, int] | None:
+    if not raw:
+        return None
+    try:
+        i, n = (int(x) for x in raw.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--lockstep-shard {raw!r}: expected i/n, e.g. 1/4") from None
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--lockstep-shard {raw}: i must be in 1..n")
+    return i, n
+
+
+def _pin_gpu(config: pytest.Config) -> None:
+    """On an xdist worker, before anything touches CUDA: one GPU of --lockstep-gpus per worker."""
+    raw = config.getoption("--lockstep-gpus")
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if not raw or worker is None:
+        return
+    gpus = _split(raw)
+    if not gpus or not all(g.isdigit() for g in gpus):
+        raise pytest.UsageError(f"--lockstep-gpus {raw!r}: expected GPU indices, e.g. 0,1,2,3")
+    if "cupy" in sys.modules:
+        raise pytest.UsageError("--lockstep-gpus: CuPy was imported before the plugin could pin this worker's GPU")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker.removeprefix("gw")) % len(gpus)]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    _pin_gpu(config)
+    shard = _shard(config.getoption("--lockstep-shard"))
     engine_specs = _split(config.getoption("--engines"))
     # the devices the reference runtime's own tests (runtime contracts, parity) run on: --devices, or
     # those of the reference engines named by --engines, or all when neither is given
@@ -95,7 +130,10 @@ def pytest_configure(config: pytest.Config) -> None:
     selected = _names(config.getoption("--devices"), DEVICES, "--devices", default)
     required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
     mutant = config.getoption("--lockstep-mutant")
-    runtime_class(mutant)  # fail early on an unknown name
+    try:
+        runtime_class(mutant)  # fail early on an unknown name
+    except ValueError as exc:
+        raise pytest.UsageError(f"--lockstep-mutant: {exc}") from None
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.stash[_STATE_KEY] = {
         "selected": selected,
@@ -107,15 +145,51 @@ def pytest_configure(config: pytest.Config) -> None:
         "mutant": mutant,
         "skipped": Counter(),
         "outcomes": {},
+        "shard": shard,
     }
     # Engines named on the command line, or all registered ones when this run is lockstep's suite,
     # load now: a bad one is one usage error up front. Otherwise (a user's own tests that take the
     # `engine` fixture) they load when a test first needs one.
-    if engine_specs or _runs_lockstep_suite(config):
+    suite = _runs_lockstep_suite(config)
+    if engine_specs or suite:
         try:
             config.stash[_STATE_KEY]["engine_objs"] = _load(engine_specs or list(registered()))
         except EngineLoadError as exc:
             raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
+    _check_required(config, selected, required)
+    if suite:
+        from lockstep.paths import CacheDirError, cache_dir
+
+        try:
+            cache_dir()
+        except CacheDirError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+def _check_required(config: pytest.Config, devices: list[str], required_devices: list[str]) -> None:
+    """LOCKSTEP_REQUIRE_ENGINES / _DEVICES, once, at session start: each must be selected and
+    available here, else one line and a non-zero exit (a lane that must have them fails closed)."""
+    st = _state(config)
+    problems = []
+    for name in required_devices:
+        if name not in devices:
+            problems.append(f"LOCKSTEP_REQUIRE_DEVICES names {name}, which --devices does not select ({','.join(devices)})")
+        else:
+            ok, why = available_devices()[name]
+            if not ok:
+                problems.append(f"LOCKSTEP_REQUIRE_DEVICES: device {name} is unavailable here: {why}")
+    if st["required_engines"]:
+        engines = _engines(config)
+        for name in st["required_engines"]:
+            if name not in engines:
+                problems.append(f"LOCKSTEP_REQUIRE_ENGINES names {name}, which is not selected "
+                                f"(engines: {', '.join(engines)})")
+            else:
+                ok, why = engines[name].available()
+                if not ok:
+                    problems.append(f"LOCKSTEP_REQUIRE_ENGINES: engine {name} is unavailable here: {why}")
+    if problems:
+        raise pytest.UsageError("; ".join(problems))
 
 
 def _state(config: pytest.Config) -> dict:
@@ -243,67 +317,87 @@ def ref_engine(request: pytest.FixtureRequest, ref_engine_name: str) -> RefEngin
     return _usable(request, ref_engine_name)
 
 
-def _read_expectations(path: Path, engine: str | None = None) -> list[dict]:
-    """``[[expect]]`` entries of one file; in an engine's own file ``engine`` defaults to its name."""
-    import tomllib
-
-    try:
-        entries = tomllib.loads(path.read_text()).get("expect", [])
-    except (tomllib.TOMLDecodeError, OSError) as exc:
-        raise pytest.UsageError(f"{path}: not a readable TOML expectations file: {exc}") from None
-    problems = []
-    for n, e in enumerate(entries):
-        if engine is not None:
-            e.setdefault("engine", engine)
-            if e["engine"] != engine:
-                problems.append(f"entry {n}: engine {e['engine']!r} in the expectations of engine {engine!r}")
-        missing = [k for k in ("engine", "pattern", "kind", "reason") if not e.get(k)]
-        if missing or e.get("kind") not in ("xfail", "skip"):
-            problems.append(f"entry {n}: needs engine, pattern, kind (xfail|skip) and reason; got {e}")
-        e["file"] = str(path)
-    if problems:
-        raise pytest.UsageError(f"{path}:\n  " + "\n  ".join(problems))
-    return entries
+def _expectations(config: pytest.Config) -> list:
+    """Every entry that applies here: the expectations file (``--lockstep-expectations``, default the
+    packaged one) and each selected engine's own file."""
+    st = _state(config)
+    if st.get("expect") is None:
+        given = config.getoption("--lockstep-expectations")
+        path = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
+        if given and not path.is_file():
+            raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
+        try:
+            entries = expectations.load(path) if path.is_file() else []
+            for name, eng in _engines(config).items():
+                own = getattr(eng, "expectations", None)
+                if own is not None:
+                    entries += expectations.load(Path(os.fspath(own)), name)
+        except expectations.ExpectationsError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        st["expect"] = [e for e in entries if expectations.applies(e)]
+    return st["expect"]
 
 
 def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark node-suite items as expected (strict xfails, skips): entries of the expectations file
-    (``--lockstep-expectations``, default the packaged one, which covers the built-in engines) and of
-    each selected engine's own ``expectations`` file. An entry for a selected engine that matches
-    no case is stale: a usage error."""
-    import fnmatch
-
-    given = config.getoption("--lockstep-expectations")
-    path = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
-    if given and not path.is_file():
-        raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
-    suite = [it for it in items if it.get_closest_marker("node_suite") is not None]
-    if not suite:
+    """Mark engine tests as expected: strict xfails and skips as markers; expected-unsupported
+    entries are remembered per item (``pytest_runtest_makereport`` fails a case that newly cannot
+    run). An entry of a selected engine that matches no case is stale: a usage error."""
+    engine_items = [it for it in items if getattr(it, "callspec", None) is not None
+                    and it.callspec.params.get("engine_name") is not None]
+    if not engine_items:
         return
+    st = _state(config)
     engines = _engines(config)
-    entries = _read_expectations(path) if path.is_file() else []
-    for name, eng in engines.items():
-        own = getattr(eng, "expectations", None)
-        if own is not None:
-            entries += _read_expectations(Path(os.fspath(own)), name)
-    from lockstep.reference_runtime.node_cases import load_cases
+    entries = [e for e in _expectations(config) if e.engine in engines]
+    keys = {}
+    for it in engine_items:
+        keys[it.nodeid] = (it.callspec.params["engine_name"], expectations.test_key(it, it.callspec.params["engine_name"]))
+    if any(it.get_closest_marker("node_suite") for it in engine_items):
+        from lockstep.reference_runtime.node_cases import load_cases
 
-    universe = [c.name for c in load_cases()]  # every case, whatever -k or node ids selected
-    stale = [e for e in entries if e["engine"] in engines and not fnmatch.filter(universe, e["pattern"])]
+        universe = {c.name for c in load_cases()}  # every case, whatever -k or node ids selected
+    else:
+        universe = set()
+    collected = {k for _, k in keys.values()}
+    functions = {k.split("[")[0] for k in collected}
+    stale = []
+    for e in entries:
+        for pat in e.patterns:
+            if "[" in pat:  # a test function's key: judged when that function was collected
+                if pat.split("[")[0] in functions and not expectations.filter_keys(collected, pat):
+                    stale.append((e, pat))
+            elif universe and not expectations.filter_keys(universe, pat):
+                stale.append((e, pat))
     if stale:
         raise pytest.UsageError("node-suite expectations: entries matching no case (delete them): "
-                                + "; ".join(f"{e['file']}: {e['engine']} {e['pattern']}" for e in stale))
-    for it in suite:
-        eng, name = it.callspec.params.get("engine_name"), it.callspec.params["case"].name
+                                + "; ".join(f"{e.file}: {e.engine} {pat}" for e, pat in stale[:20])
+                                + (f"; ... and {len(stale) - 20} more" if len(stale) > 20 else ""))
+    unsupported = st.setdefault("expected_unsupported", {})
+    for it in engine_items:
+        engine, key = keys[it.nodeid]
         for e in entries:
-            if e["engine"] == eng and fnmatch.fnmatch(name, e["pattern"]):
-                mark = (pytest.mark.xfail(strict=True, reason=e["reason"]) if e["kind"] == "xfail"
-                        else pytest.mark.skip(reason=e["reason"]))
-                it.add_marker(mark)
-                break
+            if not e.matches(engine, key):
+                continue
+            if e.kind == "unsupported":
+                unsupported[it.nodeid] = e
+            elif e.kind == "xfail":
+                it.add_marker(pytest.mark.xfail(strict=True, reason=e.reason))
+            else:
+                it.add_marker(pytest.mark.skip(reason=e.reason))
+            break
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = _state(config)["shard"]
+    if shard is not None:  # deterministic: the same test id lands in the same shard on every machine
+        import zlib
+
+        i, n = shard
+        keep = [it for it in items if zlib.crc32(it.nodeid.encode()) % n == i - 1]
+        dropped = [it for it in items if zlib.crc32(it.nodeid.encode()) % n != i - 1]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
     _apply_expectations(config, items)
     problems = []
     for item in items:
@@ -370,20 +464,90 @@ def make_runtime(request: pytest.FixtureRequest, device):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
-    report = yield
-    m = item.get_closest_marker("contract")
-    if m is not None and m.args:
-        report.user_properties.append(("contract", m.args[0]))
-    if report.when == "setup":
+    """Properties every report of a lockstep test carries (and JUnit XML as <properties>): engine,
+    the op a node case is about, the test's expectation key, its lockstep markers, its contract."""
+    if call.when == "setup" and not any(k == "engine" for k, _ in item.user_properties):
+        props = []
+        m = item.get_closest_marker("contract")
+        if m is not None and m.args:
+            props.append(("contract", m.args[0]))
         params = getattr(getattr(item, "callspec", None), "params", {})
         who = params.get("engine_name") or params.get("ref_engine_name")
         if not who and params.get("device_name"):
             who = ENGINE_OF_DEVICE.get(params["device_name"], params["device_name"])
-        report.user_properties.append(("engine", who or "-"))
+        props.append(("engine", who or "-"))
+        markers = sorted({mk.name for mk in item.iter_markers()} & {m.split("(")[0].split(":")[0] for m in MARKERS})
+        if markers:
+            props.append(("markers", ",".join(markers)))
         case = params.get("case")
         if case is not None and hasattr(case, "model"):
-            report.user_properties.append(("ops", sorted(_op_types(case.model))))
+            props.append(("ops", sorted(_op_types(case.model))))
+            props.append(("op", case_op(case)))
+        if params.get("engine_name"):
+            props.append(("key", expectations.test_key(item, params["engine_name"])))
+        item.user_properties.extend(props)
+    report = yield
+    if call.when == "setup":
+        report.user_properties = list(item.user_properties)
+    _fail_closed(item, report)
     return report
+
+
+UNSUPPORTED = "unsupported: "
+
+
+def _skip_reason(report) -> str:
+    msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return msg.removeprefix("Skipped: ")
+
+
+def _fail_closed(item: pytest.Item, report) -> None:
+    """An engine test that newly cannot run (an ``unsupported:`` skip no entry expects) fails;
+    one an entry expects unsupported that ran is recorded as newly running."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    engine = params.get("engine_name")
+    if engine is None or report.when not in ("setup", "call"):
+        return
+    st = _state(item.config)
+    expected = st.get("expected_unsupported", {}).get(item.nodeid)
+    if report.skipped and not hasattr(report, "wasxfail"):
+        why = _skip_reason(report)
+        if why.startswith(UNSUPPORTED) and expected is None:
+            key = expectations.test_key(item, engine)
+            detail = why[len(UNSUPPORTED):]
+            report.outcome = "failed"
+            report.longrepr = (
+                f"lockstep: {engine} newly cannot run {key}: {detail}\n"
+                f"  (fail closed: a case an engine cannot run must be expected; if this is intended, record it in "
+                f"the engine's expectations:\n  [[expect]]\n  engine = \"{engine}\"\n  kind = \"unsupported\"\n"
+                f"  reason = \"{expectations.reason_class(detail, [engine])}\"\n  patterns = [\"{key}\"])")
+            report.user_properties.append(("newly_unsupported", key))
+    elif report.when == "call" and report.passed and expected is not None:
+        report.user_properties.append(("newly_runs", expectations.test_key(item, engine)))
+
+
+_CASES: dict = {}
+
+
+def case_op(case) -> str:
+    """The operator a node case is about: its one node's op, the op of its unexpanded twin
+    (``test_x_expanded`` -> ``test_x``), else the node whose op type is named in the case."""
+    import onnx
+
+    from lockstep.reference_runtime.node_cases import load_cases
+
+    m = onnx.load_from_string(case.model)
+    if len(m.graph.node) == 1:
+        return m.graph.node[0].op_type
+    base = case.name.split("_expanded")[0]
+    if base != case.name:
+        global _CASES
+        _CASES = _CASES or {c.name: c for c in load_cases()}
+        if base in _CASES:
+            return case_op(_CASES[base])
+    flat = case.name.replace("_", "").lower()
+    named = [n.op_type for n in m.graph.node if n.op_type.lower() in flat]
+    return max(named, key=len) if named else (m.graph.node[0].op_type if m.graph.node else "?")
 
 
 def _op_types(model_bytes: bytes) -> set[str]:
@@ -406,21 +570,43 @@ class _OutcomeRecorder:
             report.nodeid, {"outcome": "passed", "contract": props.get("contract"), "engine": props.get("engine"),
                             "ops": props.get("ops", [])}
         )
-        if "tripwire" in props:
-            entry["tripwire"] = json.loads(props["tripwire"])
-            st.setdefault("tripwires", []).append(entry["tripwire"])
+        for key in ("op", "key", "precision"):
+            if key in props:
+                entry[key] = props[key]
+        if report.when == "call":  # properties recorded by the test arrive with every later report too
+            for key in ("tripwire", "golden"):
+                if key in props and key not in entry:
+                    entry[key] = json.loads(props[key])
+                    if key == "tripwire":
+                        st.setdefault("tripwires", []).append(entry[key])
+            for key in ("newly_runs", "newly_unsupported"):
+                if key in props:
+                    entry[key] = props[key]
+                    st.setdefault(key, []).append((entry.get("engine"), props[key]))
         if report.failed:
+            if entry["outcome"] != "failed":
+                entry["message"] = _first_line(report)
             entry["outcome"] = "failed"
         elif hasattr(report, "wasxfail"):
             entry["outcome"] = "xfailed"
         elif report.skipped and entry["outcome"] == "passed":
             entry["outcome"] = "skipped"
-            msg = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            msg = msg.removeprefix("Skipped: ")
+            msg = _skip_reason(report)
             entry["reason"] = msg
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
                 st["skipped"][(name, reason)] += 1
+
+
+def _first_line(report) -> str:
+    """The first line that says what failed: the assertion's message, or the exception."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("assert ", "+", "where")):
+            return line[:300]
+    return text.strip()[:300]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -453,16 +639,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(_state(config).get("exitstatus", 1))
 
 
-def _reason_class(why: str, engines) -> str:
-    """Group per-case reasons: 'no kernel for ai.onnx::Loop' -> itself; node names are dropped."""
-    if "no kernel for" in why:
-        return "no kernel for " + why.split("no kernel for ", 1)[1].split(";")[0].split(" (")[0]
-    parts = why.split(": ")
-    if parts[0] in engines:
-        parts = parts[1:]
-    return parts[0][:100] if parts else why[:100]
-
-
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
     if st["mutant"]:
@@ -476,12 +652,24 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                 f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
                 yellow=t["near_tie"], red=not t["near_tie"],
             )
+    for key, title, colour in (("newly_unsupported", "engine tests that newly cannot run (FAILED: record them or fix)",
+                                "red"), ("newly_runs", "expected-unsupported cases that now run (delete their entries)",
+                                         "green")):
+        rows = st.get(key) or []
+        if rows:
+            terminalreporter.section(f"lockstep: {title}")
+            by_engine: dict[str, list[str]] = {}
+            for engine, k in rows:
+                by_engine.setdefault(engine, []).append(k)
+            for engine, ks in sorted(by_engine.items()):
+                terminalreporter.write_line(f"{engine}: {len(ks)}: {', '.join(sorted(ks)[:12])}"
+                                            + (" ..." if len(ks) > 12 else ""), **{colour: True})
     unsupported: dict[str, Counter] = {}
     for o in st["outcomes"].values():
         reason = o.get("reason") or ""
         if o.get("outcome") == "skipped" and reason.startswith("unsupported: "):
             engine, _, why = reason[len("unsupported: "):].partition(": ")
-            unsupported.setdefault(engine, Counter())[_reason_class(why, unsupported.keys() | {engine})] += 1
+            unsupported.setdefault(engine, Counter())[expectations.reason_class(why, unsupported.keys() | {engine})] += 1
     if unsupported:
         terminalreporter.section("lockstep: cases an engine reported it cannot run (skipped, by reason)")
         for engine, reasons in sorted(unsupported.items()):

@@ -35,7 +35,8 @@ ENGINE_OF_DEVICE = {"sim": "ref-sim", "cupy": "ref-cuda"}
 
 class RefEngine:
     """The reference runtime on a device: ``sim`` (ref-sim) or ``cupy`` (ref-cuda). ``config`` is the
-    runtime configuration of every runtime it builds (default: read from the environment once, here)."""
+    runtime configuration of every runtime it builds (default: ``RuntimeConfig.from_env()``, read
+    once, here: ``LOCKSTEP_SYNC_DEBUG``, ``LOCKSTEP_DEFER_EAGER_SYNC``, ``LOCKSTEP_VRAM_LIMIT``)."""
 
     precision = {"float32": "fp32", "float16": "fp16"}  # fp16 products accumulate in fp32 (kernels._linalg)
 
@@ -44,7 +45,7 @@ class RefEngine:
             raise ValueError(f"no reference engine for device {device!r}; engines: {ENGINE_OF_DEVICE}")
         self.device_name = device
         self.name = ENGINE_OF_DEVICE[device]
-        self.config = config if config is not None else RuntimeConfig()
+        self.config = config if config is not None else RuntimeConfig.from_env()
         self._device: Any = None
 
     def available(self) -> tuple[bool, str]:

@@ -150,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts: dict[str, int] = {}
     show = set(args.show.split(","))
-    for case in load_cases():
-        if args.match and not any(fnmatch.fnmatch(case.name, p) for p in args.match):
-            continue
+    cases = [c for c in load_cases() if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
+    if not cases:
+        print(f"error: --match {args.match}: no node case matches (onnx {onnx.__version__} has {len(load_cases())})",
+              file=sys.stderr)
+        return 2
+    for case in cases:
         out = run_case(engine, case)
         counts[out.status] = counts.get(out.status, 0) + 1
         if args.emit_expectations:

@@ -117,3 +117,141 @@ def test_a_malformed_allowlist_is_a_usage_error(tmp_path):
     allow = tmp_path / "allow.toml"
     allow.write_text('[[allow]]\nfile = "x.py"\n')
     assert main([str(FIXTURES / "ok_guarded.py"), "--allowlist", str(allow)]) == 2
+
+
+# -- locations relative to the user's repository (--root), SARIF against the official schema -------
+SARIF_SCHEMA = Path(__file__).resolve().parent / "fixtures" / "sarif-2.1.0.schema.json"
+# tests/fixtures/sarif-2.1.0.schema.json is the OASIS SARIF 2.1.0 schema (errata01, JSON Schema
+# draft-04), vendored unchanged from github.com/oasis-tcs/sarif-spec, sarif-2.1/schema/
+# sarif-schema-2.1.0.json at commit e0583813964ec43cea53b6b531b402866095ed1f (last changed in
+# a560296ca8c921f3bdb8d4a8db57ab83dae968a7); sha256 c3b4bb2d...cb4212a2682e.
+
+
+def _user_repo(tmp_path: Path, pattern: str, name: str = "their repo") -> Path:
+    """A user's repository: their kernels under src/ (copies of the fixtures), elsewhere than lockstep."""
+    repo = tmp_path / name  # a space: URIs must be encoded
+    (repo / "src" / "kernels").mkdir(parents=True)
+    for p in FIXTURES.glob(pattern):
+        (repo / "src" / "kernels" / p.name).write_text(p.read_text())
+    return repo
+
+
+def _sarif_errors(doc: dict) -> list[str]:
+    jsonschema = pytest.importorskip("jsonschema", reason="the test extra brings jsonschema")
+    schema = json.loads(SARIF_SCHEMA.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def _locations(doc: dict) -> list[dict]:
+    return [loc["physicalLocation"] for r in doc["runs"][0]["results"] for loc in r["locations"]]
+
+
+@pytest.mark.parametrize("case", ["clean", "findings"])
+def test_sarif_validates_against_the_sarif_2_1_0_schema_with_locations_in_the_users_repository(
+        tmp_path, monkeypatch, case):
+    from urllib.parse import unquote, urlsplit
+
+    repo = _user_repo(tmp_path, "ok_*.py" if case == "clean" else "bad_*.py")
+    allow = repo / "lockstep-allow.toml"
+    allow.write_text("" if case == "clean" else
+                     '[[allow]]\nfile = "src/kernels/bad_float_of_device_scalar.py"\nfunction = "_compute"\n'
+                     'call = "x.item()"\nreason = "matches nothing: a stale entry"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # --root, not the working directory, says where the repository is
+    out = repo / "reports" / "audit.sarif"
+    out.parent.mkdir()
+    rc = main([str(repo / "src"), "--allowlist", str(allow), "--format", "sarif", "--root", str(repo),
+               "--output", str(out)])
+    doc = json.loads(out.read_text())
+    assert _sarif_errors(doc) == [], "contract: the SARIF is valid SARIF 2.1.0 (the OASIS schema)"
+    assert _sarif_errors({**doc, "version": "2.0.0", "runs": [{"results": []}]}), "the validation is not vacuous"
+    run = doc["runs"][0]
+    assert run["originalUriBaseIds"]["SRCROOT"]["uri"] == repo.resolve().as_uri() + "/"
+    if case == "clean":
+        assert rc == 0 and run["results"] == []
+        return
+    assert rc == 1
+    for loc in _locations(doc):
+        uri = loc["artifactLocation"]["uri"]
+        assert loc["artifactLocation"].get("uriBaseId") == "SRCROOT" and not urlsplit(uri).scheme, uri
+        assert (repo / unquote(uri)).is_file() and not uri.startswith("/"), uri
+    by_rule: dict[str, list] = {}
+    for r in run["results"]:
+        by_rule.setdefault(r["ruleId"], []).append(r)
+        assert run["tool"]["driver"]["rules"][r["ruleIndex"]]["id"] == r["ruleId"]
+    planted = {(f"src/kernels/{p.name}", line) for p in FIXTURES.glob("bad_*.py") for line in _marked_lines(p)}
+    found = {(r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"],
+              r["locations"][0]["physicalLocation"]["region"]["startLine"]) for r in by_rule["capture-unsafe-sync"]}
+    assert found == planted, "each planted violation at its file (relative to the root) and line"
+    (stale,) = by_rule["stale-allowlist"]
+    where = stale["locations"][0]["physicalLocation"]
+    assert where["artifactLocation"]["uri"] == "lockstep-allow.toml" and where["region"]["startLine"] == 4, (
+        "a stale entry is located in the allowlist, at the entry, where it is to be removed")
+
+
+def test_the_default_root_is_the_working_directory_when_the_paths_lie_under_it(tmp_path, monkeypatch, capsys):
+    repo = _user_repo(tmp_path, "bad_float_of_device_scalar.py")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.chdir(repo)
+    assert main(["src", "--allowlist", str(empty), "--format", "sarif"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runs"][0]["originalUriBaseIds"]["SRCROOT"]["uri"] == repo.resolve().as_uri() + "/"
+    assert [loc["artifactLocation"]["uri"] for loc in _locations(doc)] == ["src/kernels/bad_float_of_device_scalar.py"]
+    # text and json too, relative to the root they are given (another copy: the audit's parse cache
+    # keeps a file's path as first given, relative to the directory it was given from)
+    repo = _user_repo(tmp_path, "bad_float_of_device_scalar.py", "second repo")
+    monkeypatch.chdir(repo / "src")
+    assert main(["kernels", "--allowlist", str(empty), "--root", "..", "--format", "json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["root"] == str(repo.resolve())
+    assert data["findings"][0]["file"] == "src/kernels/bad_float_of_device_scalar.py"
+    assert main(["kernels", "--allowlist", str(empty)]) == 1
+    assert capsys.readouterr().out.startswith("kernels/bad_float_of_device_scalar.py:9:13: d2h:")
+
+
+def test_files_outside_the_root_are_named_by_absolute_path(tmp_path):
+    from lockstep.contracts.audit import Locations
+
+    inside, outside = tmp_path / "repo" / "a.py", tmp_path / "other" / "b.py"
+    for p in (inside, outside):
+        p.parent.mkdir()
+        p.write_text("")
+    where = Locations(tmp_path / "repo", {"a.py": inside, "b.py": outside})
+    assert where.artifact("a.py") == {"uri": "a.py", "uriBaseId": "SRCROOT"}
+    assert where.artifact("b.py") == {"uri": outside.resolve().as_uri()}, "no relative URI climbing out of SRCROOT"
+    assert where.name("a.py") == "a.py" and where.name("b.py") == str(outside.resolve())
+
+
+def test_lockstep_own_tree_keeps_its_tree_relative_names(tmp_path, monkeypatch, capsys):
+    from lockstep.contracts.audit import ROOT
+
+    monkeypatch.chdir(tmp_path)  # from anywhere: no PATHS, lockstep's own tree, named from its root
+    assert main(["--format", "sarif"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert _sarif_errors(doc) == [] and doc["runs"][0]["originalUriBaseIds"]["SRCROOT"]["uri"] == ROOT.as_uri() + "/"
+    monkeypatch.chdir(ROOT)
+    assert main(["--format", "json", "--explain"]) == 0
+    files = {s["file"] for s in json.loads(capsys.readouterr().out)["sites"]}
+    assert "reference_runtime/executor.py" in files or "reference_runtime/runtime.py" in files, sorted(files)
+    assert all(not f.startswith("/") for f in files), sorted(files)
+
+
+def test_usage_errors_of_root_and_output_are_one_line(tmp_path, capsys):
+    ok = str(FIXTURES / "ok_guarded.py")
+    assert main([ok, "--root", str(tmp_path / "no-such-repo")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep audit: error: --root ") and "no such directory" in err and err.count("\n") == 1
+    assert main([ok, "--root", ok]) == 2 and "not a directory" in capsys.readouterr().err
+    missing = tmp_path / "no-such-folder" / "audit.sarif"
+    assert main([ok, "--format", "sarif", "--output", str(missing)]) == 2, "contract: no traceback, exit 2"
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep audit: error: --output ") and "does not exist" in err and err.count("\n") == 1
+    assert not missing.parent.exists()
+    assert main([ok, "--output", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
+    assert main([ok, "--allowlist", str(tmp_path / "missing.toml")]) == 2
+    assert "missing.toml: no such file" in capsys.readouterr().err

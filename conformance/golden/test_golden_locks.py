@@ -45,6 +45,7 @@ def test_teacher_forced_lock(engine, golden_model, mode, record_property):
     golden_model.check_provenance(snap)
     session, precision = _session(engine, golden_model, record_property)
     res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise")
+    record_property("golden", json.dumps(res.plot_data(golden_model.name, engine.name, precision)))
     assert res.checked > 0, "result: the lock checked no position (every position a near-tie?)"
     assert not res.violations, (f"result: {engine.name} ({precision}) breaks the lock on {golden_model.name} "
                                 f"({mode}): {res.describe()}; the first ones: {res.violations[:4]}")

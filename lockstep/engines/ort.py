@@ -76,6 +76,10 @@ class OrtEngine:
         except Exception as exc:
             return False, f"onnxruntime is not importable: {exc!r}"
         ort.set_default_logger_severity(4)
+        try:  # no telemetry from a test run (a no-op on Linux builds; Windows builds send events)
+            ort.disable_telemetry_events()
+        except AttributeError:
+            pass
         if self.provider not in ort.get_available_providers():
             return False, f"onnxruntime {ort.__version__} has no {self.provider}"
         probe = onnx.helper.make_model(

@@ -27,7 +27,8 @@ __all__ = ["ExampleEngine", "make_engine", "make_buggy_engine"]
 
 # The operators this runtime implements (domain, op type): those of lockstep's golden models.
 SUPPORTED = {("ai.onnx", op) for op in (
-    "Add", "Attention", "Cast", "Concat", "Equal", "Expand", "Gather", "LessOrEqual", "MatMul", "Mul", "Neg",
+    "Add", "And", "Attention", "Cast", "Concat", "Equal", "Expand", "Gather", "Gemm", "LessOrEqual", "MatMul", "Mul",
+    "Neg", "Or",
     "RMSNormalization", "Range", "Reciprocal", "ReduceMean", "ReduceSum", "Reshape", "RotaryEmbedding", "Shape",
     "Sigmoid", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "TensorScatter", "Transpose", "Unsqueeze", "Where",
 )} | {("com.microsoft", op) for op in ("GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization")}
@@ -93,44 +94,40 @@ class ExampleEngine:
 
         return run
 
-    def decoder(self, model: onnx.ModelProto, *, capture: bool = False) -> "ExampleDecoder":
+    def decoder(self, model: onnx.ModelProto, *, capture: bool = False, io=None) -> "ExampleDecoder":
+        """``io`` (lockstep.decoder_io.DecoderIO) says which input plays which role and builds each
+        step's ids, mask and positions; lockstep passes it (detected, or from a model card)."""
         if capture:
             raise Unsupported(f"{self.name}: this runtime has no graph capture")
-        return ExampleDecoder(self._session(model), position_bug=self.position_bug)
+        from lockstep.decoder_io import DecoderIO
+
+        return ExampleDecoder(self._session(model), io or DecoderIO.of(model), position_bug=self.position_bug)
 
 
 class ExampleDecoder:
-    """Prefill and one-token steps with the KV cache in numpy arrays (lockstep's decoder I/O:
-    input_ids, position_ids, past_key_values.{l}.key|value -> logits, present.{l}.key|value)."""
+    """Prefill and one-token steps with the KV cache in numpy arrays, feeding whatever roles the
+    model has (Optimum, GenAI or lockstep's own convention) through ``io.step_feeds``."""
 
-    def __init__(self, sess, *, position_bug: bool):
+    def __init__(self, sess, io, *, position_bug: bool):
         self.sess = sess
+        self.io = io
         self.position_bug = position_bug
-        self.pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
         self.outputs = [o.name for o in sess.get_outputs()]
         self.reset()
 
     def reset(self) -> None:
-        def zeros(i):
-            _, heads, capacity, head_dim = i.shape
-            capacity = capacity if isinstance(capacity, int) else 0  # a growing cache starts empty
-            dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[i.type]
-            return np.zeros((1, heads, capacity, head_dim), dtype)
-
-        self.cache = {i.name: zeros(i) for i in self.pasts}
+        self.cache = {p: self.io.empty_cache() for p in self.io.pasts}
         self.position = 0
 
     def forward(self, ids) -> np.ndarray:
-        n = len(ids)
-        start = self.position
-        if self.position_bug and n == 1 and self.position > 1:
-            start += 1  # the planted bug: the incremental path's position bookkeeping is off by one
-        feeds = {"input_ids": np.asarray([list(ids)], np.int64),
-                 "position_ids": np.arange(start, start + n, dtype=np.int64)[None, :], **self.cache}
-        out = dict(zip(self.outputs, self.sess.run(None, feeds)))
-        self.cache = {p: out[p.replace("past_key_values.", "present.")] for p in self.cache}
-        self.position += n
-        return out["logits"][0]
+        feeds = self.io.step_feeds(ids, self.position)
+        if self.position_bug and len(ids) == 1 and self.position > 1 and self.io.position_ids:
+            # the planted bug: the incremental path's position bookkeeping is off by one
+            feeds[self.io.position_ids] = feeds[self.io.position_ids] + 1
+        out = dict(zip(self.outputs, self.sess.run(None, {**feeds, **self.cache})))
+        self.cache = {p: out[self.io.present_of[p]] for p in self.io.pasts}
+        self.position += len(ids)
+        return out[self.io.logits][0]
 
     def capture_stats(self) -> CaptureStats:
         return CaptureStats()  # no capture: all zeros

@@ -1,0 +1,162 @@
+"""lockstep as a required check that fails closed and says what failed: a kernel dropped from the
+registry fails the suite; an expected-unsupported case that runs is reported; a required engine
+absent or unselected is one line and a non-zero exit; a usage error prints no report; the report
+names failures, versions and commit, JUnit carries engine/op/marker properties, the step summary
+gets the report; shards merge; xdist workers are pinned to GPUs; regenerate --check fails on drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lockstep.golden.anchors as anchors
+from lockstep.cli import main
+from lockstep.kernels.registry import Registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+    env.update(extra)
+    return env
+
+
+def _lockstep(args, cwd, **env):
+    proc = subprocess.run([sys.executable, "-m", "lockstep", *args], cwd=cwd, env=_env(**env), capture_output=True,
+                          text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_a_kernel_removed_from_the_registry_fails_the_suite(pytester, monkeypatch):
+    """The issue's case: Sigmoid dropped from the registry turned 2 node cases into skips and the run
+    stayed green; now each case it newly cannot run is a failure naming what to record."""
+    real = Registry.lookup
+    monkeypatch.setattr(Registry, "lookup", lambda self, domain, op, opset: None if op == "Sigmoid"
+                        else real(self, domain, op, opset))
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.node_suite", "-m", "node_suite", "-k", "sigmoid",
+                                "--engines", "ref-sim", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "ref-sim newly cannot run test_sigmoid: ref-sim: model uses operators this runtime cannot run: " \
+           "Sigmoid_0: no kernel for ai.onnx::Sigmoid" in out
+    assert 'kind = "unsupported"' in out and "lockstep: engine tests that newly cannot run" in out
+    result.assert_outcomes(failed=2, passed=6)
+
+
+def test_an_expected_unsupported_case_that_runs_is_reported(pytester, tmp_path):
+    exp = tmp_path / "exp.toml"
+    exp.write_text('[[expect]]\nengine = "ref-sim"\nkind = "unsupported"\nreason = "pretend"\npatterns = ["test_abs"]\n')
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.node_suite", "-m", "node_suite", "-k", "test_abs",
+                                "--engines", "ref-sim", f"--lockstep-expectations={exp}", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*expected-unsupported cases that now run (delete their entries)*",
+                                 "ref-sim: 1: test_abs"])
+
+
+UNAVAILABLE_ENGINE = '''
+class Absent:
+    name = "absent"
+    def available(self):
+        return False, "its driver is not installed"
+    def prepare(self, model):
+        raise AssertionError("never")
+
+def make():
+    return Absent()
+'''
+
+
+def test_a_required_engine_absent_or_unselected_is_one_line(tmp_path):
+    (tmp_path / "absent_engine.py").write_text(UNAVAILABLE_ENGINE)
+    base = [sys.executable, "-m", "pytest", "--pyargs", "lockstep.conformance.golden", "-m", "golden", "-q",
+            "-p", "no:cacheprovider"]
+    proc = subprocess.run(base + ["--engines", "ref-sim"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=_env(LOCKSTEP_REQUIRE_ENGINES="ref-cuda"))
+    assert proc.returncode == 4 and proc.stdout.strip() == "" and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "LOCKSTEP_REQUIRE_ENGINES names ref-cuda, which is not selected (engines: ref-sim)" in proc.stderr
+    proc = subprocess.run(base + ["--engines", "absent_engine:make"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=_env(LOCKSTEP_REQUIRE_ENGINES="absent", PYTHONPATH=str(tmp_path)))
+    assert proc.returncode == 4 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "LOCKSTEP_REQUIRE_ENGINES: engine absent is unavailable here: its driver is not installed" in proc.stderr
+
+
+def test_a_usage_error_prints_no_report(tmp_path):
+    old = tmp_path / "reports"
+    old.mkdir()
+    (old / "report.md").write_text("# an OLD report from yesterday\n")
+    rc, out = _lockstep(["check", "--engines", "nope", "--report-dir", str(old)], tmp_path)
+    assert rc == 4 and "unknown engine 'nope'" in out
+    assert "OLD report" not in out, "contract: only a run that happened prints its report"
+
+
+def test_the_report_names_failures_versions_commit_and_carries_junit_properties(tmp_path):
+    example = ROOT / "examples" / "engine-plugin"
+    summary = tmp_path / "step-summary.md"
+    rc, out = _lockstep(["check", "--engines", "lockstep_example_engine:make_buggy_engine", "--report-dir", "rep",
+                         "-m", "golden", "-k", "tiny-fp32-standard and not kv64", "-p", "no:cacheprovider", "-q"],
+                        tmp_path, PYTHONPATH=str(example), GITHUB_STEP_SUMMARY=str(summary), LOCKSTEP_COMMIT="abc1234")
+    assert rc == 1, out[-3000:]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Failures (2)" in md and "first divergence at position 18" in md
+    assert "| commit | abc1234 |" in md and "| onnx |" in md and "| numpy |" in md
+    assert summary.read_text() == md, "contract: the Markdown report goes to GITHUB_STEP_SUMMARY"
+    junit = (tmp_path / "rep" / "junit.xml").read_text()
+    assert '<property name="engine" value="example-buggy" />' in junit and 'name="markers" value="golden"' in junit
+    assert "![golden-tiny-fp32-standard.png](golden-tiny-fp32-standard.png)" in md
+    assert (tmp_path / "rep" / "golden-tiny-fp32-standard.png").is_file() and (tmp_path / "rep" / "scoreboard.html").is_file()
+
+
+def test_shards_partition_the_suite_and_merge_into_one_report(tmp_path):
+    args = ["--engines", "ref-sim", "-m", "node_suite", "-k", "test_abs or test_add or test_acos", "-q",
+            "-p", "no:cacheprovider"]
+    assert _lockstep(["check", "--report-dir", "all", *args], tmp_path)[0] == 0
+    for i in (1, 2, 3):
+        assert _lockstep(["check", "--report-dir", f"s{i}", "--lockstep-shard", f"{i}/3", *args], tmp_path)[0] == 0
+    rc, out = _lockstep(["report", "merge", "s1/report.json", "s2/report.json", "s3/report.json", "--output", "m"],
+                        tmp_path)
+    assert rc == 0, out
+    whole = json.loads((tmp_path / "all" / "report.json").read_text())
+    merged = json.loads((tmp_path / "m" / "report.json").read_text())
+    parts = [set(json.loads((tmp_path / f"s{i}" / "report.json").read_text())["tests"]) for i in (1, 2, 3)]
+    assert not (parts[0] & parts[1]) and not (parts[1] & parts[2]) and all(parts), "result: disjoint, none empty"
+    assert set(merged["tests"]) == set(whole["tests"]) and merged["summary"] == whole["summary"]
+    rc, out = _lockstep(["report", "merge", "s1/report.json", "s1/report.json", "--output", "m2"], tmp_path)
+    assert rc == 2 and "the shards overlap" in out
+
+
+PIN = '''
+import os
+
+def test_where(worker_id):
+    open(f"gpu-{worker_id}", "w").write(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+'''
+
+
+def test_xdist_workers_are_pinned_one_gpu_each(tmp_path):
+    (tmp_path / "test_pin.py").write_text(PIN + PIN.replace("test_where", "test_there").replace("gpu-", "gpu2-"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--lockstep-gpus", "4,5", "-q",
+                           "-p", "no:cacheprovider", "-p", "no:randomly", "test_pin.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = {p.name.split("-")[-1]: p.read_text() for p in tmp_path.glob("gpu*-gw*")}
+    assert seen.get("gw0") == "4" and seen.get("gw1") == "5", seen
+
+
+def test_regenerate_check_fails_on_drift_and_passes_when_clean(tmp_path, monkeypatch, capsys):
+    assert main(["golden", "regenerate", "--check", "--model", "tiny-fp32-standard"]) == 0
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    snap = anchors.compute_anchors("tiny-fp32-standard")
+    snap["positions"][3]["margin"] += 0.5
+    path = anchors.write_snapshot(snap)
+    before = path.read_text()
+    capsys.readouterr()
+    assert main(["golden", "regenerate", "--check", "--model", "tiny-fp32-standard"]) == 1
+    out = capsys.readouterr().out
+    assert "pos " in out and "margin" in out and "check: 1 snapshot(s) would change; nothing written" in out
+    assert path.read_text() == before, "contract: --check writes nothing"
