@@ -76,7 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="a folder of golden snapshots written by `lockstep golden add` (repeatable): its models are "
                      "locked next to the built-in ones")
     g.addoption("--lockstep-expectations", default=None,
-                help="node-suite expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml)")
+                help="expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml; "
+                     "'none': only the engines' own files)")
 
 
 def _split(raw: str | None) -> list[str]:
@@ -323,11 +324,12 @@ def _expectations(config: pytest.Config) -> list:
     st = _state(config)
     if st.get("expect") is None:
         given = config.getoption("--lockstep-expectations")
-        path = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
-        if given and not path.is_file():
+        path = Path(given) if given and given != "none" else (
+            None if given == "none" else package_path("lockstep.conformance.node_suite", "expectations.toml"))
+        if path is not None and given and not path.is_file():
             raise pytest.UsageError(f"--lockstep-expectations: {path} does not exist")
         try:
-            entries = expectations.load(path) if path.is_file() else []
+            entries = expectations.load(path) if path is not None and path.is_file() else []
             for name, eng in _engines(config).items():
                 own = getattr(eng, "expectations", None)
                 if own is not None:

@@ -217,7 +217,7 @@ def test_many_ops_split_into_panels_and_files(mpl, tmp_path, monkeypatch):
 
 
 def test_no_golden_entries_writes_no_golden_plot_and_says_so(mpl, tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="lockstep.plots"):
+    with caplog.at_level("INFO", logger="lockstep.plots"):
         files = plots.write_plots(synthetic_report(golden=False), tmp_path)
     assert [p.name for p in files] == ["scoreboard.png", "scoreboard.html"]
     assert not list(tmp_path.glob("golden-*"))
