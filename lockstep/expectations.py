@@ -75,6 +75,16 @@ def filter_keys(keys: Iterable[str], pattern: str) -> list[str]:
 
 
 def _installed(dist: str) -> str | None:
+    """The version in use: the importable module's own for onnx/onnxruntime (a build on PYTHONPATH
+    shadows an installed distribution of another version, as on the GPU lane), else the metadata's."""
+    import importlib
+
+    module = {"onnx": "onnx", "onnxruntime": "onnxruntime"}.get(dist)
+    if module is not None:
+        try:
+            return importlib.import_module(module).__version__
+        except ImportError:
+            pass
     for name in _ALIASES.get(dist, (dist,)):
         try:
             return version(name)
