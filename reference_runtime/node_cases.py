@@ -73,7 +73,18 @@ def _build() -> list[NodeCase]:
     return cases
 
 
+_LOADED: list[NodeCase] = []
+
+
 def load_cases() -> list[NodeCase]:
+    """Every case: once per process (onnx's loader registers its cases globally and refuses a second
+    build in one process), from the on-disk cache when it is there."""
+    if not _LOADED:
+        _LOADED.extend(_load_cases())
+    return _LOADED
+
+
+def _load_cases() -> list[NodeCase]:
     path = _cache_path()
     if path.is_file():
         try:
