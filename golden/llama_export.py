@@ -50,7 +50,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from .models.build import _Graph as _BaseGraph
 
 __all__ = [
     "CONVENTIONS", "EXPORTER_VERSION", "IR_VERSION", "OPSET", "ExportSession", "Int4Weight", "LlamaConfig",
@@ -272,29 +274,13 @@ def llama_forward(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], input_ids
 
 # -- the graph ----------------------------------------------------------------------------------
 
-class _Graph:
-    """Nodes and initializers in insertion order; small constants deduplicated by value."""
+class _Graph(_BaseGraph):
+    """The golden generator's graph builder (nodes and initializers in insertion order, small
+    constants deduplicated by value), recording whether a contrib-domain op was used."""
 
     def __init__(self, dtype: str):
-        self.dtype = dtype
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._consts: dict[tuple, str] = {}
+        super().__init__(dtype)
         self.contrib = False
-
-    def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def const(self, value, dtype) -> str:
-        a = np.asarray(value, dtype=dtype)
-        key = (a.dtype.str, a.shape, a.tobytes())
-        if key not in self._consts:
-            self._consts[key] = self.init(f"const.{len(self._consts)}", a)
-        return self._consts[key]
-
-    def i64(self, value) -> str:
-        return self.const(value, np.int64)
 
     def op(self, op_type: str, inputs: list[str], name: str, outputs: list[str] | None = None, **attrs: Any):
         outs = outputs if outputs is not None else [name]

@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.paths import atomic_write
+
 from .llama_export import EXPORTER_VERSION, ExportSession, Int4Weight, LlamaConfig, build_llama_onnx
 
 __all__ = [
@@ -341,20 +343,6 @@ def model_dir(n_layers: int | None = None) -> Path:
     return cache_dir("models", name)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _flavour_bytes(g: GGUFModel, flavour: str) -> bytes:
     if flavour == "fp32":
         model = build_llama_onnx(g.cfg, g.weights, convention="optimum", dtype="float32", name="smollm2-fp32")
@@ -429,7 +417,7 @@ def build(flavours: Iterable[str] = FLAVOURS, *, out_dir: str | os.PathLike | No
             data = build_tokenizer(gguf).to_str(pretty=False).encode("utf-8")
         else:
             data = _flavour_bytes(gguf, key)
-        _atomic_write(path, data)
+        atomic_write(path, data)
         sha = hashlib.sha256(data).hexdigest()
         entries[path.name] = {"sha256": sha, "bytes": len(data)}
         results[key] = {"path": path, "sha256": sha, "bytes": len(data), "status": "built",
@@ -437,7 +425,7 @@ def build(flavours: Iterable[str] = FLAVOURS, *, out_dir: str | os.PathLike | No
         say(_line("built", key, results[key]))
         del data
     manifest = {**header, "files": dict(sorted(entries.items()))}
-    _atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return results
 
 

@@ -12,7 +12,7 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
-__all__ = ["package_path", "cache_dir", "CacheDirError"]
+__all__ = ["package_path", "cache_dir", "CacheDirError", "atomic_write"]
 
 
 class CacheDirError(RuntimeError):
@@ -42,4 +42,24 @@ def cache_dir(*parts: str) -> Path:
                             "set LOCKSTEP_CACHE_DIR to a writable folder") from None
     if not os.access(path, os.W_OK):
         raise CacheDirError(f"{where} {base}: {path} is not writable; set LOCKSTEP_CACHE_DIR to a writable folder")
+    return path
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: a
+    crash leaves the old file or the new one, never half of one. Mode 0644."""
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -287,21 +287,23 @@ def golden_model(request: pytest.FixtureRequest, golden_model_name: str):
     gm = next(m for m in _golden_models(request.config) if m.name == golden_model_name)
     ok, reason = gm.available()
     if not ok:
-        required = _split(os.environ.get("LOCKSTEP_REQUIRE_MODELS"))
-        if gm.name in required or "all" in required:
-            pytest.fail(f"golden model {gm.name!r} is required by LOCKSTEP_REQUIRE_MODELS but unavailable: {reason}")
-        pytest.skip(f"{UNAVAILABLE}{gm.name}: {reason}")
+        _unavailable("model", gm.name, reason, _split(os.environ.get("LOCKSTEP_REQUIRE_MODELS")))
     return gm
 
 
+def _unavailable(kind: str, name: str, reason: str, required) -> None:
+    """An absent device, engine or model: a visible skip with its reason, or a failure where the
+    lane's LOCKSTEP_REQUIRE_<KIND>S names it (or says ``all``)."""
+    if name in required or "all" in required:
+        pytest.fail(f"{kind} {name!r} is required by LOCKSTEP_REQUIRE_{kind.upper()}S but unavailable: {reason}")
+    pytest.skip(f"{UNAVAILABLE}{name}: {reason}")
+
+
 def _usable(request: pytest.FixtureRequest, name: str):
-    st = _state(request.config)
     eng = _engines(request.config)[name]
     ok, reason = eng.available()
     if not ok:
-        if name in st["required_engines"]:
-            pytest.fail(f"engine {name!r} is required by LOCKSTEP_REQUIRE_ENGINES but unavailable: {reason}")
-        pytest.skip(f"{UNAVAILABLE}{name}: {reason}")
+        _unavailable("engine", name, reason, _state(request.config)["required_engines"])
     return eng
 
 
@@ -422,12 +424,9 @@ UNAVAILABLE = "lockstep: unavailable: "
 def device_available(request: pytest.FixtureRequest, device_name: str) -> str:
     """The parametrized device's name, once it is known to be usable; otherwise a visible skip
     with its reason, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it."""
-    st = _state(request.config)
     ok, reason = _availability(request.config)[device_name]
     if not ok:
-        if device_name in st["required"]:
-            pytest.fail(f"device {device_name!r} is required by LOCKSTEP_REQUIRE_DEVICES but unavailable: {reason}")
-        pytest.skip(f"{UNAVAILABLE}{device_name}: {reason}")
+        _unavailable("device", device_name, reason, _state(request.config)["required"])
     return device_name
 
 

@@ -16,10 +16,11 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from .paths import atomic_write
 
 __all__ = ["summarize", "write_report", "render_markdown", "environment", "merge", "ReportError"]
 
@@ -117,14 +118,6 @@ def render_markdown(summary: dict, engines: dict[str, dict] | None = None, outco
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def write_report(outcomes: dict[str, dict], report_dir: str | os.PathLike, engines: dict[str, dict] | None = None,
                  env: dict[str, str] | None = None) -> dict[str, str]:
     """``engines``: per selected engine, its declared precision and ``describe()`` (versions, options)."""
@@ -132,7 +125,7 @@ def write_report(outcomes: dict[str, dict], report_dir: str | os.PathLike, engin
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(outcomes)
     env = env if env is not None else environment()
-    _atomic_write(out / "report.json", json.dumps({"summary": summary, "engines": engines or {}, "environment": env,
+    atomic_write(out / "report.json", json.dumps({"summary": summary, "engines": engines or {}, "environment": env,
                                                    "tests": outcomes}, indent=1))
     md = render_markdown(summary, engines, outcomes, env)
     try:  # pictures next to the report (matplotlib, in the test extra): never at the cost of the report
@@ -144,7 +137,7 @@ def write_report(outcomes: dict[str, dict], report_dir: str | os.PathLike, engin
     if pictures:
         md += "\n## Pictures\n\n" + "\n".join(
             f"- [{name}]({name})" if name.endswith(".html") else f"- ![{name}]({name})" for name in pictures) + "\n"
-    _atomic_write(out / "report.md", md)
+    atomic_write(out / "report.md", md)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lockstep.paths import atomic_write
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -504,23 +504,6 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _manifest_entry(spec: ModelSpec, data: bytes) -> dict[str, Any]:
     return {"sha256": sha256_of(data), "spec": spec_dict(spec), "generator_version": GENERATOR_VERSION}
 
@@ -532,9 +515,9 @@ def write_models(directory: Path | str = MODELS_DIR, variants: dict[str, ModelSp
     manifest: dict[str, Any] = {}
     for name, spec in variants.items():
         data = serialize(build(spec))
-        _atomic_write(directory / f"{name}.onnx", data)
+        atomic_write(directory / f"{name}.onnx", data)
         manifest[name] = _manifest_entry(spec, data)
-    _atomic_write(directory / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(directory / "manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return manifest
 
 
