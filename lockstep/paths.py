@@ -45,16 +45,20 @@ def cache_dir(*parts: str) -> Path:
     return path
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: a
-    crash leaves the old file or the new one, never half of one. Mode 0644."""
+def atomic_write(path: str | os.PathLike, data) -> Path:
+    """Write ``data`` (bytes, text, or a function writing into a binary file object) to ``path``
+    through a temporary file in the same folder and ``os.replace``: a crash leaves the old file or
+    the new one, never half of one. Mode 0644."""
     import tempfile
 
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)

@@ -28,10 +28,11 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .paths import atomic_write
 from typing import Any
 
 __all__ = ["CELL_STATUSES", "golden_plots", "op_cells", "scoreboard", "write_plots"]
@@ -80,23 +81,9 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def _atomic_write(path: Path, write) -> Path:
-    """``write(fileobj)`` into a temporary file next to ``path``, then ``os.replace`` it there."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _save(fig, canvas_cls, path: Path) -> Path:
     canvas_cls(fig)
-    return _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
 def _load(report: dict | str | os.PathLike) -> dict:
@@ -442,7 +429,7 @@ def _scoreboard_files(report: dict, out_dir) -> list[Path]:
         fig = _scoreboard_figure(Figure, panels, rows, engines, cells, longest_op, part)
         written.append(_save(fig, Canvas, out / name))
     html_text = _scoreboard_html(ops, engines, cells, report)
-    written.append(_atomic_write(out / "scoreboard.html", lambda f: f.write(html_text.encode())))
+    written.append(atomic_write(out / "scoreboard.html", lambda f: f.write(html_text.encode())))
     for stale in out.glob("scoreboard*.png"):  # parts of an earlier, differently split scoreboard
         if re.fullmatch(r"scoreboard(-\d+)?\.png", stale.name) and stale.name not in names:
             stale.unlink()
