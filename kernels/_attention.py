@@ -3,6 +3,11 @@ ai.onnx.preview FlexAttention (1; without score_mod/prob_mod subgraphs).
 
 All products go through ``_linalg.matmul``; masks are built on the device from ``xp.arange``
 (nonpad_kv_seqlen and write_indices stay on the device), so every op here is capture-safe.
+
+Index inputs are checked on the device into the runtime's error latch (``index_checks``):
+RotaryEmbedding's position_ids must address a row of its cos/sin caches, TensorScatter's linear
+write_indices must leave room for the update. The kernels clip such values after they are flagged,
+so they never raise (a raise inside a kernel would be a sticky device fault).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._linalg import bf16_as_float32, matmul
+from ._latch import IndexCheck
 from ._op import OpKernel, Spec, normalize_axis
 
 __all__ = ["ATTENTION_OPS"]
@@ -250,7 +256,8 @@ def _rope_compute(xp, node, x, cos, sin, pos=None):
     B, H, S, D, rd = _rope_dims(node, [Spec(x.shape, x.dtype)])
     shape = x.shape
     x = xp.transpose(x, (0, 2, 1, 3)) if x.ndim == 4 else x.reshape(B, S, H, D)  # (B, S, H, D)
-    if pos is not None:
+    if pos is not None:  # out-of-range positions were flagged (_rope_check); clip so the kernel never raises
+        pos = xp.clip(pos.astype(xp.int64), 0, cos.shape[0] - 1)
         cos = xp.take(cos, pos, axis=0)
         sin = xp.take(sin, pos, axis=0)
     cos = cos.reshape(B, S, 1, rd // 2)
@@ -269,6 +276,13 @@ def _rope_compute(xp, node, x, cos, sin, pos=None):
     y = xp.concatenate((rot, rest), axis=-1)
     y = xp.transpose(y, (0, 2, 1, 3)) if len(shape) == 4 else y.reshape(shape)
     return (y.astype(x.dtype),)
+
+
+def _rope_check(node, specs):
+    """position_ids address rows [0, rows) of the 2-D cos/sin caches (ONNX Runtime refuses others)."""
+    if len(specs) > 3 and specs[3] is not None:
+        return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]))]
+    return []
 
 
 # -- TensorScatter ------------------------------------------------------------------------------
@@ -312,6 +326,16 @@ def _ts_compute(xp, node, past, upd, wi=None):
     idx = xp.broadcast_to(xp.clip(src, 0, S - 1), tuple(idx_shape))
     gathered = xp.take_along_axis(upd, idx, axis=axis)
     return (xp.where(valid, gathered, past).astype(past.dtype),)
+
+
+def _ts_check(node, specs):
+    """Linear mode: write_indices[b] + sequence_length <= max_sequence_length (ONNX's reference
+    indexes past the cache otherwise); circular mode wraps any index, so nothing to check."""
+    if len(specs) < 3 or specs[2] is None or node.attr("mode", "linear") != "linear":
+        return []
+    axis = int(node.attr("axis", -2)) % specs[0].rank
+    L, S = specs[0].shape[axis], specs[1].shape[axis]
+    return [IndexCheck(2, 0, L - S + 1)] if S else []
 
 
 # -- FlexAttention (ai.onnx.preview) -----------------------------------------------------------
@@ -361,6 +385,6 @@ def _flex_compute(xp, node, q, k, v):
 ATTENTION_OPS = [
     OpKernel("FlexAttention", _flex_shapes, bf16_as_float32(_flex_compute), domain="ai.onnx.preview", since=1),
     OpKernel("Attention", _attention_shapes, bf16_as_float32(_attention_compute), since=23),
-    OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23),
-    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24),
+    OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23, index_checks=_rope_check),
+    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check),
 ]

@@ -4,10 +4,11 @@ Everything here that takes ``xp`` runs on the device (numpy on the simulated dev
 GPU) and follows the kernel rules: no host reads of device values, no ``ufunc.at``, no
 ``put_along_axis``, no data-dependent shapes. Helpers without ``xp`` work on host values only.
 
-Out-of-range indices: ONNX makes them an error, but raising would need a host readback. Until the
-executor wires index checks to the runtime's error latch, device-side indices are *wrapped* when
-negative (``i + dim``, as ONNX specifies) and then *clamped* to ``[0, dim - 1]``, so a bad index
-reads/writes a valid element instead of faulting.
+Out-of-range indices: ONNX makes them an error, but raising would need a host readback. The ops
+declare their index inputs (``index_checks``), which the executor flags into the runtime's error
+latch (``DeviceAssert`` naming the node at the next synchronising read); the kernels themselves
+*wrap* negative indices (``i + dim``, as ONNX specifies) and then *clamp* to ``[0, dim - 1]``, so a
+bad index reads/writes a valid element instead of faulting the device.
 
 Scatter with a reduction (add/mul/max/min) is done without ``ufunc.at`` by a sort-based segmented
 scan (``scatter_reduce``): the update rows are stably sorted by target, an inclusive segmented

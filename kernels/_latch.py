@@ -1,17 +1,54 @@
 """Device-side index validation: set the runtime's error latch instead of reading indices back.
 
-``flag_out_of_range(xp, latch, idx, lo, hi, site)`` sets ``latch = [1, site]`` when any index lies
-outside ``[lo, hi)``, with device operations only (no host read, so it is capture-safe). The
-runtime raises ``DeviceAssert`` naming the site at its next synchronising read.
+``flag_out_of_range(xp, latch, idx, lo, hi, site, ignore=None)`` sets ``latch = [1, site]`` when
+any index lies outside ``[lo, hi)`` (and differs from ``ignore``, when given), with device
+operations only (no host read, so it is capture-safe). The runtime raises ``DeviceAssert`` naming
+the site at its next synchronising read.
+
+``IndexCheck`` is what an ``OpKernel``'s ``index_checks(node, specs)`` returns for each index
+input: the input, its valid range ``[lo, hi)`` (host ints; a tuple gives one range per position
+along the input's last axis, as GatherND's and ScatterND's index tuples need) and an optional
+``ignore`` value that is always allowed (the losses' ``ignore_index``). A plain ``(input, n)`` pair
+is the common case ``[-n, n)`` (negative indices count from the end, as ONNX's Gather allows).
 """
 
 from __future__ import annotations
 
-__all__ = ["flag_out_of_range"]
+from typing import NamedTuple, Sequence, Union
+
+__all__ = ["IndexCheck", "as_check", "flag_out_of_range", "flag_check"]
+
+Bound = Union[int, Sequence[int]]
 
 
-def flag_out_of_range(xp, latch, idx, lo: int, hi: int, site: int) -> None:
-    bad = xp.logical_or(idx < lo, idx >= hi).any()
-    flag = bad.astype(latch.dtype).reshape(1)
+class IndexCheck(NamedTuple):
+    input: int
+    lo: Bound  # inclusive
+    hi: Bound  # exclusive
+    ignore: int | None = None
+
+
+def as_check(entry) -> IndexCheck:
+    """An ``IndexCheck`` from itself or from the short form ``(input, n)`` meaning ``[-n, n)``."""
+    if isinstance(entry, IndexCheck):
+        return entry
+    i, n = entry
+    return IndexCheck(int(i), -int(n), int(n))
+
+
+def flag_out_of_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None = None) -> None:
+    bad = xp.logical_or(idx < lo, idx >= hi)
+    if ignore is not None:
+        bad = xp.logical_and(bad, idx != ignore)
+    flag = bad.any().astype(latch.dtype).reshape(1)
     xp.copyto(latch[1:2], site, where=flag.astype(bool))
     xp.maximum(latch[0:1], flag, out=latch[0:1])
+
+
+def flag_check(xp, latch, idx, check: IndexCheck, site: int) -> None:
+    """Flag ``idx`` against ``check``; per-column bounds test ``idx[..., j]`` against ``lo[j], hi[j]``."""
+    if isinstance(check.lo, int) and isinstance(check.hi, int):
+        flag_out_of_range(xp, latch, idx, check.lo, check.hi, site, check.ignore)
+        return
+    for j, (lo, hi) in enumerate(zip(check.lo, check.hi)):  # host loop over the last axis (a shape)
+        flag_out_of_range(xp, latch, idx[..., j], int(lo), int(hi), site, check.ignore)

@@ -66,7 +66,7 @@ class NodeInfo:
     # values of the inputs listed in ``host_inputs`` (index -> numpy array).
     out_specs: tuple["Spec", ...] = ()
     host: dict[int, np.ndarray] = field(default_factory=dict, compare=False)
-    index_checks: tuple[tuple[int, int], ...] = ()
+    index_checks: tuple[Any, ...] = ()  # IndexCheck entries (kernels/_latch.py)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -111,8 +111,9 @@ class OpKernel:
     reason: str = ""
     host_inputs: tuple[int, ...] = ()
     # Inputs holding indices, validated on the device into the runtime's error latch:
-    # ``index_checks(node, specs) -> [(input_index, n), ...]``, valid indices lying in [-n, n).
-    index_checks: Callable[[NodeInfo, list[Spec | None]], list[tuple[int, int]]] | None = None
+    # ``index_checks(node, specs) -> [IndexCheck(input, lo, hi, ignore) or (input, n), ...]``:
+    # valid indices lie in [lo, hi) (per last-axis column for tuple bounds), or [-n, n).
+    index_checks: Callable[[NodeInfo, list[Spec | None]], list[Any]] | None = None
     # For capture="conditional": whether this node, with these input specs, may be captured.
     capture_ok: Callable[[NodeInfo, list[Spec | None]], bool] | None = None
 

@@ -1,8 +1,11 @@
 """index ops: Gather*, Scatter*, OneHot, TopK, ArgMax/ArgMin, CumSum/CumProd, NonZero, Compress,
 Unique, ReverseSequence.
 
-Device-side indices are never read back: negatives are wrapped per ONNX and out-of-range values
-clamped (see ``_index_util``); reporting them through the error latch is the executor's job.
+Device-side indices are never read back. Every index input the ONNX spec requires in range is
+declared in ``index_checks`` (``_latch.IndexCheck``): the executor flags an out-of-range value into
+the runtime's error latch (``DeviceAssert`` naming the node at the next synchronising read), and
+the kernel itself wraps negatives per ONNX and clamps (``_index_util``), so it never faults.
+OneHot is defined for any index (out of range: all "off"), so it declares none.
 Scatter reductions use a sort-based segmented scan, not ``ufunc.at`` (``_index_util.scatter_reduce``).
 
 Data-dependent output shapes: NonZero and Unique read their data input on the host
@@ -24,6 +27,7 @@ from ._index_util import (
     require_int,
     scatter_reduce,
 )
+from ._latch import IndexCheck
 from ._op import OpKernel, Spec, normalize_axis
 
 OPS: list[OpKernel] = []
@@ -130,7 +134,14 @@ def _gather_nd(xp, node, data, idx):
     return (out.reshape(node.out_specs[0].shape),)
 
 
-OPS.append(OpKernel("GatherND", _gather_nd_shapes, _gather_nd, since=11))
+def _gather_nd_check(node, specs):
+    """Each index tuple's column j addresses data axis batch_dims + j: valid in [-dim, dim)."""
+    b, m = _gather_nd_dims(node, specs[0].shape, specs[1].shape)
+    dims = specs[0].shape[b:b + m]
+    return [IndexCheck(1, tuple(-d for d in dims), tuple(dims))]
+
+
+OPS.append(OpKernel("GatherND", _gather_nd_shapes, _gather_nd, since=11, index_checks=_gather_nd_check))
 
 
 # -- Scatter family --------------------------------------------------------------------------------
@@ -164,7 +175,8 @@ def _scatter_elements(xp, node, data, idx, upd):
 OPS.append(OpKernel("ScatterElements", _scatter_elements_shapes, _scatter_elements, since=11,
                     index_checks=_GATHER_CHECK))
 # Scatter (opset 9-10, deprecated in 11) is ScatterElements without reductions.
-OPS.append(OpKernel("Scatter", _scatter_elements_shapes, _scatter_elements, since=9, until=10))
+OPS.append(OpKernel("Scatter", _scatter_elements_shapes, _scatter_elements, since=9, until=10,
+                    index_checks=_GATHER_CHECK))
 
 
 def _scatter_nd_shapes(node, specs):
@@ -198,7 +210,13 @@ def _scatter_nd(xp, node, data, idx, upd):
     return (out.reshape(data.shape),)
 
 
-OPS.append(OpKernel("ScatterND", _scatter_nd_shapes, _scatter_nd, since=11))
+def _scatter_nd_check(node, specs):
+    """Column j of each index tuple addresses data axis j: valid in [-dim, dim)."""
+    dims = specs[0].shape[:specs[1].shape[-1]]
+    return [IndexCheck(1, tuple(-d for d in dims), tuple(dims))]
+
+
+OPS.append(OpKernel("ScatterND", _scatter_nd_shapes, _scatter_nd, since=11, index_checks=_scatter_nd_check))
 
 
 # -- OneHot ----------------------------------------------------------------------------------------
@@ -373,7 +391,14 @@ def _reverse_sequence(xp, node, x, lens):
     return (xp.take_along_axis(x, xp.broadcast_to(src, x.shape), axis=t),)
 
 
-OPS.append(OpKernel("ReverseSequence", _reverse_sequence_shapes, _reverse_sequence, since=10))
+def _reverse_sequence_check(node, specs):
+    """sequence_lens lie in [0, T] (T: the time axis), as ONNX Runtime requires."""
+    t, _ = _rev_axes(node, specs[0].rank)
+    return [IndexCheck(1, 0, specs[0].shape[t] + 1)]
+
+
+OPS.append(OpKernel("ReverseSequence", _reverse_sequence_shapes, _reverse_sequence, since=10,
+                    index_checks=_reverse_sequence_check))
 
 
 # -- data-dependent shapes: NonZero, Compress, Unique ---------------------------------------------

@@ -6,12 +6,15 @@ optional input 1 from then on (listed in ``host_inputs``: the output shape depen
 A reduction over no axes (empty axes with ``noop_with_empty_axes=1``) applies the op's elementwise
 part only (abs, square, log...), as onnx's reference does; for Sum/Mean/Max/Min/Prod that is the
 input itself. Half-precision reductions accumulate in float32 and are cast back.
+The losses' targets are checked on the device into the runtime's error latch (``index_checks``:
+[0, C) except ``ignore_index``); the kernel clips them after they are flagged.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._latch import IndexCheck
 from ._op import OpKernel, Spec
 from ._reduce_util import acc_dtype, empty_fill, input_spec, is_float, reduced_shape, resolve_axes
 
@@ -183,10 +186,16 @@ def _sce_compute(xp, node, x, target, weight=None):
     return (loss,)
 
 
+def _loss_target_check(node, specs):
+    """Targets lie in [0, C) unless equal to ignore_index (checked into the error latch)."""
+    ignore = node.attr("ignore_index")
+    return [IndexCheck(1, 0, specs[0].shape[1], None if ignore is None else int(ignore))]
+
+
 NLL_LOSS = OpKernel("NegativeLogLikelihoodLoss", lambda node, specs: _loss_shapes(node, specs, False),
-                    _nll_compute, since=12)
+                    _nll_compute, since=12, index_checks=_loss_target_check)
 SCE_LOSS = OpKernel("SoftmaxCrossEntropyLoss", lambda node, specs: _loss_shapes(node, specs, True),
-                    _sce_compute, since=12)
+                    _sce_compute, since=12, index_checks=_loss_target_check)
 
 
 OPS: list[OpKernel] = [

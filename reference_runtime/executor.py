@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 from lockstep.kernels import Kernel
-from lockstep.kernels._latch import flag_out_of_range
+from lockstep.kernels._latch import as_check, flag_check
 from lockstep.kernels._op import NodeInfo, OpKernel, Spec
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
@@ -92,8 +92,9 @@ def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out:
             arrays, latch = arrays[:-1], arrays[-1]
         outs, ins = arrays[:n_out], iter(arrays[n_out:])
         args = [next(ins) if p else None for p in present]
-        for i, n in node.index_checks:
-            flag_out_of_range(xp, latch, args[i], -n, n, site)  # ONNX: negative indices count from the end
+        for check in node.index_checks:  # IndexCheck entries (kernels/_latch.py)
+            if args[check.input] is not None:
+                flag_check(xp, latch, args[check.input], check, site)
         results = op.compute(xp, node, *args)
         if len(results) < n_out:
             raise node.error(f"compute returned {len(results)} outputs, {n_out} expected")
@@ -388,7 +389,7 @@ class Executor:
                 env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))
         ins = [v.tensor for v in values if v is not None]
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
-        checks = tuple(step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
+        checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
         if self.pager is not None:
             self.pager.ensure(self.paged_inputs.get(info.name, ()))

@@ -1,0 +1,154 @@
+"""Device-side index checks (issue 15): every index input ONNX requires in range sets the runtime's
+error latch, which surfaces as ``DeviceAssert`` naming the node at the next synchronising read;
+in-range indices (negative ones where ONNX allows them) give onnx's reference values, and the
+runtime is usable again after ``reset_error_latch()``. On every selected device (``device_name``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from lockstep.reference_runtime import DeviceAssert
+from lockstep.reference_runtime.executor import Executor
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+F, I = np.float32, np.int64
+
+
+def _model(op, inputs: dict, n_out=1, opset=21, **attrs):
+    """One node named ``<op>_under_test`` over ``inputs``; its outputs' shapes from onnx's reference."""
+    names = list(inputs)
+    node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], name=f"{op}_under_test", **attrs)
+    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for n, v in inputs.items()]
+    def build(shapes):
+        outs = [helper.make_tensor_value_info(f"y{i}", 1, s) for i, s in enumerate(shapes)]  # all float here
+        g = helper.make_graph([node], "g", vis, outs)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+    if op == "Scatter":  # onnx's reference has no Scatter: it is ScatterElements without reductions
+        return _with_op(build([list(inputs["d"].shape)]), "Scatter")
+    return build([list(y.shape) for y in ReferenceEvaluator(build([None] * n_out)).run(None, inputs)])
+
+
+def _with_op(model, op):
+    model.graph.node[0].op_type = op
+    return model
+
+
+def _reference(model):
+    if model.graph.node[0].op_type == "Scatter":
+        m = _with_op(type(model).FromString(model.SerializeToString()), "ScatterElements")
+        m.opset_import[0].version = 11
+        return ReferenceEvaluator(m)
+    return ReferenceEvaluator(model)
+
+
+_RNG = np.random.default_rng(0)
+
+
+def _x(*shape):
+    return _RNG.standard_normal(shape).astype(F)
+
+
+# (id, op, opset, attrs, good inputs, bad inputs (same shapes), n_out)
+CASES = [
+    ("gather", "Gather", 21, dict(axis=0),
+     {"d": _x(4, 2), "i": np.array([-4, 0, 3], I)}, {"i": np.array([0, 4, 1], I)}, 1),
+    ("gather-negative", "Gather", 21, dict(axis=1),
+     {"d": _x(2, 3), "i": np.array([-1, 2], I)}, {"i": np.array([-4, 0], I)}, 1),
+    ("gather-elements", "GatherElements", 21, dict(axis=1),
+     {"d": _x(2, 3), "i": np.array([[-1, 0, 2], [1, 2, -3]], I)}, {"i": np.array([[0, 3, 0], [0, 0, 0]], I)}, 1),
+    ("scatter-elements", "ScatterElements", 21, dict(axis=0),
+     {"d": _x(3, 3), "i": np.array([[-1, 0, 2]], I), "u": _x(1, 3)}, {"i": np.array([[0, -4, 1]], I)}, 1),
+    ("scatter-opset10", "Scatter", 10, dict(axis=1),
+     {"d": _x(2, 3), "i": np.array([[2], [-3]], I), "u": _x(2, 1)}, {"i": np.array([[3], [0]], I)}, 1),
+    # per-column bounds: column 0 indexes an axis of 2, column 1 an axis of 3
+    ("gathernd", "GatherND", 21, {},
+     {"d": _x(2, 3), "i": np.array([[1, -1], [-2, 2]], I)}, {"i": np.array([[2, 0], [0, 0]], I)}, 1),
+    ("gathernd-batch", "GatherND", 21, dict(batch_dims=1),
+     {"d": _x(2, 3, 4), "i": np.array([[[2]], [[-3]]], I)}, {"i": np.array([[[0]], [[3]]], I)}, 1),
+    ("scatternd", "ScatterND", 21, {},
+     {"d": _x(4, 2), "i": np.array([[-1], [1]], I), "u": _x(2, 2)}, {"i": np.array([[4], [1]], I)}, 1),
+    ("scatternd-column", "ScatterND", 21, {},
+     {"d": _x(2, 3), "i": np.array([[1, -3]], I), "u": _x(1)}, {"i": np.array([[-3, 0]], I)}, 1),
+    ("reverse-sequence", "ReverseSequence", 21, dict(time_axis=0, batch_axis=1),
+     {"x": _x(4, 3), "lens": np.array([4, 0, 2], I)}, {"lens": np.array([5, 1, 1], I)}, 1),
+    ("reverse-sequence-negative", "ReverseSequence", 21, dict(time_axis=1, batch_axis=0),
+     {"x": _x(2, 4), "lens": np.array([1, 3], I)}, {"lens": np.array([-1, 3], I)}, 1),
+    ("tensor-scatter", "TensorScatter", 24, dict(axis=-2),
+     {"past": _x(2, 5, 2), "upd": _x(2, 2, 2), "wi": np.array([3, 0], I)}, {"wi": np.array([4, 0], I)}, 1),
+    ("rotary", "RotaryEmbedding", 23, {},
+     {"x": _x(1, 2, 2, 4), "cos": _x(3, 2), "sin": _x(3, 2), "pos": np.array([[0, 2]], I)},
+     {"pos": np.array([[0, 3]], I)}, 1),
+    ("rotary-negative", "RotaryEmbedding", 23, {},
+     {"x": _x(1, 2, 2, 4), "cos": _x(3, 2), "sin": _x(3, 2), "pos": np.array([[1, 2]], I)},
+     {"pos": np.array([[-1, 0]], I)}, 1),
+    ("nll", "NegativeLogLikelihoodLoss", 21, dict(reduction="none"),
+     {"x": _x(3, 4), "t": np.array([0, 3, 1], I)}, {"t": np.array([0, 4, 1], I)}, 1),
+    # reduction "sum": with ignore_index, onnx's reference divides a "mean" by the count of all
+    # targets, ONNX Runtime (and lockstep) by the non-ignored ones
+    ("nll-ignore", "NegativeLogLikelihoodLoss", 21, dict(reduction="sum", ignore_index=-1),
+     {"x": _x(3, 4), "t": np.array([0, -1, 2], I)}, {"t": np.array([0, -2, 2], I)}, 1),
+    ("sce", "SoftmaxCrossEntropyLoss", 21, dict(reduction="sum"),
+     {"x": _x(2, 3, 2), "t": np.array([[2, 0], [1, 1]], I)}, {"t": np.array([[2, 0], [-1, 1]], I)}, 2),
+    ("sce-ignore", "SoftmaxCrossEntropyLoss", 21, dict(reduction="none", ignore_index=7),
+     {"x": _x(2, 3), "t": np.array([7, 2], I)}, {"t": np.array([3, 2], I)}, 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_index_out_of_range_is_a_device_assert_naming_the_node(make_runtime, case):
+    _id, op, opset, attrs, good, bad, n_out = case
+    model = _model(op, good, n_out, opset, **attrs)
+    rt = make_runtime()
+    ex = Executor(model, rt)
+    want = _reference(model).run(None, good)
+    got = ex.run(good)
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(got[f"y{i}"], w, rtol=1e-5, atol=1e-6)
+    downloads = rt.counters.downloads
+    with pytest.raises(DeviceAssert, match=f"{op}_under_test"):
+        ex.run({**good, **bad})
+    assert rt.counters.downloads == downloads, "no readback of the indices before the outputs' read"
+    rt.reset_error_latch()
+    again = ex.run(good)
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(again[f"y{i}"], w, rtol=1e-5, atol=1e-6)
+
+
+def test_onehot_accepts_any_index(make_runtime):
+    """OneHot is defined for out-of-range indices (a row of "off" values): no latch."""
+    good = {"i": np.array([0, 5, -7, 2], I), "depth": np.array(3, I), "v": np.array([0, 1], F)}
+    model = _model("OneHot", good, 1, 21)
+    got = Executor(model, make_runtime()).run(good)["y0"]
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, good)[0])
+
+
+def test_tensor_scatter_circular_wraps_any_write_index(make_runtime):
+    good = {"past": _x(1, 4, 2), "upd": _x(1, 3, 2), "wi": np.array([6], I)}
+    model = _model("TensorScatter", good, 1, 24, axis=-2, mode="circular")
+    got = Executor(model, make_runtime()).run(good)["y0"]
+    np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, good)[0])
+
+
+def test_rotary_position_past_its_cache_in_a_decode_is_a_device_assert(make_runtime):
+    """A golden-shaped RotaryEmbedding with its caches as initializers: position 512 of a 512-row
+    cache is flagged (it used to raise IndexError inside the kernel, a sticky LaunchFailure)."""
+    cos = numpy_helper.from_array(_x(512, 2), "cos")
+    sin = numpy_helper.from_array(_x(512, 2), "sin")
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], name="rope_layer0")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, [1, 1, 1, 4]),
+                                        helper.make_tensor_value_info("pos", 7, [1, 1])],
+                          [helper.make_tensor_value_info("y", 1, [1, 1, 1, 4])], initializer=[cos, sin])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    rt = make_runtime()
+    ex = Executor(model, rt)
+    x = _x(1, 1, 1, 4)
+    ex.run({"x": x, "pos": np.array([[511]], I)})
+    with pytest.raises(DeviceAssert, match="rope_layer0"):
+        ex.run({"x": x, "pos": np.array([[512]], I)})
+    rt.reset_error_latch()
+    ok = {"x": x, "pos": np.array([[5]], I)}
+    np.testing.assert_allclose(ex.run(ok)["y"], ReferenceEvaluator(model).run(None, ok)[0], rtol=1e-6)
