@@ -2,8 +2,8 @@
 
 ``flag_out_of_range(xp, latch, idx, lo, hi, site, ignore=None)`` sets ``latch = [1, site]`` when
 any index lies outside ``[lo, hi)`` (and differs from ``ignore``, when given), with device
-operations only (no host read, so it is capture-safe). The runtime raises ``DeviceAssert`` naming
-the site at its next synchronising read.
+operations only (no host read, so it is capture-safe); a latch already set keeps the site that set
+it first. The runtime raises ``DeviceAssert`` naming that site at its next synchronising read.
 
 ``IndexCheck`` is what an ``OpKernel``'s ``index_checks(node, specs)`` returns for each index
 input: the input, its valid range ``[lo, hi)`` (host ints; a tuple gives one range per position
@@ -40,9 +40,9 @@ def flag_out_of_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int |
     bad = xp.logical_or(idx < lo, idx >= hi)
     if ignore is not None:
         bad = xp.logical_and(bad, idx != ignore)
-    flag = bad.any().astype(latch.dtype).reshape(1)
-    xp.copyto(latch[1:2], site, where=flag.astype(bool))
-    xp.maximum(latch[0:1], flag, out=latch[0:1])
+    flag = bad.any().reshape(1)
+    xp.copyto(latch[1:2], site, where=xp.logical_and(flag, latch[0:1] == 0))  # the first site to flag is named
+    xp.maximum(latch[0:1], flag.astype(latch.dtype), out=latch[0:1])
 
 
 def flag_check(xp, latch, idx, check: IndexCheck, site: int) -> None:

@@ -27,6 +27,12 @@ found and how to say it explicitly: a model card (``<model>.lockstep.toml`` next
     kv_layout = "BNSH"                 # or "BSNH"
 
 Decoding is batch 1: a model whose batch axis is fixed to another size is refused.
+
+Position limit: a step that would pass the model's last position is refused before it runs
+(``ContextLimitExceeded``, naming the limit and where it comes from): a fixed KV capacity, or the
+rows of a position table the graph indexes by position -- the cos/sin caches of RotaryEmbedding
+(with position_ids) or of GroupQueryAttention (``do_rotary``), or any table (initializer or
+Constant) that a Gather reads by the ``position_ids`` input. The smallest such limit applies.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "read_card", "parse_io_option", "card_path_for", "ROLES"]
+__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "ContextLimitExceeded", "read_card", "parse_io_option",
+           "card_path_for", "position_limit", "ROLES"]
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
 _EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
@@ -58,6 +65,44 @@ class NotADecoder(ValueError):
 
 class ModelCardError(ValueError):
     """A model card (TOML or ``--io``) is malformed or names what the model does not have."""
+
+
+class ContextLimitExceeded(ValueError):
+    """A decode would pass the model's last position (its KV capacity or its position tables);
+    raised before the step runs, naming the limit and where it comes from."""
+
+
+def _table_rows(g: onnx.GraphProto) -> dict[str, int]:
+    """Rows (dim 0) of every initializer and Constant tensor of ``g``."""
+    rows = {t.name: int(t.dims[0]) for t in g.initializer if len(t.dims) >= 1}
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value" and len(a.t.dims) >= 1:
+                    rows[n.output[0]] = int(a.t.dims[0])
+    return rows
+
+
+def position_limit(model: onnx.ModelProto, position_ids: str | None) -> tuple[int, str]:
+    """(number of positions, what bounds it) from the model's position tables, or (0, "") if none
+    is found (see the module docstring)."""
+    g = model.graph
+    rows = _table_rows(g)
+    found: list[tuple[int, str]] = []
+    for n in g.node:
+        name = n.name or n.op_type
+        tables: list[str] = []
+        if n.op_type == "RotaryEmbedding" and len(n.input) > 3 and n.input[3]:
+            tables = list(n.input[1:3])
+        elif n.op_type == "GroupQueryAttention" and any(a.name == "do_rotary" and a.i for a in n.attribute):
+            tables = list(n.input[7:9])
+        elif (n.op_type == "Gather" and position_ids and len(n.input) > 1 and n.input[1] == position_ids
+              and all(a.i == 0 for a in n.attribute if a.name == "axis")):
+            tables = [n.input[0]]
+        for t in tables:
+            if t in rows:
+                found.append((rows[t], f"the {rows[t]} rows of {t!r} read by {n.op_type} node {name!r}"))
+    return min(found, default=(0, ""))
 
 
 def card_path_for(model_path: str | Path) -> Path:
@@ -156,6 +201,8 @@ class DecoderIO:
     extras: dict[str, str] = field(default_factory=dict)  # name -> role (num_logits_to_keep, cache_position)
     feed_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     convention: str = "lockstep"
+    max_positions: int = 0          # positions the model's tables cover, or 0 when none is found
+    limit_source: str = ""          # what bounds max_positions (position_limit)
 
     @property
     def n_layers(self) -> int:
@@ -171,10 +218,15 @@ class DecoderIO:
         return np.zeros(shape, self.kv_dtype)
 
     def check_room(self, position: int, n: int) -> None:
+        """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
         if n < 1:
             raise ValueError(f"a decode step needs at least one token, got {n}")
         if self.capacity and position + n > self.capacity:
-            raise ValueError(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
+            raise ContextLimitExceeded(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
+        if self.max_positions and position + n > self.max_positions:
+            raise ContextLimitExceeded(
+                f"position limit {self.max_positions} exceeded: position {position} + {n} tokens would use "
+                f"position {position + n - 1}, past {self.limit_source}")
 
     def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
         """The non-cache feeds of a step appending ``ids`` at ``position`` (batch 1): ids, the
@@ -282,12 +334,13 @@ class DecoderIO:
                        {v.name for v in ordered}}
         convention = ("lockstep" if not mask else "optimum" if positions else "genai"
                       if any(n.op_type == "GroupQueryAttention" for n in g.node) else "optimum")
+        max_positions, limit_source = position_limit(model, positions)
         return cls(input_ids=input_ids, logits=logits, pasts=tuple(v.name for v in ordered),
                    present_of={pasts[k].name: presents[k].name for k in pasts}, kv_heads=heads, head_dim=head_dim,
                    kv_dtype=np_dtype(ordered[0].type.tensor_type.elem_type), capacity=capacity, vocab=ldims[-1],
                    logits_dtype=np_dtype(by_out[logits].type.tensor_type.elem_type), seq_axis=seq_axis,
                    attention_mask=mask, position_ids=positions, extras=extras, feed_dtypes=feed_dtypes,
-                   convention=convention)
+                   convention=convention, max_positions=max_positions, limit_source=limit_source)
 
     @staticmethod
     def _layout(vi: onnx.ValueInfoProto, card: Mapping[str, str], fail) -> tuple[int, int, int, int]:

@@ -9,6 +9,10 @@ by each step. ``io.step_feeds(ids, position)`` builds a step's ids, mask, positi
 engine's own session (``engine.decoder(model)``), or ``HostKVSession``, which decodes through the
 engine's ``prepare`` with the cache kept on the host, for engines that declare no session of
 their own. ``open_session(engine, model, capture=...)`` picks between them.
+
+Both refuse, before running anything, a context longer than the model holds (its KV capacity or
+position tables: ``DecoderIO.check_room``, ``ContextLimitExceeded``), whatever the engine's
+session does; sessions check each step too.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
-from lockstep.decoder_io import DecoderIO, NotADecoder
+from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder
 from lockstep.engines.protocol import CaptureStats, Unsupported
 
-__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "NotADecoder"]
+__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "NotADecoder",
+           "ContextLimitExceeded"]
 
 @dataclass
 class DecodeResult:
@@ -87,8 +92,17 @@ def _counters(session: Any) -> dict[str, Any]:
     return counters() if callable(counters) else {}
 
 
-def greedy(session: Any, prompt: list[int], n_tokens: int) -> DecodeResult:
-    """Prefill ``prompt`` in one call, then ``n_tokens`` greedy steps of one token each."""
+def _check_context(session: Any, io: DecoderIO | None, n_positions: int) -> None:
+    """Refuse a context of ``n_positions`` the model cannot hold (``io``: given, or the session's)."""
+    io = io if io is not None else getattr(session, "io", None)
+    if isinstance(io, DecoderIO):
+        io.check_room(0, n_positions)
+
+
+def greedy(session: Any, prompt: list[int], n_tokens: int, *, io: DecoderIO | None = None) -> DecodeResult:
+    """Prefill ``prompt`` in one call, then ``n_tokens`` greedy steps of one token each (the
+    last token chosen is never fed: ``len(prompt) + n_tokens - 1`` positions)."""
+    _check_context(session, io, len(prompt) + max(n_tokens - 1, 0))
     session.reset()
     logits = session.forward(prompt)[-1]
     tokens, steps = [], []
@@ -101,9 +115,10 @@ def greedy(session: Any, prompt: list[int], n_tokens: int) -> DecodeResult:
     return DecodeResult(list(prompt), tokens, steps, _counters(session), session.capture_stats())
 
 
-def teacher_force(session: Any, context: list[int], *, stepwise: bool) -> np.ndarray:
+def teacher_force(session: Any, context: list[int], *, stepwise: bool, io: DecoderIO | None = None) -> np.ndarray:
     """Logits at every position of ``context`` [len, vocab]: as one prefill, or one token per step
     through the decode path (the path a captured decode graph replays)."""
+    _check_context(session, io, len(context))
     session.reset()
     if not stepwise:
         return session.forward(context)

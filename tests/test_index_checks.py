@@ -152,3 +152,67 @@ def test_rotary_position_past_its_cache_in_a_decode_is_a_device_assert(make_runt
     rt.reset_error_latch()
     ok = {"x": x, "pos": np.array([[5]], I)}
     np.testing.assert_allclose(ex.run(ok)["y"], ReferenceEvaluator(model).run(None, ok)[0], rtol=1e-6)
+
+
+# -- the decode position limit ---------------------------------------------------------------------
+
+def _golden(name):
+    import onnx
+    from lockstep.golden.anchors import MODEL_DIR
+
+    return onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+
+
+@pytest.mark.parametrize("name", ["tiny-fp32-standard", "tiny-fp32-decomposed"])
+def test_golden_model_past_its_rotary_cache_is_a_device_assert(make_runtime, name):
+    """Running a golden model at position 512 (its caches have 512 rows) without the decode check
+    flags the node that reads the cache: a resettable DeviceAssert, not a sticky device fault."""
+    model = _golden(name)
+    rt = make_runtime()
+    ex = Executor(model, rt)
+    empty = np.zeros((1, 2, 0, 16), F)
+    feeds = {"input_ids": np.array([[65]], I), "position_ids": np.array([[512]], I),
+             **{vi.name: empty for vi in model.graph.input if vi.name.startswith("past_key_values")}}
+    node = "'layers.0/[qk]_rope'" if "standard" in name else "'rope/cos_half'"  # the first node to flag
+    with pytest.raises(DeviceAssert, match=node):
+        ex.run(feeds)
+    rt.reset_error_latch()
+    ex.run({**feeds, "position_ids": np.array([[511]], I)})
+
+
+@pytest.mark.parametrize("which", ["ref-sim", "ort-cpu", "host-kv"])
+@pytest.mark.parametrize("model_name", ["tiny-fp32-standard", "tiny-fp32-decomposed", "tiny-int4-genai"])
+def test_decode_refuses_a_context_past_the_model_limit_before_running(which, model_name):
+    """prompt + tokens crossing the 512 rows of the rotary cache: refused by greedy and
+    teacher_force before anything runs, and by a session's step at the limit, on every engine."""
+    from lockstep.decoding import ContextLimitExceeded, HostKVSession, greedy, open_session, teacher_force
+    from lockstep.engines.registry import load_engine
+
+    model = _golden(model_name)
+    if which == "host-kv":  # lockstep's own session over any engine's prepare
+        session = HostKVSession(model, load_engine("ref-sim").prepare(model))
+    else:
+        session = open_session(load_engine(which), model)
+    calls = []
+    forward = session.forward
+    session.forward = lambda ids: calls.append(len(ids)) or forward(ids)
+    limit = "position limit 512 exceeded.*rope.cos_cache"
+    with pytest.raises(ContextLimitExceeded, match=limit):
+        greedy(session, [65] * 510, 4)  # would feed positions 0..512
+    with pytest.raises(ContextLimitExceeded, match=limit):
+        teacher_force(session, [65] * 513, stepwise=True)
+    assert calls == [], "refused before running"
+    session.reset()
+    session.forward([65] * 511)
+    session.forward([66])  # position 511, the last row
+    with pytest.raises(ContextLimitExceeded, match=r"position 512 \+ 1 tokens would use position 512"):
+        session.forward([67])
+
+
+def test_greedy_up_to_the_limit_runs():
+    from lockstep.decoding import greedy, open_session
+    from lockstep.engines.registry import load_engine
+
+    session = open_session(load_engine("ref-sim"), _golden("tiny-fp32-standard"))
+    res = greedy(session, [65] * 509, 4)  # positions 0..511
+    assert len(res.tokens) == 4
