@@ -31,6 +31,9 @@ GroupQueryAttention
     * Per batch entry b the total length is ``t_b = seqlens_k[b] + 1`` (read on the device).  On the
       first prompt (``S == T``) the past length is ``p_b = 0`` (rows ``S > t_b`` are right padding);
       otherwise ``p_b = t_b - S`` (token generation, or a later prompt chunk, which needs B == 1).
+      A ``seqlens_k`` ORT refuses (outside ``[0, present length)``, below ``S - 1`` after the first
+      prompt, or a rotary position past the cos/sin rows) sets the runtime's error latch
+      (``index_checks``: ``DeviceAssert`` naming the node); the kernel clips it.
     * Present row ``r`` of entry b: ``past[r]`` for ``r < p_b``, the new (rotated) key/value
       ``r - p_b`` for ``p_b <= r < p_b + S``, zero elsewhere -- ORT zeroes a present buffer that
       is not the past buffer (onnxruntime's Python API never shares them; with IO binding in place
@@ -53,6 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
+from ._latch import IndexCheck
 from ._linalg import bf16_as_float32, matmul
 from ._op import OpKernel, Spec, head_counts, normalize_axis
 
@@ -363,4 +367,14 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
     return tuple(res)
 
 
-OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,)))
+def _gqa_check(node, specs):
+    """seqlens_k (checked into the error latch, as ORT refuses them): in [0, present length), at
+    least S - 1 after the first prompt (no negative past), and with rotary then below the cache rows."""
+    B, S, _D, _P, T, L, rd = _gqa_dims(node, specs)
+    if S == T:
+        return [IndexCheck(5, 0, L)]
+    return [IndexCheck(5, S - 1, min(L, specs[7].shape[0]) if rd else L)]
+
+
+OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,),
+                    index_checks=_gqa_check))

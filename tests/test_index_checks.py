@@ -216,3 +216,46 @@ def test_greedy_up_to_the_limit_runs():
     session = open_session(load_engine("ref-sim"), _golden("tiny-fp32-standard"))
     res = greedy(session, [65] * 509, 4)  # positions 0..511
     assert len(res.tokens) == 4
+
+
+# -- GroupQueryAttention's seqlens_k (com.microsoft; onnx's reference has no contrib ops: ORT is the oracle)
+
+_GQA = {  # case, good seqlens_k, bad seqlens_k (ORT refuses each bad one)
+    "decode-growing": (dict(B=2, S=1, nq=4, nkv=2, D=16, P=6, T=7, rot=16), [6, 3], [7, 3]),
+    "decode-negative": (dict(B=2, S=1, nq=4, nkv=2, D=16, P=6, T=7, rot=16), [0, 3], [-1, 3]),
+    "prefill": (dict(B=2, S=4, nq=4, nkv=2, D=16, P=None, T=4, rot=16), [3, 1], [4, 3]),
+    "chunk-negative-past": (dict(B=1, S=3, nq=4, nkv=2, D=16, P=5, T=8, rot=16), [7], [1]),
+    "static-capacity": (dict(B=1, S=1, nq=4, nkv=2, D=16, P=10, T=7), [9], [10]),
+    # a static cache of 10 with an 8-row rotary cache: position 8 has no row
+    "static-rotary-rows": (dict(B=1, S=1, nq=4, nkv=2, D=16, P=10, T=7, rot=16), [7], [8]),
+}
+
+
+@pytest.mark.parametrize("name", list(_GQA))
+def test_group_query_attention_seqlens_out_of_range_is_a_device_assert(make_runtime, name):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_contrib_ops import _ORT, _gqa_case
+    from test_contrib_ops import _model as contrib_model
+
+    case, good, bad = _GQA[name]
+    node, feeds, outs = _gqa_case(np.random.default_rng(7), seqlens=good, **case)
+    if name == "static-rotary-rows":
+        feeds["cos"], feeds["sin"] = feeds["cos"][:8], feeds["sin"][:8]
+    node.name = "gqa_under_test"
+    model = contrib_model(node, feeds, outs)
+    rt = make_runtime()
+    ex = Executor(model, rt)
+    want = _ORT.prepare(model)(feeds)
+    got = ex.run(feeds)
+    for w, o in zip(want, outs):
+        np.testing.assert_allclose(got[o[0]], w, rtol=1e-4, atol=1e-5)
+    bad_feeds = {**feeds, "sk": np.asarray(bad, np.int32)}
+    with pytest.raises(Exception, match="seqlens_k"):  # ORT's outcome, kept beside ours
+        _ORT.prepare(model)(bad_feeds)
+    with pytest.raises(DeviceAssert, match="gqa_under_test"):
+        ex.run(bad_feeds)
+    rt.reset_error_latch()
+    np.testing.assert_allclose(ex.run(feeds)[outs[0][0]], want[0], rtol=1e-4, atol=1e-5)
