@@ -23,6 +23,7 @@ from ._conv_util import (
     resize_axis,
     windows,
 )
+from ._latch import IndexCheck
 from ._op import OpKernel, Spec
 
 __all__ = ["OPS"]
@@ -238,6 +239,11 @@ def _unpool_compute(xp, node, x, ind, out_shape=None):
         y = y[tuple(slice(0, min(a, b)) for a, b in zip(inferred, shape))]
         y = xp.pad(y, [(0, max(0, b - a)) for a, b in zip(y.shape, shape)], mode="constant")
     return (y,)
+
+
+def _unpool_check(node, specs):
+    """Indices are flat positions in the inferred output: [0, its size) (flagged into the error latch)."""
+    return [IndexCheck(1, 0, int(np.prod(_unpool_inferred(node, specs[0].shape), dtype=np.int64)))]
 
 
 def _lrn_shapes(node, specs):
@@ -610,7 +616,7 @@ OPS: list[OpKernel] = [
     OpKernel("GlobalAveragePool", _global_shapes, _gap_compute, since=1),
     OpKernel("GlobalMaxPool", _global_shapes, _gmp_compute, since=1),
     OpKernel("GlobalLpPool", _global_shapes, _glp_compute, since=1),
-    OpKernel("MaxUnpool", _unpool_shapes, _unpool_compute, since=9, host_inputs=(2,)),
+    OpKernel("MaxUnpool", _unpool_shapes, _unpool_compute, since=9, host_inputs=(2,), index_checks=_unpool_check),
     OpKernel("LRN", _lrn_shapes, _lrn_compute, since=1),
     OpKernel("Upsample", _resize_shapes, _resize_compute, since=1, host_inputs=(1,)),
     OpKernel("Resize", _resize_shapes, _resize_compute, since=10, host_inputs=(1, 2, 3)),

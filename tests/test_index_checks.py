@@ -85,6 +85,8 @@ CASES = [
     ("rotary-negative", "RotaryEmbedding", 23, {},
      {"x": _x(1, 2, 2, 4), "cos": _x(3, 2), "sin": _x(3, 2), "pos": np.array([[1, 2]], I)},
      {"pos": np.array([[-1, 0]], I)}, 1),
+    ("maxunpool", "MaxUnpool", 21, dict(kernel_shape=[2], strides=[2]),
+     {"x": _x(1, 1, 2), "i": np.array([[[1, 2]]], I)}, {"i": np.array([[[1, 4]]], I)}, 1),
     ("nll", "NegativeLogLikelihoodLoss", 21, dict(reduction="none"),
      {"x": _x(3, 4), "t": np.array([0, 3, 1], I)}, {"t": np.array([0, 4, 1], I)}, 1),
     # reduction "sum": with ignore_index, onnx's reference divides a "mean" by the count of all
