@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._linalg import bf16_as_float32, matmul
 from ._latch import IndexCheck
+from ._linalg import bf16_as_float32, matmul
 from ._op import OpKernel, Spec, normalize_axis
 
 __all__ = ["ATTENTION_OPS"]

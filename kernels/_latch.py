@@ -14,11 +14,12 @@ is the common case ``[-n, n)`` (negative indices count from the end, as ONNX's G
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Union
+from collections.abc import Sequence
+from typing import NamedTuple
 
-__all__ = ["IndexCheck", "as_check", "flag_out_of_range", "flag_check"]
+__all__ = ["IndexCheck", "as_check", "flag_check", "flag_out_of_range"]
 
-Bound = Union[int, Sequence[int]]
+Bound = int | Sequence[int]
 
 
 class IndexCheck(NamedTuple):

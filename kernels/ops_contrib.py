@@ -370,7 +370,7 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
 def _gqa_check(node, specs):
     """seqlens_k (checked into the error latch, as ORT refuses them): in [0, present length), at
     least S - 1 after the first prompt (no negative past), and with rotary then below the cache rows."""
-    B, S, _D, _P, T, L, rd = _gqa_dims(node, specs)
+    _B, S, _D, _P, T, L, rd = _gqa_dims(node, specs)
     if S == T:
         return [IndexCheck(5, 0, L)]
     return [IndexCheck(5, S - 1, min(L, specs[7].shape[0]) if rd else L)]
