@@ -257,14 +257,15 @@ def _lrn_compute(xp, node, x):
     work = float_work(x.dtype)
     xw = x.astype(work, copy=False)
     sq = xw * xw
-    c1 = (size - 1) // 2
-    c2 = size - 1 - c1
     C = x.shape[1]
+    # The window [c - c1, c + c2], clipped to the channels: a size beyond C adds only zeros.
+    c1 = min((size - 1) // 2, max(C - 1, 0))
+    c2 = min(size - 1 - (size - 1) // 2, max(C - 1, 0))
     pad = [(0, 0)] * x.ndim
     pad[1] = (c1, c2)
     sqp = xp.pad(sq, pad, mode="constant", constant_values=0)
     acc = xp.zeros_like(sq)
-    for i in range(size):
+    for i in range(c1 + c2 + 1):
         acc = acc + sqp[:, i:i + C]
     den = xp.power(acc * work.type(alpha / size) + work.type(bias), work.type(beta))
     return ((xw / den).astype(x.dtype),)

@@ -519,7 +519,8 @@ def _dropout12_compute(xp, node, x, ratio=None, training_mode=None):
     xw = to_work(x)
     r = xw.dtype.type(0.5) if ratio is None else to_work(ratio, xw.dtype).reshape(())
     seed = node.attr("seed")
-    rng = np.random.RandomState(None if seed is None else int(seed))  # host-side, from attributes
+    # host-side, from attributes; any int64 seed is legal ONNX, RandomState takes 32 bits
+    rng = np.random.RandomState(None if seed is None else int(seed) % 2**32)
     keep = xp.asarray(rng.uniform(0.0, 1.0, tuple(x.shape))) >= r
     y = keep.astype(xw.dtype) * xw * (1.0 / (1.0 - r))
     out = [_cast(y, node.out_specs[0].dtype)]

@@ -154,6 +154,7 @@ class Executor:
             if kernel is None:
                 unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")
                 continue
+            kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
             present = tuple(bool(i) for i in node.input)
             self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output))))
         if unsupported:

@@ -1,0 +1,205 @@
+"""Attribute mutations of ONNX's node cases on the simulated device: every outcome must be OK or a
+named lockstep error, never a device fault (``LaunchFailure``) or a raw Python exception.
+
+Each node case's node gets each attribute mutated in turn (removed; int -> 0, -1, 7, 2**31, -2**40;
+string -> 'bogus'; float -> nan, inf; int list -> empty, negated, 64 long; float list -> nan) and runs on
+a fresh ``Executor`` on ``SimDevice``. Cases run in a worker process under ``ulimit -v`` (4 GB) and
+a per-case alarm; a worker that dies is recorded as ``crash`` and restarted after that case.
+
+    python scripts/mutate_attrs.py [--per-op 3] [--out mutations.jsonl] [--match Resize]
+
+Classes: ok, named (OpError, ModelError, UnsupportedModel, FeedError, DeviceAssert), host (a
+``KernelHostError``: named, but a check that load time could have made), memory (MemoryError or
+MemoryAllocation: the device budget's part), launch_failure (a CUDA-named device error), raw (any
+other exception), hang, crash. Prints counts per class and the non-named outcomes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import warnings
+
+INT_MUTATIONS = (0, -1, 7, 2**31, -(2**40))
+FLOAT_MUTATIONS = (math.nan, math.inf)
+NAMED = {"OpError", "ModelError", "UnsupportedModel", "FeedError", "DeviceAssert", "Unsupported"}
+TIMEOUT_S = 20
+
+
+def mutations(node):
+    """(attribute name, label, AttributeProto) for each mutation of the node's attributes."""
+    from onnx import AttributeProto, helper
+
+    for a in node.attribute:
+        if a.type == AttributeProto.INT:
+            vals = [(str(v), v) for v in INT_MUTATIONS]
+        elif a.type == AttributeProto.FLOAT:
+            vals = [(str(v), v) for v in FLOAT_MUTATIONS]
+        elif a.type == AttributeProto.STRING:
+            vals = [("'bogus'", "bogus")]
+        elif a.type == AttributeProto.INTS:
+            ints = list(a.ints)
+            vals = [("[]", []), ("negated", [-abs(v) - 1 for v in ints] or [-1]), ("64 long", [1] * 64)]
+        elif a.type == AttributeProto.FLOATS:
+            vals = [("[nan]", [math.nan] * max(1, len(a.floats)))]
+        else:
+            continue
+        yield a.name, "removed", None
+        for label, v in vals:
+            if a.type == AttributeProto.INTS and not v:
+                attr = AttributeProto(name=a.name, type=AttributeProto.INTS)
+            else:
+                attr = helper.make_attribute(a.name, v)
+            yield a.name, label, attr
+
+
+def plan(per_op: int, match: str | None):
+    """The list of (case index, attribute, label) to run, in a fixed order."""
+    from lockstep.reference_runtime.node_cases import load_cases
+
+    seen = collections.Counter()
+    out = []
+    for ci, case in enumerate(load_cases()):
+        model = case.proto()
+        if len(model.graph.node) != 1:
+            continue
+        node = model.graph.node[0]
+        if match and match not in node.op_type:
+            continue
+        for name, label, _ in mutations(node):
+            key = (node.op_type, name, label)
+            if seen[key] >= per_op:
+                continue
+            seen[key] += 1
+            out.append((ci, name, label))
+    return out
+
+
+def classify(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "KernelHostError" in names:
+        return "host"
+    if names & {"MemoryError", "MemoryAllocation"}:
+        return "memory"
+    if names & NAMED:
+        return "named"
+    if "CudaError" in names:
+        return "launch_failure"
+    return "raw"
+
+
+def run_one(case, attr_name, label):
+    import numpy as np
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.executor import Executor
+    from lockstep.reference_runtime.node_cases import _feeds
+
+    import onnx.numpy_helper
+
+    model = case.proto()
+    node = model.graph.node[0]
+    attr = next(a for n, lab, a in mutations(node) if n == attr_name and lab == label)
+    kept = [a for a in node.attribute if a.name != attr_name]
+    del node.attribute[:]
+    node.attribute.extend(kept if attr is None else [*kept, attr])
+    ins = [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in case.inputs]
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    ex.run(_feeds(model, ins))
+
+
+def worker(start: int, todo_path: str) -> None:
+    from lockstep.reference_runtime.node_cases import load_cases
+
+    with open(todo_path) as f:
+        todo = json.load(f)
+    cases = load_cases()
+
+    def alarm(*_):
+        raise TimeoutError("hang")
+
+    signal.signal(signal.SIGALRM, alarm)
+    for i in range(start, len(todo)):
+        ci, name, label = todo[i]
+        print(json.dumps({"i": i, "started": True}), flush=True)
+        exc = None
+        signal.alarm(TIMEOUT_S)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                run_one(cases[ci], name, label)
+        except TimeoutError as e:
+            exc = e
+        except BaseException as e:  # noqa: BLE001 - classifying is the point
+            exc = e
+        finally:
+            signal.alarm(0)
+        cls = "hang" if isinstance(exc, TimeoutError) and str(exc) == "hang" else classify(exc)
+        print(json.dumps({"i": i, "class": cls, "error": "" if exc is None else f"{type(exc).__name__}: {str(exc)[:300]}"}),
+              flush=True)
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, 4_000_000 * 1024))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-op", type=int, default=3, help="cases per (op type, attribute, mutation)")
+    ap.add_argument("--match", help="only op types containing this")
+    ap.add_argument("--out", default="attr-mutations.jsonl")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--todo", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        worker(args.worker, args.todo)
+        return 0
+    from lockstep.reference_runtime.node_cases import load_cases
+
+    cases = load_cases()
+    todo = plan(args.per_op, args.match)
+    todo_path = args.out + ".todo.json"
+    with open(todo_path, "w") as f:
+        json.dump(todo, f)
+    results: dict[int, dict] = {}
+    start = 0
+    while start < len(todo):
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(start), "--todo", todo_path],
+                                stdout=subprocess.PIPE, text=True, preexec_fn=_limits)
+        last_started = start
+        for line in proc.stdout:
+            rec = json.loads(line)
+            if rec.get("started"):
+                last_started = rec["i"]
+            else:
+                results[rec["i"]] = rec
+        proc.wait()
+        if last_started not in results:  # the worker died inside this case
+            results[last_started] = {"i": last_started, "class": "crash", "error": f"worker exit {proc.returncode}"}
+        start = max(results) + 1 if results else len(todo)
+    os.remove(todo_path)
+    counts = collections.Counter()
+    with open(args.out, "w") as f:
+        for i, (ci, name, label) in enumerate(todo):
+            rec = results[i]
+            op = cases[ci].proto().graph.node[0].op_type
+            row = {"case": cases[ci].name, "op": op, "attr": name, "mutation": label, **rec}
+            f.write(json.dumps(row) + "\n")
+            counts[rec["class"]] += 1
+            if rec["class"] not in ("ok", "named"):
+                print(f"{rec['class']:15} {cases[ci].name} {op}.{name}={label}: {rec['error'][:200]}")
+    print(f"{len(todo)} mutations:", dict(sorted(counts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
