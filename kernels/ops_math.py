@@ -342,8 +342,8 @@ def _resize_plan(node, specs):
                 for a in axes:
                     scales[a] = s
                     sizes[a] = int(s * x.shape[a] + 0.5)
-    if any(s <= 0 for s in scales):
-        raise node.error(f"scales {scales} must be positive")
+    if any(not np.isfinite(s) or s <= 0 for s in scales):
+        raise node.error(f"scales {scales} must be positive and finite")
     if sizes is None:
         sizes = [int(np.floor(s * d)) for s, d in zip(scales, x.shape)]
     return tuple(sizes), scales, roi, axes

@@ -6,11 +6,15 @@ string -> 'bogus'; float -> nan, inf; int list -> empty, negated, 64 long; float
 a fresh ``Executor`` on ``SimDevice``. Cases run in a worker process under ``ulimit -v`` (4 GB) and
 a per-case alarm; a worker that dies is recorded as ``crash`` and restarted after that case.
 
-    python scripts/mutate_attrs.py [--per-op 3] [--out mutations.jsonl] [--match Resize]
+With ``--inputs`` it mutates instead the feeds whose values the kernel reads on the host
+(``OpKernel.host_inputs``: Resize scales, Split sizes, Pad pads...): every element -> 0, -1, 2**31,
+-2**40 (integers) or nan, inf, -inf (floats).
+
+    python scripts/mutate_attrs.py [--inputs] [--per-op 3] [--out mutations.jsonl] [--match Resize]
 
 Classes: ok, named (OpError, ModelError, UnsupportedModel, FeedError, DeviceAssert), host (a
 ``KernelHostError``: named, but a check that load time could have made), memory (MemoryError or
-MemoryAllocation: the device budget's part), launch_failure (a CUDA-named device error), raw (any
+MemoryAllocation: the device budget's part), cuda_error (a CUDA-named device error: LaunchFailure before this change), raw (any
 other exception), hang, crash. Prints counts per class and the non-named outcomes.
 """
 
@@ -60,8 +64,44 @@ def mutations(node):
             yield a.name, label, attr
 
 
-def plan(per_op: int, match: str | None):
-    """The list of (case index, attribute, label) to run, in a fixed order."""
+INPUT_INT_MUTATIONS = (0, -1, 2**31, -(2**40))
+INPUT_FLOAT_MUTATIONS = (math.nan, math.inf, -math.inf)
+
+
+def input_mutations(case):
+    """("input i", label, value) for each mutation of the host-read feeds of a one-node case."""
+    import numpy as np
+    from lockstep.kernels.registry import REGISTRY
+
+    model = case.proto()
+    node = model.graph.node[0]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    kernel = REGISTRY.lookup("" if node.domain == "ai.onnx" else node.domain, node.op_type, opset)
+    if kernel is None:
+        return
+    init = {t.name for t in model.graph.initializer}
+    feeds = [vi.name for vi in model.graph.input if vi.name not in init]
+    for i in kernel.host_inputs:
+        if i >= len(node.input) or not node.input[i] or node.input[i] not in feeds:
+            continue
+        x = case.inputs[feeds.index(node.input[i])]
+        x = np.asarray(x) if not hasattr(x, "dims") else None
+        if x is None or x.dtype.kind not in "iuf":
+            continue
+        vals = INPUT_FLOAT_MUTATIONS if x.dtype.kind == "f" else INPUT_INT_MUTATIONS
+        for v in vals:
+            if x.dtype.kind == "u" and v < 0:
+                continue
+            try:
+                with np.errstate(all="ignore"):
+                    y = np.full_like(x, v)
+            except OverflowError:
+                continue
+            yield f"input {i}", f"all {v}", feeds.index(node.input[i]), y
+
+
+def plan(per_op: int, match: str | None, inputs: bool = False):
+    """The list of (case index, attribute or input, label) to run, in a fixed order."""
     from lockstep.reference_runtime.node_cases import load_cases
 
     seen = collections.Counter()
@@ -73,7 +113,9 @@ def plan(per_op: int, match: str | None):
         node = model.graph.node[0]
         if match and match not in node.op_type:
             continue
-        for name, label, _ in mutations(node):
+        muts = ([(n, lab) for n, lab, _, _ in input_mutations(case)] if inputs
+                else [(n, lab) for n, lab, _ in mutations(node)])
+        for name, label in muts:
             key = (node.op_type, name, label)
             if seen[key] >= per_op:
                 continue
@@ -93,7 +135,7 @@ def classify(exc: BaseException | None) -> str:
     if names & NAMED:
         return "named"
     if "CudaError" in names:
-        return "launch_failure"
+        return "cuda_error"
     return "raw"
 
 
@@ -108,11 +150,15 @@ def run_one(case, attr_name, label):
 
     model = case.proto()
     node = model.graph.node[0]
-    attr = next(a for n, lab, a in mutations(node) if n == attr_name and lab == label)
-    kept = [a for a in node.attribute if a.name != attr_name]
-    del node.attribute[:]
-    node.attribute.extend(kept if attr is None else [*kept, attr])
     ins = [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in case.inputs]
+    if attr_name.startswith("input "):
+        k, value = next((k, y) for n, lab, k, y in input_mutations(case) if n == attr_name and lab == label)
+        ins[k] = value
+    else:
+        attr = next(a for n, lab, a in mutations(node) if n == attr_name and lab == label)
+        kept = [a for a in node.attribute if a.name != attr_name]
+        del node.attribute[:]
+        node.attribute.extend(kept if attr is None else [*kept, attr])
     ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
     ex.run(_feeds(model, ins))
 
@@ -157,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-op", type=int, default=3, help="cases per (op type, attribute, mutation)")
     ap.add_argument("--match", help="only op types containing this")
     ap.add_argument("--out", default="attr-mutations.jsonl")
+    ap.add_argument("--inputs", action="store_true", help="mutate the host-read feeds instead of attributes")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--todo", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -166,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     from lockstep.reference_runtime.node_cases import load_cases
 
     cases = load_cases()
-    todo = plan(args.per_op, args.match)
+    todo = plan(args.per_op, args.match, args.inputs)
     todo_path = args.out + ".todo.json"
     with open(todo_path, "w") as f:
         json.dump(todo, f)
