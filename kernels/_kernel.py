@@ -48,9 +48,12 @@ class KernelHostError(OpError):
 
 def is_host_error(exc: BaseException) -> bool:
     """Whether an exception from a kernel body is the body's own host-code failure (wrapped into
-    ``KernelHostError``) rather than memory exhaustion (reported by memory accounting) or one of
-    lockstep's device errors (they carry ``cuda_name``)."""
-    return (isinstance(exc, Exception) and not isinstance(exc, (MemoryError, KernelHostError))
+    ``KernelHostError``) rather than memory exhaustion (reported by memory accounting), one of
+    lockstep's device errors (they carry ``cuda_name``) or the engine protocol's ``Unsupported``
+    (a counted skip with its reason), which keep their own class."""
+    from lockstep.engines.protocol import Unsupported  # the protocol's exception: no runtime import
+
+    return (isinstance(exc, Exception) and not isinstance(exc, (MemoryError, KernelHostError, Unsupported))
             and not hasattr(exc, "cuda_name"))
 
 

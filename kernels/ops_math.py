@@ -311,7 +311,9 @@ def _resize_plan(node, specs):
             raise node.error("exactly one of scales and sizes must be given")
         na = len(axes)
         roi = None
-        if roi_v is not None and node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+            if roi_v is None:
+                raise node.error("coordinate_transformation_mode tf_crop_and_resize needs a non-empty roi input")
             if len(roi_v) != 2 * na:
                 raise node.error(f"roi has {len(roi_v)} values, {2 * na} expected")
             roi = [(0.0, 1.0)] * r
@@ -489,6 +491,8 @@ def _stft_plan(node, specs):
     if step is None or step <= 0:
         raise node.error("frame_step must be a positive scalar")
     window = specs[2] if len(specs) > 2 else None
+    if window is not None and window.rank != 1:
+        raise node.error(f"window must be 1-D, got shape {window.shape}")
     length = _host_int(node, specs, 3, "frame_length")
     if length is None:
         length = window.shape[0] if window is not None else x.shape[1]

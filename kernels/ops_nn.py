@@ -352,7 +352,7 @@ def _group_norm_compute(xp, node, x, scale, b):
         wd = stash_dtype(node.attr("stash_type", 1), x.dtype)
     else:
         wd = _param_dtype(x, scale, b)
-    xg = to_work(x, wd).reshape((n, g, -1))
+    xg = to_work(x, wd).reshape((n, g, (c // g) * int(np.prod(x.shape[2:], dtype=np.int64))))  # no -1: n may be 0
     _, d, var = _moments(xp, xg, (2,))
     y = (d / xp.sqrt(var + _f(node, "epsilon", 1e-5))).reshape(x.shape)
     pd = work_dtype(node.out_specs[0].dtype) if wd != _F64 else wd

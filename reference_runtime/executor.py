@@ -23,7 +23,8 @@ import numpy as np
 import onnx
 from lockstep.kernels import Kernel
 from lockstep.kernels._latch import flag_out_of_range
-from lockstep.kernels._op import NodeInfo, OpKernel, Spec
+from lockstep.kernels._kernel import KernelHostError, is_host_error
+from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
@@ -365,7 +366,12 @@ class Executor:
             if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
                 host = rt.download(values[i].tensor)  # the node's host seam
                 specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
-        out_specs = list(step.kernel.shapes(info, specs))
+        try:
+            out_specs = list(step.kernel.shapes(info, specs))
+        except Exception as exc:  # a kernel's own shape code failing is named after its node
+            if isinstance(exc, OpError) or not is_host_error(exc):
+                raise
+            raise KernelHostError(step.launch, {"node": info}, exc) from exc
         out_specs = self._fold_host_values(step, info, specs, out_specs)
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):

@@ -10,7 +10,11 @@ With ``--inputs`` it mutates instead the feeds whose values the kernel reads on 
 (``OpKernel.host_inputs``: Resize scales, Split sizes, Pad pads...): every element -> 0, -1, 2**31,
 -2**40 (integers) or nan, inf, -inf (floats).
 
-    python scripts/mutate_attrs.py [--inputs] [--per-op 3] [--out mutations.jsonl] [--match Resize]
+With ``--shapes`` it mutates each feed's shape (one rank less, one rank more, a zero-length first
+dim; the graph input declared to match), reaching the kernels' ``shapes()`` with shapes the
+node's schema does not allow.
+
+    python scripts/mutate_attrs.py [--inputs | --shapes] [--per-op 3] [--out mutations.jsonl] [--match Resize]
 
 Classes: ok, named (OpError, ModelError, UnsupportedModel, FeedError, DeviceAssert), host (a
 ``KernelHostError``: named, but a check that load time could have made), memory (MemoryError or
@@ -100,8 +104,25 @@ def input_mutations(case):
             yield f"input {i}", f"all {v}", feeds.index(node.input[i]), y
 
 
-def plan(per_op: int, match: str | None, inputs: bool = False):
+def shape_mutations(case):
+    """("feed k", label, k, value) for each shape mutation of a one-node case's feeds."""
+    import numpy as np
+
+    for k, x in enumerate(case.inputs):
+        if hasattr(x, "dims") or not isinstance(x, (np.ndarray, np.generic)):
+            continue
+        x = np.asarray(x)
+        if x.ndim and x.shape[0]:
+            yield f"feed {k}", "rank-1", k, x[:1].reshape(x.shape[1:])
+        if x.ndim:
+            yield f"feed {k}", "empty", k, x[:0]
+        yield f"feed {k}", "rank+1", k, x[None]
+
+
+def plan(per_op: int, match: str | None, inputs: bool = False, shapes: bool = False):
     """The list of (case index, attribute or input, label) to run, in a fixed order."""
+    import numpy as np
+    import onnx
     from lockstep.reference_runtime.node_cases import load_cases
 
     seen = collections.Counter()
@@ -113,8 +134,14 @@ def plan(per_op: int, match: str | None, inputs: bool = False):
         node = model.graph.node[0]
         if match and match not in node.op_type:
             continue
-        muts = ([(n, lab) for n, lab, _, _ in input_mutations(case)] if inputs
-                else [(n, lab) for n, lab, _ in mutations(node)])
+        if not all(isinstance(x, (np.ndarray, np.generic, onnx.TensorProto)) for x in case.inputs):
+            continue  # sequence or optional values: not tensors (the node suite's "unsupported")
+        if shapes:
+            muts = [(n, lab) for n, lab, _, _ in shape_mutations(case)]
+        elif inputs:
+            muts = [(n, lab) for n, lab, _, _ in input_mutations(case)]
+        else:
+            muts = [(n, lab) for n, lab, _ in mutations(node)]
         for name, label in muts:
             key = (node.op_type, name, label)
             if seen[key] >= per_op:
@@ -151,7 +178,16 @@ def run_one(case, attr_name, label):
     model = case.proto()
     node = model.graph.node[0]
     ins = [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in case.inputs]
-    if attr_name.startswith("input "):
+    if attr_name.startswith("feed "):
+        k, value = next((k, y) for n, lab, k, y in shape_mutations(case) if n == attr_name and lab == label)
+        ins[k] = value
+        init = {t.name for t in model.graph.initializer}
+        vi = [v for v in model.graph.input if v.name not in init][k]
+        shape = vi.type.tensor_type.shape
+        del shape.dim[:]
+        for d in value.shape:
+            shape.dim.add().dim_value = d
+    elif attr_name.startswith("input "):
         k, value = next((k, y) for n, lab, k, y in input_mutations(case) if n == attr_name and lab == label)
         ins[k] = value
     else:
@@ -204,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", help="only op types containing this")
     ap.add_argument("--out", default="attr-mutations.jsonl")
     ap.add_argument("--inputs", action="store_true", help="mutate the host-read feeds instead of attributes")
+    ap.add_argument("--shapes", action="store_true", help="mutate the feeds' shapes instead of attributes")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--todo", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -213,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     from lockstep.reference_runtime.node_cases import load_cases
 
     cases = load_cases()
-    todo = plan(args.per_op, args.match, args.inputs)
+    todo = plan(args.per_op, args.match, args.inputs, args.shapes)
     todo_path = args.out + ".todo.json"
     with open(todo_path, "w") as f:
         json.dump(todo, f)
