@@ -174,16 +174,85 @@ def test_dropout_takes_any_int64_seed():
     assert set(np.unique(y).tolist()) <= {0.0, 2.0}
 
 
-# ------------------------------------------------------------------ the mutation sweep, bounded
+# ------------------------------------------------------------------ input-dependent checks in shapes()
 
 
-def test_attribute_mutations_of_node_cases_give_named_errors(tmp_path):
-    """scripts/mutate_attrs.py over the ops whose mutations used to end as LaunchFailure or a raw
-    exception: every outcome is now OK or a named error (one case per op, attribute and mutation)."""
+def _resize_scales(value):
+    m = _model(helper.make_node("Resize", ["x", "", "scales"], ["y"], name="rs"), [X4, _vi("scales", F, [4])], [Y4])
+    return m, {"x": np.ones((1, 2, 4, 4), np.float32), "scales": np.array([1, 1, value, 2], np.float32)}
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_resize_scales_not_finite_is_an_op_error(value):
+    model, feeds = _resize_scales(value)
+    with pytest.raises(OpError, match=r"node 'rs' \(Resize, opset 21\): scales .* must be positive and finite") as err:
+        Executor(model, _sim_runtime()).run(feeds)
+    assert not isinstance(err.value, KernelHostError)
+
+
+def test_onehot_depth_not_finite_is_an_op_error():
+    node = helper.make_node("OneHot", ["i", "d", "v"], ["y"], name="oh")
+    m = _model(node, [_vi("i", TensorProto.INT64, [3]), _vi("d", F, [])], [_vi("y", F, [3, "n"])])
+    m.graph.initializer.append(helper.make_tensor("v", F, [2], [0, 1]))
+    with pytest.raises(OpError, match=r"node 'oh' \(OneHot, opset 21\): input 'depth' must hold finite numbers"):
+        Executor(m, _sim_runtime()).run({"i": np.arange(3), "d": np.array(np.inf, np.float32)})
+
+
+def test_qlinearmatmul_zero_point_shape_is_an_op_error():
+    u8 = TensorProto.UINT8
+    node = helper.make_node("QLinearMatMul", ["a", "as", "azp", "b", "bs", "bzp", "ys", "yzp"], ["y"], name="q")
+    m = _model(node, [_vi("a", u8, [2, 3]), _vi("azp", u8, [0])], [_vi("y", u8, [2, 4])])
+    m.graph.initializer.extend([
+        helper.make_tensor("as", F, [], [0.1]), helper.make_tensor("b", u8, [3, 4], [1] * 12),
+        helper.make_tensor("bs", F, [], [0.1]), helper.make_tensor("bzp", u8, [], [0]),
+        helper.make_tensor("ys", F, [], [0.1]), helper.make_tensor("yzp", u8, [], [0])])
+    feeds = {"a": np.ones((2, 3), np.uint8), "azp": np.zeros(0, np.uint8)}
+    with pytest.raises(OpError, match=r"node 'q' .*a_zero_point has shape \(0,\): one value, or 1-D of 2 expected"):
+        Executor(m, _sim_runtime()).run(feeds)
+
+
+def test_raw_exception_from_a_kernels_shape_code_names_the_node():
+    """A kernel's shapes() failing with a plain Python exception (a missing check) is a
+    KernelHostError naming the node, raised before anything is launched."""
+
+    def shapes(node, specs):
+        return [Spec((specs[0].shape[5],), specs[0].dtype)]  # IndexError on a short shape
+
+    bad = OpKernel("ShapeBug", shapes, lambda xp, node, x: (x,), domain="test.kern", since=1)
+    kernels = [k for (d, op) in REGISTRY.ops() for k in REGISTRY._by_op[(d, op)]]
+    x = _vi("x", F, [3])
+    m = _model(helper.make_node("ShapeBug", ["x"], ["y"], name="sb", domain="test.kern"),
+               [x], [_vi("y", F, [3])], domain_opsets=[("test.kern", 1)])
+    rt = _sim_runtime()
+    with pytest.raises(KernelHostError, match=r"node 'sb' \(ShapeBug, opset 1\): kernel host code raised IndexError") as err:
+        Executor(m, rt, registry=Registry([*kernels, bad])).run({"x": np.ones(3, np.float32)})
+    assert isinstance(err.value.__cause__, IndexError)
+    assert not any(k.startswith("ShapeBug") for k in rt.device.executed)
+
+
+# ------------------------------------------------------------------ the mutation sweeps, bounded
+
+
+SWEEPS = {
+    # attribute mutations (the ops whose mutations ended as LaunchFailure or a raw exception before)
+    "attrs": ((), ("Resize", "Upsample", "Gelu", "EyeLike", "LpPool", "LRN", "Dropout", "Attention")),
+    # host-read input values (NaN/inf scales and depths)
+    "inputs": (("--inputs",), ("OneHot", "Upsample")),
+    # feed shapes reaching shapes() (rank +-1, empty)
+    "shapes": (("--shapes",), ("QLinearMatMul", "MatMulInteger", "Split", "STFT", "GroupNormalization")),
+}
+
+
+@pytest.mark.parametrize("sweep", sorted(SWEEPS))
+def test_mutations_of_node_cases_give_named_errors(tmp_path, sweep):
+    """scripts/mutate_attrs.py over ops whose mutations used to end as LaunchFailure, a raw
+    exception or a KernelHostError: every outcome is now OK or a named error (one case per op,
+    attribute or input, and mutation)."""
     out = tmp_path / "m.jsonl"
     classes = set()
-    for op in ("Resize", "Upsample", "Gelu", "EyeLike", "LpPool", "LRN", "Dropout", "Attention"):
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "mutate_attrs.py"), "--per-op", "1",
+    flags, ops = SWEEPS[sweep]
+    for op in ops:
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "mutate_attrs.py"), *flags, "--per-op", "1",
                                "--match", op, "--out", str(out)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = proc.stdout.strip().splitlines()[-1]
