@@ -148,7 +148,7 @@ def _schema_required(info: NodeInfo) -> None:
 
     try:
         schema = onnx.defs.get_schema(info.op_type, info.opset, info.domain)
-    except Exception:  # no schema (contrib domain, or an op newer than onnx): the tables still apply
+    except onnx.defs.SchemaError:  # no schema (contrib domain, or an op newer than onnx): the tables still apply
         return
     for name, a in schema.attributes.items():
         if a.required and name not in info.attrs:
@@ -165,12 +165,12 @@ def _dtype_ok(to: Any) -> bool:
     from onnx import TensorProto, helper
 
     if isinstance(to, str):  # opset-1 Cast spells the type as a name
-        to = TensorProto.DataType.Value(to.upper()) if to.upper() in TensorProto.DataType.keys() else -1
+        to = TensorProto.DataType.Value(to.upper()) if to.upper() in TensorProto.DataType.keys() else -1  # noqa: SIM118
     if not isinstance(to, (int, np.integer)) or to == TensorProto.STRING:
         return False
     try:
         np.dtype(helper.tensor_dtype_to_np_dtype(int(to)))
-    except Exception:
+    except (KeyError, ValueError, TypeError):
         return False
     return True
 

@@ -21,7 +21,6 @@ from typing import Any, Callable
 from ._op import OpError
 
 
-
 class KernelHostError(OpError):
     """A kernel's host code (its Python body) raised: a bug or an unchecked input in the kernel, not
     a device fault. Names the node and op type (or the kernel, for a runtime primitive) and the
@@ -34,7 +33,7 @@ class KernelHostError(OpError):
     that raised is abandoned by its caller).
     """
 
-    def __init__(self, kernel: "Kernel", scalars: dict[str, Any], exc: BaseException):
+    def __init__(self, kernel: Kernel, scalars: dict[str, Any], exc: BaseException):
         node = scalars.get("node")
         if node is not None and hasattr(node, "op_type"):
             who = f"node {node.name!r} ({node.op_type}, opset {node.opset})"

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 from lockstep.kernels import Kernel
-from lockstep.kernels._latch import flag_out_of_range
 from lockstep.kernels._kernel import KernelHostError, is_host_error
+from lockstep.kernels._latch import flag_out_of_range
 from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper

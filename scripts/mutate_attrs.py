@@ -168,12 +168,11 @@ def classify(exc: BaseException | None) -> str:
 
 def run_one(case, attr_name, label):
     import numpy as np
+    import onnx.numpy_helper
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
     from lockstep.reference_runtime.executor import Executor
     from lockstep.reference_runtime.node_cases import _feeds
-
-    import onnx.numpy_helper
 
     model = case.proto()
     node = model.graph.node[0]

@@ -108,7 +108,7 @@ def _simple(op, inputs, attrs, x=X4, y=Y4, opset=21, inits=(), attr_protos=()):
 
 
 def _matmulnbits(**over):
-    attrs = {**dict(K=32, N=8, bits=4, block_size=32), **over}
+    attrs = {"K": 32, "N": 8, "bits": 4, "block_size": 32, **over}
     node = helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], name="n0", domain="com.microsoft", **attrs)
     m = _model(node, [_vi("x", F, [1, 32])], [_vi("y", F, [1, 8])], domain_opsets=[("com.microsoft", 1)])
     m.graph.initializer.extend([
@@ -253,7 +253,7 @@ def test_mutations_of_node_cases_give_named_errors(tmp_path, sweep):
     flags, ops = SWEEPS[sweep]
     for op in ops:
         proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "mutate_attrs.py"), *flags, "--per-op", "1",
-                               "--match", op, "--out", str(out)], capture_output=True, text=True, timeout=300)
+                               "--match", op, "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         summary = proc.stdout.strip().splitlines()[-1]
         bad = [line for line in proc.stdout.splitlines()[:-1]]

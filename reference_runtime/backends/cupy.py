@@ -108,7 +108,8 @@ class CupyStream(Stream):
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
         """Run the body now, on this stream. A body's own Python exception is ``KernelHostError``
         raised here (not sticky); CUDA statuses become lockstep's CUDA-named errors."""
-        from cupy.cuda import driver as cuda_driver, runtime as cuda_runtime
+        from cupy.cuda import driver as cuda_driver
+        from cupy.cuda import runtime as cuda_runtime
 
         dev = self.device
         dev._check()
