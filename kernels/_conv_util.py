@@ -109,13 +109,17 @@ def geometry(node: NodeInfo, in_sp: Sequence[int], kernel=None, *, ceil_mode: bo
             e = total - b
         elif auto_pad == "VALID":
             b = e = 0
-            o = (n - eff) // s + 1 if n >= eff else 0
+            if n < eff:
+                raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the input ({n}) "
+                                 f"on spatial axis {i}")
+            o = (n - eff) // s + 1
         elif auto_pad == "NOTSET":
             b, e = pads[i], pads[i + nsp]
             span = n + b + e - eff
             if span < 0:
-                o = 0
-            elif ceil_mode:
+                raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the padded input "
+                                 f"({n + b + e}) on spatial axis {i}")
+            if ceil_mode:
                 o = -(-span // s) + 1
                 if (o - 1) * s >= n + b:  # the last window must start inside the input or its begin pad
                     o -= 1

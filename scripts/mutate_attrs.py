@@ -2,7 +2,8 @@
 named lockstep error, never a device fault (``LaunchFailure``) or a raw Python exception.
 
 Each node case's node gets each attribute mutated in turn (removed; int -> 0, -1, 7, 2**31, -2**40;
-string -> 'bogus'; float -> nan, inf; int list -> empty, negated, 64 long; float list -> nan) and runs on
+string -> 'bogus'; float -> nan, inf; int list -> empty, negated, 64 long, 2**31 each; float list
+-> nan) and runs on
 a fresh ``Executor`` on ``SimDevice``. Cases run in a worker process under ``ulimit -v`` (4 GB) and
 a per-case alarm; a worker that dies is recorded as ``crash`` and restarted after that case.
 
@@ -54,7 +55,8 @@ def mutations(node):
             vals = [("'bogus'", "bogus")]
         elif a.type == AttributeProto.INTS:
             ints = list(a.ints)
-            vals = [("[]", []), ("negated", [-abs(v) - 1 for v in ints] or [-1]), ("64 long", [1] * 64)]
+            vals = [("[]", []), ("negated", [-abs(v) - 1 for v in ints] or [-1]), ("64 long", [1] * 64),
+                    ("huge", [2**31] * max(1, len(ints)))]
         elif a.type == AttributeProto.FLOATS:
             vals = [("[nan]", [math.nan] * max(1, len(a.floats)))]
         else:
