@@ -179,13 +179,13 @@ def _spatial(info: NodeInfo) -> None:
     """kernel_shape/strides/dilations positive, pads non-negative, lengths agreeing."""
     a = info.attrs
     ks = a.get("kernel_shape")
-    n = len(ks) if isinstance(ks, list) else None
+    n = len(ks) if isinstance(ks, list) and ks else None  # conv: taken from the weights when absent
     if info.op_type in (*_POOL, "MaxUnpool") and info.op_type != "MaxRoiPool" and not ks:
         raise info.error("required attribute kernel_shape is missing or empty")
     for name in _SPATIAL:
         v = a.get(name)
-        if v is None:
-            continue
+        if v is None or (isinstance(v, list) and not v):
+            continue  # absent or empty: the default (as ONNX Runtime reads an empty list)
         if not isinstance(v, list):
             raise _fail(info, name, v, "a list of integers is expected")
         vals = [_as_int(info, name, x) for x in v]

@@ -93,6 +93,14 @@ class Geometry:
         self.begin, self.end, self.out = list(begin), list(end), list(out)
 
 
+def _window_fits(node: NodeInfo, kernel, eff: int, padded: int, stride: int, axis: int) -> None:
+    """ONNX's output size ``(padded - eff) // stride + 1`` must not be negative (a window far larger
+    than the padded input; ONNX Runtime refuses it too). Zero is kept: an empty output."""
+    if (padded - eff) // stride + 1 < 0:
+        raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the padded input "
+                         f"({padded}) on spatial axis {axis}: the output size would be negative")
+
+
 def geometry(node: NodeInfo, in_sp: Sequence[int], kernel=None, *, ceil_mode: bool = False) -> Geometry:
     nsp = len(in_sp)
     kernel, strides, dilations, pads = spatial_attrs(node, nsp, kernel)
@@ -109,17 +117,15 @@ def geometry(node: NodeInfo, in_sp: Sequence[int], kernel=None, *, ceil_mode: bo
             e = total - b
         elif auto_pad == "VALID":
             b = e = 0
-            if n < eff:
-                raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the input ({n}) "
-                                 f"on spatial axis {i}")
-            o = (n - eff) // s + 1
+            _window_fits(node, kernel, eff, n, s, i)
+            o = (n - eff) // s + 1 if n >= eff else 0
         elif auto_pad == "NOTSET":
             b, e = pads[i], pads[i + nsp]
             span = n + b + e - eff
+            _window_fits(node, kernel, eff, n + b + e, s, i)
             if span < 0:
-                raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the padded input "
-                                 f"({n + b + e}) on spatial axis {i}")
-            if ceil_mode:
+                o = 0
+            elif ceil_mode:
                 o = -(-span // s) + 1
                 if (o - 1) * s >= n + b:  # the last window must start inside the input or its begin pad
                     o -= 1
