@@ -82,9 +82,11 @@ def _attention_shapes(node, specs):
         if mask.rank < 1 or mask.shape[-1] > total:
             raise node.error(f"attn_mask shape {mask.shape} is longer than total sequence {total}")
         try:
-            np.broadcast_shapes(tuple(mask.shape[:-1]) + (total,), (B, hq, sq, total))
+            ok = np.broadcast_shapes(tuple(mask.shape[:-1]) + (total,), (B, hq, sq, total)) == (B, hq, sq, total)
         except ValueError:
-            raise node.error(f"attn_mask shape {mask.shape} does not broadcast to {(B, hq, sq, total)}") from None
+            ok = False
+        if not ok:
+            raise node.error(f"attn_mask shape {mask.shape} does not broadcast to {(B, hq, sq, total)}")
     if nonpad is not None and tuple(nonpad.shape) != (B,):
         raise node.error(f"nonpad_kv_seqlen must have shape ({B},), got {nonpad.shape}")
     dt = specs[0].dtype

@@ -93,6 +93,14 @@ class Geometry:
         self.begin, self.end, self.out = list(begin), list(end), list(out)
 
 
+def _window_fits(node: NodeInfo, kernel, eff: int, padded: int, stride: int, axis: int) -> None:
+    """ONNX's output size ``(padded - eff) // stride + 1`` must not be negative (a window far larger
+    than the padded input; ONNX Runtime refuses it too). Zero is kept: an empty output."""
+    if (padded - eff) // stride + 1 < 0:
+        raise node.error(f"kernel_shape {kernel} (dilated window {eff}) is larger than the padded input "
+                         f"({padded}) on spatial axis {axis}: the output size would be negative")
+
+
 def geometry(node: NodeInfo, in_sp: Sequence[int], kernel=None, *, ceil_mode: bool = False) -> Geometry:
     nsp = len(in_sp)
     kernel, strides, dilations, pads = spatial_attrs(node, nsp, kernel)
@@ -109,10 +117,12 @@ def geometry(node: NodeInfo, in_sp: Sequence[int], kernel=None, *, ceil_mode: bo
             e = total - b
         elif auto_pad == "VALID":
             b = e = 0
+            _window_fits(node, kernel, eff, n, s, i)
             o = (n - eff) // s + 1 if n >= eff else 0
         elif auto_pad == "NOTSET":
             b, e = pads[i], pads[i + nsp]
             span = n + b + e - eff
+            _window_fits(node, kernel, eff, n + b + e, s, i)
             if span < 0:
                 o = 0
             elif ceil_mode:

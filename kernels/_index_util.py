@@ -62,6 +62,8 @@ def host_ints(node: NodeInfo, spec: Spec | None, what: str) -> list[int]:
         raise node.error(f"input {what!r} must be known on the host")
     v = np.asarray(spec.value)
     if v.dtype.kind == "f":
+        if not np.all(np.isfinite(v)):
+            raise node.error(f"input {what!r} must hold finite numbers, got {v.reshape(-1)[:8]}")
         return [int(x) for x in v.reshape(-1)]
     return [int(x) for x in v.reshape(-1).astype(np.int64)]
 

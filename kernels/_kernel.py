@@ -18,6 +18,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ._op import OpError
+
+
+class KernelHostError(OpError):
+    """A kernel's host code (its Python body) raised: a bug or an unchecked input in the kernel, not
+    a device fault. Names the node and op type (or the kernel, for a runtime primitive) and the
+    original exception, which is chained as ``__cause__``. Not sticky: the device stays usable.
+
+    On CuPy the body runs at enqueue, so this is raised by the launch itself. On the simulated
+    device the body runs lazily; the error is held by the device and raised once, at the next
+    launch or synchronising call (synchronize, event synchronize, device-to-host copy) after the
+    body ran, and the rest of the queued work still executes (its inputs may be garbage; the run
+    that raised is abandoned by its caller).
+    """
+
+    def __init__(self, kernel: Kernel, scalars: dict[str, Any], exc: BaseException):
+        node = scalars.get("node")
+        if node is not None and hasattr(node, "op_type"):
+            who = f"node {node.name!r} ({node.op_type}, opset {node.opset})"
+        else:
+            who = f"kernel {kernel.name!r}"
+        super().__init__(f"{who}: kernel host code raised {type(exc).__name__}: {exc} (not a device fault)")
+        self.kernel = kernel
+        self.node = node
+        self.original = exc
+
+
+def is_host_error(exc: BaseException) -> bool:
+    """Whether an exception from a kernel body is the body's own host-code failure (wrapped into
+    ``KernelHostError``) rather than memory exhaustion (reported by memory accounting), one of
+    lockstep's device errors (they carry ``cuda_name``) or the engine protocol's ``Unsupported``
+    (a counted skip with its reason), which keep their own class."""
+    from lockstep.engines.protocol import Unsupported  # the protocol's exception: no runtime import
+
+    return (isinstance(exc, Exception) and not isinstance(exc, (MemoryError, KernelHostError, Unsupported))
+            and not hasattr(exc, "cuda_name"))
+
+
 CAPTURE_SAFE = "safe"
 CAPTURE_UNSUPPORTED = "unsupported"
 

@@ -11,6 +11,8 @@ An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
 - ``index_checks(node, specs)`` (optional): which inputs are indices and their bound; the executor
   validates them on the device into the runtime's error latch (no readback), so an out-of-range
   index surfaces as ``DeviceAssert`` naming the node at the next synchronising point;
+- ``check(node)`` (optional): load-time attribute checks of this op beyond the shared tables of
+  ``_attr_check`` (the executor calls ``validate(node)`` for every node when it loads a model);
 - ``compute(xp, node, *arrays) -> tuple[array, ...]``: the outputs, computed with ``xp`` only;
   ``node.out_specs`` holds what ``shapes`` returned for this run and ``node.host[i]`` the host value
   of each input listed in ``host_inputs`` (so Reshape's compute knows its target shape).
@@ -116,6 +118,8 @@ class OpKernel:
     index_checks: Callable[[NodeInfo, list[Spec | None]], list[Any]] | None = None
     # For capture="conditional": whether this node, with these input specs, may be captured.
     capture_ok: Callable[[NodeInfo, list[Spec | None]], bool] | None = None
+    # Load-time attribute checks beyond the shared tables (``_attr_check``): raise ``OpError``.
+    check: Callable[[NodeInfo], None] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):
@@ -124,6 +128,14 @@ class OpKernel:
             raise ValueError(f"{self.op_type}: capture={self.capture!r} needs a reason")
         if (self.capture == "conditional") != (self.capture_ok is not None):
             raise ValueError(f"{self.op_type}: capture='conditional' and capture_ok go together")
+
+    def validate(self, info: NodeInfo) -> None:
+        """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's
+        required attributes, the shared enumeration/range/element-type tables, then ``check``);
+        raises ``OpError`` naming the node, the attribute and what is allowed."""
+        from ._attr_check import validate
+
+        validate(self, info)
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)

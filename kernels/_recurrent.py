@@ -41,9 +41,9 @@ def _la_dims(node, specs):
         raise node.error(f"update_rule {rule!r} {'requires' if gating else 'forbids'} the decay input")
     if delta != (beta is not None):
         raise node.error(f"update_rule {rule!r} {'requires' if delta else 'forbids'} the beta input")
-    if decay is not None and (decay.rank != 3 or decay.shape[2] not in (hkv, hkv * dk)):
+    if decay is not None and (decay.rank != 3 or tuple(decay.shape[:2]) != (B, T) or decay.shape[2] not in (hkv, hkv * dk)):
         raise node.error(f"decay shape {decay.shape} must be (B, T, {hkv}) or (B, T, {hkv * dk})")
-    if beta is not None and (beta.rank != 3 or beta.shape[2] not in (hkv, 1)):
+    if beta is not None and (beta.rank != 3 or tuple(beta.shape[:2]) != (B, T) or beta.shape[2] not in (hkv, 1)):
         raise node.error(f"beta shape {beta.shape} must be (B, T, {hkv}) or (B, T, 1)")
     if past is not None and tuple(past.shape) != (B, hkv, dk, dv):
         raise node.error(f"past_state shape {past.shape} must be {(B, hkv, dk, dv)}")

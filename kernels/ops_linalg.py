@@ -97,7 +97,23 @@ def _minus_zero_point(xp, x, zp, per_row: bool):
     return x - zp
 
 
+def _check_quant_params(node, specs, a, b, which):
+    """Scales and zero points: one value (per tensor), or 1-D with one per row of A (M) or per
+    column of B (N). ``which``: (input index, name, "a" | "b" | "y")."""
+    m = a.shape[-2] if a.rank >= 2 else 1
+    n = b.shape[-1] if b.rank >= 2 else 1
+    for i, name, side in which:
+        sp = specs[i] if i < len(specs) else None
+        if sp is None:
+            continue
+        size = int(np.prod(sp.shape, dtype=np.int64))
+        want = {"a": m, "b": n, "y": 1}[side]
+        if not (size == 1 and sp.rank <= 1) and not (sp.rank == 1 and size == want):
+            raise node.error(f"{name} has shape {sp.shape}: one value, or 1-D of {want} expected")
+
+
 def _matmulint_shapes(node, specs):
+    _check_quant_params(node, specs, specs[0], specs[1], [(2, "a_zero_point", "a"), (3, "b_zero_point", "b")])
     return [Spec(_product_shape(node, specs[0], specs[1]), np.dtype(np.int32))]
 
 
@@ -110,6 +126,8 @@ def _matmulint_compute(xp, node, a, b, a_zp=None, b_zp=None):
 def _qlinear_shapes(node, specs):
     a, b, yzp = specs[0], specs[3], specs[7] if len(specs) > 7 else None
     shape = _product_shape(node, a, b)
+    _check_quant_params(node, specs, a, b, [(1, "a_scale", "a"), (2, "a_zero_point", "a"), (4, "b_scale", "b"),
+                                            (5, "b_zero_point", "b"), (6, "y_scale", "y"), (7, "y_zero_point", "y")])
     out = yzp.dtype if yzp is not None else a.dtype
     if np.dtype(out) not in (np.dtype(np.uint8), np.dtype(np.int8)):
         raise node.error(f"output type {np.dtype(out)} is not supported (int8/uint8 only)")

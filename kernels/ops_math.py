@@ -263,14 +263,15 @@ def _lrn_compute(xp, node, x):
     work = float_work(x.dtype)
     xw = x.astype(work, copy=False)
     sq = xw * xw
-    c1 = (size - 1) // 2
-    c2 = size - 1 - c1
     C = x.shape[1]
+    # The window [c - c1, c + c2], clipped to the channels: a size beyond C adds only zeros.
+    c1 = min((size - 1) // 2, max(C - 1, 0))
+    c2 = min(size - 1 - (size - 1) // 2, max(C - 1, 0))
     pad = [(0, 0)] * x.ndim
     pad[1] = (c1, c2)
     sqp = xp.pad(sq, pad, mode="constant", constant_values=0)
     acc = xp.zeros_like(sq)
-    for i in range(size):
+    for i in range(c1 + c2 + 1):
         acc = acc + sqp[:, i:i + C]
     den = xp.power(acc * work.type(alpha / size) + work.type(bias), work.type(beta))
     return ((xw / den).astype(x.dtype),)
@@ -316,7 +317,9 @@ def _resize_plan(node, specs):
             raise node.error("exactly one of scales and sizes must be given")
         na = len(axes)
         roi = None
-        if roi_v is not None and node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+            if roi_v is None:
+                raise node.error("coordinate_transformation_mode tf_crop_and_resize needs a non-empty roi input")
             if len(roi_v) != 2 * na:
                 raise node.error(f"roi has {len(roi_v)} values, {2 * na} expected")
             roi = [(0.0, 1.0)] * r
@@ -347,8 +350,8 @@ def _resize_plan(node, specs):
                 for a in axes:
                     scales[a] = s
                     sizes[a] = int(s * x.shape[a] + 0.5)
-    if any(s <= 0 for s in scales):
-        raise node.error(f"scales {scales} must be positive")
+    if any(not np.isfinite(s) or s <= 0 for s in scales):
+        raise node.error(f"scales {scales} must be positive and finite")
     if sizes is None:
         sizes = [int(np.floor(s * d)) for s, d in zip(scales, x.shape)]
     return tuple(sizes), scales, roi, axes
@@ -494,6 +497,8 @@ def _stft_plan(node, specs):
     if step is None or step <= 0:
         raise node.error("frame_step must be a positive scalar")
     window = specs[2] if len(specs) > 2 else None
+    if window is not None and window.rank != 1:
+        raise node.error(f"window must be 1-D, got shape {window.shape}")
     length = _host_int(node, specs, 3, "frame_length")
     if length is None:
         length = window.shape[0] if window is not None else x.shape[1]

@@ -352,7 +352,7 @@ def _group_norm_compute(xp, node, x, scale, b):
         wd = stash_dtype(node.attr("stash_type", 1), x.dtype)
     else:
         wd = _param_dtype(x, scale, b)
-    xg = to_work(x, wd).reshape((n, g, -1))
+    xg = to_work(x, wd).reshape((n, g, (c // g) * int(np.prod(x.shape[2:], dtype=np.int64))))  # no -1: n may be 0
     _, d, var = _moments(xp, xg, (2,))
     y = (d / xp.sqrt(var + _f(node, "epsilon", 1e-5))).reshape(x.shape)
     pd = work_dtype(node.out_specs[0].dtype) if wd != _F64 else wd
@@ -519,7 +519,8 @@ def _dropout12_compute(xp, node, x, ratio=None, training_mode=None):
     xw = to_work(x)
     r = xw.dtype.type(0.5) if ratio is None else to_work(ratio, xw.dtype).reshape(())
     seed = node.attr("seed")
-    rng = np.random.RandomState(None if seed is None else int(seed))  # host-side, from attributes
+    # host-side, from attributes; any int64 seed is legal ONNX, RandomState takes 32 bits
+    rng = np.random.RandomState(None if seed is None else int(seed) % 2**32)
     keep = xp.asarray(rng.uniform(0.0, 1.0, tuple(x.shape))) >= r
     y = keep.astype(xw.dtype) * xw * (1.0 / (1.0 - r))
     out = [_cast(y, node.out_specs[0].dtype)]

@@ -226,6 +226,8 @@ OPS += [
 
 def _split_sizes(node, specs):
     x = specs[0]
+    if x.rank == 0:
+        raise node.error("input must have rank >= 1, got a scalar")
     axis = normalize_axis(node, int(node.attr("axis", 0)), x.rank)
     dim, n = x.shape[axis], node.n_outputs
     split = None

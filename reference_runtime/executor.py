@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import onnx
 from lockstep.kernels import Kernel
+from lockstep.kernels._kernel import KernelHostError, is_host_error
 from lockstep.kernels._latch import as_check, flag_check
-from lockstep.kernels._op import NodeInfo, OpKernel, Spec
+from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
@@ -155,6 +156,7 @@ class Executor:
             if kernel is None:
                 unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")
                 continue
+            kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
             present = tuple(bool(i) for i in node.input)
             self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output))))
         if unsupported:
@@ -365,7 +367,12 @@ class Executor:
             if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
                 host = rt.download(values[i].tensor)  # the node's host seam
                 specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
-        out_specs = list(step.kernel.shapes(info, specs))
+        try:
+            out_specs = list(step.kernel.shapes(info, specs))
+        except Exception as exc:  # a kernel's own shape code failing is named after its node
+            if isinstance(exc, OpError) or not is_host_error(exc):
+                raise
+            raise KernelHostError(step.launch, {"node": info}, exc) from exc
         out_specs = self._fold_host_values(step, info, specs, out_specs)
         outs: list[Tensor] = []
         for name, spec in zip(node.output, out_specs):

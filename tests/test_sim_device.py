@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lockstep.kernels import primitives as P
-from lockstep.kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel, KernelHostError
 from lockstep.reference_runtime.backends import ArrayRef
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.errors import (
@@ -15,7 +15,6 @@ from lockstep.reference_runtime.errors import (
     IllegalAddress,
     IllegalState,
     InvalidValue,
-    LaunchFailure,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
@@ -154,16 +153,18 @@ def test_kernel_after_free_is_a_sticky_illegal_address():
         assert again.value is first.value
 
 
-def test_kernel_body_exception_is_a_sticky_launch_failure():
+def test_kernel_body_exception_is_a_host_error_raised_once_not_a_sticky_fault():
     boom = Kernel("boom_kernel", lambda xp, out: 1 // 0, writes=(0,))
     dev = SimDevice()
     s = dev.stream()
+    x = arr(dev)
     s.launch(boom, [arr(dev)])
-    with pytest.raises(LaunchFailure, match=r"kernel 'boom_kernel' on stream\d+ failed: ZeroDivisionError"):
+    s.launch(P.fill, [x], {"value": 2.0})  # queued after the failing body: still executes
+    with pytest.raises(KernelHostError, match=r"kernel 'boom_kernel': kernel host code raised ZeroDivisionError") as err:
         s.synchronize()
-    assert dev.sticky_error.subject is boom
-    with pytest.raises(LaunchFailure, match="boom_kernel"):
-        dev.malloc(16)
+    assert isinstance(err.value.__cause__, ZeroDivisionError) and dev.sticky_error is None
+    assert get(dev, x, s) == [2.0] * 4  # raised once; the device stays usable
+    dev.malloc(16)
 
 
 @pytest.mark.parametrize("which", ["stream", "device", "query"])

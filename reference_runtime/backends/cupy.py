@@ -14,7 +14,7 @@ import contextlib
 from typing import Any, Iterator
 
 import numpy as np
-from lockstep.kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
     CaptureD2HRefused,
@@ -106,6 +106,11 @@ class CupyStream(Stream):
         return f"<CupyStream {self.label}>"
 
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
+        """Run the body now, on this stream. A body's own Python exception is ``KernelHostError``
+        raised here (not sticky); CUDA statuses become lockstep's CUDA-named errors."""
+        from cupy.cuda import driver as cuda_driver
+        from cupy.cuda import runtime as cuda_runtime
+
         dev = self.device
         dev._check()
         xs = [dev._as_cupy(a) for a in arrays]
@@ -120,7 +125,14 @@ class CupyStream(Stream):
             except NotImplementedError as exc:
                 if "capture" in str(exc):
                     raise CublasDuringCapture(f"kernel {kernel.name!r}: {exc}") from exc
-                raise
+                raise KernelHostError(kernel, dict(scalars or {}), exc) from exc
+            except Exception as exc:  # the body's own host code raised: not a device fault, not sticky
+                # CUDA statuses (translated by _errors), CuPy's D2H refusal during capture and
+                # memory exhaustion keep their own paths.
+                if (isinstance(exc, (cuda_driver.CUDADriverError, cuda_runtime.CUDARuntimeError))
+                        or "is capturing" in str(exc) or not is_host_error(exc)):
+                    raise
+                raise KernelHostError(kernel, dict(scalars or {}), exc) from exc
         self._since_sync.append(kernel.name)
         del self._since_sync[:-32]
 

@@ -15,6 +15,10 @@ in ``contracts.parity``):
   when the work executes, so a kernel that executes after its memory was freed or unmapped faults
   with ``IllegalAddress`` (a pool address reused by a new allocation is read as that allocation's
   bytes, as on a GPU). New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+- Kernel host errors: a kernel body that raises (its Python, not the device) is a
+  ``KernelHostError``, not a fault: it is held and raised once at the next launch or synchronising
+  call after the body ran (CuPy raises it at the launch itself, where the body runs); the other
+  queued work still executes and the device stays usable.
 - Sticky errors: a fault is latched when the faulting work executes, every queue is discarded
   (the context is dead), and every later call raises it, naming the kernel that faulted.
 - Capture: the outcomes of cuda-semantics.md (synchronize/device-synchronize raise
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from lockstep.kernels._kernel import Kernel
+from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
     CaptureD2HRefused,
@@ -45,7 +49,6 @@ from ..errors import (
     IllegalAddress,
     IllegalState,
     InvalidValue,
-    LaunchFailure,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
@@ -117,6 +120,7 @@ class SimEvent(Event):
             self.device._run_through(rec)
             self.device._check()
             self.device._observed(rec.vc)
+            self.device._raise_host_error()
 
 
 class SimGraph(Graph):
@@ -166,6 +170,7 @@ class SimStream(Stream):
 
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
         self.device._check()
+        self.device._raise_host_error()
         scalars = dict(scalars or {})
         refs = [_node_payload(a) for a in arrays]
         if self._capture is not None:
@@ -207,6 +212,7 @@ class SimStream(Stream):
             self.device._run_through(self.queue[-1])
         self.device._check()
         self.device._observed(self.vc)
+        self.device._raise_host_error()
 
     def query(self) -> bool:
         self.device._check()
@@ -275,6 +281,7 @@ class SimDevice(Device):
         self._reserved: dict[int, int] = {}
         self._phys_ids = itertools.count(1)
         self._sticky: BaseException | None = None
+        self._host_error: BaseException | None = None  # a kernel body's own exception, raised once
         self.executed: list[str] = []  # names of executed kernels, for tests and diagnostics
 
     def __repr__(self) -> str:
@@ -288,6 +295,12 @@ class SimDevice(Device):
     def _check(self) -> None:
         if self._sticky is not None:
             raise self._sticky
+
+    def _raise_host_error(self) -> None:
+        """At a launch or a synchronising call (after its sticky check): a held kernel host error, once."""
+        err, self._host_error = self._host_error, None
+        if err is not None:
+            raise err
 
     def _latch(self, err: BaseException) -> None:
         self._sticky = err
@@ -325,6 +338,7 @@ class SimDevice(Device):
         self._check()
         for s in [self._legacy, *self._streams]:
             self._observed(s.vc)
+        self._raise_host_error()
 
     def _observed(self, vc: dict[int, int]) -> None:
         if self.race_check:
@@ -393,8 +407,12 @@ class SimDevice(Device):
             arrays.append(view)
         try:
             kernel.run(np, arrays, scalars)
-        except Exception as exc:  # a fault inside the body poisons the context like a GPU trap
-            self._latch(LaunchFailure(f"kernel {kernel.name!r} on {stream.label} failed: {exc!r}", subject=kernel))
+        except Exception as exc:  # the body's host code raised: not a device fault, not sticky
+            if self._host_error is None:
+                self._host_error = exc
+                if is_host_error(exc):
+                    self._host_error = KernelHostError(kernel, scalars, exc)
+                    self._host_error.__cause__ = exc
             return
         self.executed.append(kernel.name)
 
@@ -550,6 +568,7 @@ class SimDevice(Device):
         self._run_through(op)
         self._check()
         self._observed(op.vc)
+        self._raise_host_error()
         return op.payload["out"]
 
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
