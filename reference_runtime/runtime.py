@@ -74,9 +74,9 @@ INT64_MAX = (1 << 63) - 1
 
 
 def _human(n: int) -> str:
-    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << k:
-            return f"{n / (1 << k):.2f} {unit}"
+            return f"{n / (1 << k):.3g} {unit}"
     return f"{n} B"
 
 __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
