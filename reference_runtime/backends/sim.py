@@ -15,6 +15,9 @@ in ``contracts.parity``):
   when the work executes, so a kernel that executes after its memory was freed or unmapped faults
   with ``IllegalAddress`` (a pool address reused by a new allocation is read as that allocation's
   bytes, as on a GPU). New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+  Backing is host RAM: ``allocated_bytes`` counts it for the runtime's budget (whose default,
+  ``default_memory_limit``, is a share of the host's memory), and a host that cannot back an
+  allocation is ``MemoryAllocation``, as cudaMalloc's out-of-memory.
 - Sticky errors: a fault is latched when the faulting work executes, every queue is discarded
   (the context is dead), and every later call raises it, naming the kernel that faulted.
 - Capture: the outcomes of cuda-semantics.md (synchronize/device-synchronize raise
