@@ -381,6 +381,19 @@ def _resize_shapes(node, specs):
     return [Spec(shape, specs[0].dtype)]
 
 
+def _resize_workspace(node, specs):
+    """Axis by axis, as compute goes: the largest intermediate times its taps (an upsampled axis
+    before a downsampled one can dwarf both input and output)."""
+    shape, scales, _, axes = _resize_plan(node, specs)
+    taps = {"nearest": 1, "linear": 2, "bilinear": 2, "cubic": 4}.get(node.attr("mode", "nearest"), 4)
+    cur, peak = list(specs[0].shape), 0
+    for a in axes:
+        cur[a] = shape[a]
+        t = taps * math.ceil(1 / scales[a]) if node.attr("antialias", 0) and 0 < scales[a] < 1 else taps
+        peak = max(peak, math.prod(cur) * (t + 2))
+    return peak * 8
+
+
 def _resize_compute(xp, node, x, *rest):
     specs = _specs_of(node, (x, *rest))
     shape, scales, roi, axes = _resize_plan(node, specs)
@@ -652,8 +665,8 @@ OPS: list[OpKernel] = [
     OpKernel("GlobalLpPool", _global_shapes, _glp_compute, since=1),
     OpKernel("MaxUnpool", _unpool_shapes, _unpool_compute, since=9, host_inputs=(2,)),
     OpKernel("LRN", _lrn_shapes, _lrn_compute, since=1),
-    OpKernel("Upsample", _resize_shapes, _resize_compute, since=1, host_inputs=(1,)),
-    OpKernel("Resize", _resize_shapes, _resize_compute, since=10, host_inputs=(1, 2, 3)),
+    OpKernel("Upsample", _resize_shapes, _resize_compute, since=1, host_inputs=(1,), workspace=_resize_workspace),
+    OpKernel("Resize", _resize_shapes, _resize_compute, since=10, host_inputs=(1, 2, 3), workspace=_resize_workspace),
     OpKernel("GridSample", _gridsample_shapes, _gridsample_compute, since=16),
     OpKernel("AffineGrid", _affine_shapes, _affine_compute, since=20, host_inputs=(1,)),
     OpKernel("DFT", _dft_shapes, _dft_compute, since=17, host_inputs=(1, 2), workspace=_dft_workspace),
