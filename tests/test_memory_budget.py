@@ -137,9 +137,9 @@ def test_pager_page_ins_count_against_the_device_budget(make_runtime):
 # ---------------------------------------------------------------- the executor, end to end
 
 
-def _model(nodes, inputs, outputs, inits=()):
+def _model(nodes, inputs, outputs, inits=(), opset=21):
     g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10 if opset < 23 else 11)
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):
@@ -191,6 +191,10 @@ CASES = {
                                    [_vi("x", [1, 1, 4, 2**16])], _out(4),
                                    [_c("sc", np.array([1, 1, 2**16, 2**-16], np.float32))]),
                             {"x": np.ones((1, 1, 4, 2**16), np.float32)}, "'rs:workspace' (kernel temporaries)"),
+    "Attention-scores": (_model([helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attn")],
+                                [_vi(n, [1, 1, 2**15, 1]) for n in "qkv"], _out(4), opset=23),
+                         {n: np.ones((1, 1, 2**15, 1), np.float32) for n in "qkv"},
+                         "'attn:workspace' (kernel temporaries)"),
     "MaxPool-strided-pads": (_model([helper.make_node("MaxPool", ["x"], ["y"], name="mp", kernel_shape=[1, 1],
                                                       pads=[2**20] * 4, strides=[2**20] * 2)], X4, _out(4)), F4,
                              "'mp:workspace' (kernel temporaries)"),
