@@ -70,6 +70,8 @@ from .errors import (
     UseAfterFree,
 )
 
+__all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
+
 INT64_MAX = (1 << 63) - 1
 
 
@@ -78,8 +80,6 @@ def _human(n: int) -> str:
         if n >= 1 << k:
             return f"{n / (1 << k):.3g} {unit}"
     return f"{n} B"
-
-__all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 
 
 class GraphSlot(enum.Enum):
