@@ -95,7 +95,8 @@ def float64_logits(model_fp32: onnx.ModelProto, ids: list[int], io=None) -> np.n
 
     model = as_float64(model_fp32)
     io = io or DecoderIO.of(model_fp32)
-    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    budget = RuntimeConfig.from_env().device_memory_limit  # LOCKSTEP_DEVICE_MEMORY_LIMIT, for large models
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig(device_memory_limit=budget)))
     feeds = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in _feeds(model_fp32, ids, io).items()}
     return np.asarray(ex.run(feeds)[io.logits][0], np.float64)
 

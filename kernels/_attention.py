@@ -62,6 +62,15 @@ def _attn_dims(node, specs):
     return B, hq, hkv, sq, skv, dq, dv
 
 
+def _attention_workspace(node, specs):
+    """The float64 scores (batch, q heads, q length, total) and their softmax passes, and K and V
+    repeated over the query heads: they dwarf Q, K and V when the head size is small."""
+    specs = list(specs) + [None] * (7 - len(specs))
+    B, hq, _, sq, skv, dk, dv = _attn_dims(node, specs)
+    total = skv + (specs[4].shape[2] if specs[4] is not None else 0)
+    return (4 * B * hq * sq * total + 2 * B * hq * total * (dk + dv)) * 8
+
+
 def _attention_shapes(node, specs):
     specs = list(specs) + [None] * (7 - len(specs))
     B, hq, hkv, sq, skv, dk, dv = _attn_dims(node, specs)
@@ -386,7 +395,8 @@ def _flex_compute(xp, node, q, k, v):
 
 ATTENTION_OPS = [
     OpKernel("FlexAttention", _flex_shapes, bf16_as_float32(_flex_compute), domain="ai.onnx.preview", since=1),
-    OpKernel("Attention", _attention_shapes, bf16_as_float32(_attention_compute), since=23),
+    OpKernel("Attention", _attention_shapes, bf16_as_float32(_attention_compute), since=23,
+             workspace=_attention_workspace),
     OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23, index_checks=_rope_check),
     OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check),
 ]

@@ -9,6 +9,7 @@ attributes only. The ``xp`` helpers are numpy/CuPy generic: windows are gathered
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -170,6 +171,22 @@ def windows(xp, x, g: Geometry, value: Any = 0, *, end_value: Any = None):
         )
         parts.append(x[pre + sl])
     return xp.stack(parts, axis=len(lead))
+
+
+def windows_bytes(lead: int, in_sp: Sequence[int], g: Geometry, itemsize: int = 8) -> int:
+    """An upper estimate of the temporaries of ``windows`` over ``lead`` leading elements (Python
+    ints): the padded input and the stacked windows, twice (a caller's elementwise pass over them)."""
+    padded = 1
+    for i, n in enumerate(in_sp):
+        need = (g.out[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] + 1 if g.out[i] else 0
+        padded *= max(n + g.begin[i] + g.end[i], need)
+    return 2 * lead * (padded + math.prod(g.kernel) * math.prod(g.out)) * itemsize
+
+
+def dft_bytes(batch: int, length: int, bins: int) -> int:
+    """An upper estimate of ``dft_last``'s temporaries (Python ints): the (length, bins) index,
+    angle, cosine and sine matrices, and float64 copies and results of ``batch`` rows."""
+    return 4 * length * bins * 8 + 4 * batch * (length + bins) * 8
 
 
 def conv_nd(xp, x, w, b, g: Geometry, group: int):

@@ -95,10 +95,19 @@ def head_counts(node: NodeInfo, q_attr: str, kv_attr: str) -> tuple[int, int]:
 
 
 def broadcast(node: NodeInfo, *shapes: Sequence[int]) -> tuple[int, ...]:
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*[tuple(s) for s in shapes]))
-    except ValueError:
-        raise node.error(f"shapes {[tuple(s) for s in shapes]} do not broadcast") from None
+    """ONNX multidirectional broadcasting in Python ints: numpy's ``broadcast_shapes`` refuses a
+    shape whose size passes int64 as "not broadcastable"; such a size is the allocator's to refuse."""
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    if any(d < 0 for s in shapes for d in s):
+        raise node.error(f"shapes {shapes}: negative dim")
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
+        if len(dims) > 1:
+            raise node.error(f"shapes {shapes} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,10 @@ class OpKernel:
     capture_ok: Callable[[NodeInfo, list[Spec | None]], bool] | None = None
     # Load-time attribute checks beyond the shared tables (``_attr_check``): raise ``OpError``.
     check: Callable[[NodeInfo], None] | None = None
+    # Bytes of temporaries ``compute`` needs beyond its outputs when they can dwarf the inputs and
+    # outputs (im2col windows, DFT matrices): ``workspace(node, specs) -> int`` (an upper estimate,
+    # Python ints). The executor refuses the launch (``MemoryAllocation``) if it would pass the budget.
+    workspace: Callable[[NodeInfo, list[Spec | None]], int] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):

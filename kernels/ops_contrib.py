@@ -309,6 +309,14 @@ def _gqa_shapes(node, specs):
     return outs[:max(node.n_outputs, 1)]
 
 
+def _gqa_workspace(node, specs):
+    """The float64 scores (batch, heads, new tokens, cache length) with their softmax passes, and
+    the cache repeated over the query heads."""
+    B, S, D, _P, _T, L, _rd = _gqa_dims(node, specs)
+    nq = int(node.attr("num_heads"))
+    return (4 * B * nq * S * L + 4 * B * nq * L * D) * 8
+
+
 def _heads(x, B, S, n, D):
     return x.reshape(B, S, n, D).transpose(0, 2, 1, 3)
 
@@ -377,4 +385,4 @@ def _gqa_check(node, specs):
 
 
 OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,),
-                    index_checks=_gqa_check))
+                    index_checks=_gqa_check, workspace=_gqa_workspace))

@@ -7,6 +7,8 @@ Windowed ops gather their windows with constant ``xp.pad`` and strided slices
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._conv_util import (
@@ -15,6 +17,7 @@ from ._conv_util import (
     conv_transpose_nd,
     convt_geometry,
     det_lu,
+    dft_bytes,
     dft_last,
     float_work,
     geometry,
@@ -22,6 +25,7 @@ from ._conv_util import (
     pad_value_min,
     resize_axis,
     windows,
+    windows_bytes,
 )
 from ._latch import IndexCheck
 from ._op import OpKernel, Spec
@@ -76,6 +80,12 @@ def _conv_compute(xp, node, x, w, b=None):
     return (conv_nd(xp, x, w, b, g, int(node.attr("group", 1))),)
 
 
+def _conv_workspace(node, specs):
+    x, w = specs[0], specs[1]
+    g = geometry(node, x.shape[2:], list(w.shape[2:]))
+    return windows_bytes(x.shape[0] * x.shape[1], x.shape[2:], g) + 2 * x.shape[0] * w.shape[0] * math.prod(g.out) * 8
+
+
 def _convt_shapes(node, specs):
     x, w, b = specs[0], specs[1], specs[2] if len(specs) > 2 else None
     _need_spatial(node, x)
@@ -89,6 +99,18 @@ def _convt_shapes(node, specs):
         raise node.error(f"B must have shape ({M},), got {b.shape}")
     _, _, _, out = convt_geometry(node, x.shape[2:], list(w.shape[2:]))
     return [Spec((x.shape[0], M, *out), x.dtype)]
+
+
+def _convt_workspace(node, specs):
+    x, w = specs[0], specs[1]
+    kernel = list(w.shape[2:])
+    strides, dilations, begin, out = convt_geometry(node, x.shape[2:], kernel)
+    nm = x.shape[0] * w.shape[1] * int(node.attr("group", 1))
+    size = 1
+    for i, n in enumerate(x.shape[2:]):
+        natural = (n - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
+        size *= max(0, -begin[i]) + max(natural, begin[i] + out[i])
+    return 2 * nm * (math.prod(kernel) * math.prod(x.shape[2:]) + size) * 8
 
 
 def _convt_compute(xp, node, x, w, b=None):
@@ -112,6 +134,12 @@ def _pool_shapes(node, specs):
     if node.op_type == "MaxPool" and node.n_outputs > 1:
         out.append(Spec(out[0].shape, np.dtype(np.int64)))
     return out
+
+
+def _pool_workspace(node, specs):
+    x = specs[0]
+    g = _pool_geometry(node, x.shape)
+    return windows_bytes(x.shape[0] * x.shape[1] + 1, x.shape[2:], g)  # + 1: AveragePool's window counts
 
 
 def _maxpool_compute(xp, node, x):
@@ -362,6 +390,19 @@ def _resize_shapes(node, specs):
     return [Spec(shape, specs[0].dtype)]
 
 
+def _resize_workspace(node, specs):
+    """Axis by axis, as compute goes: the largest intermediate times its taps (an upsampled axis
+    before a downsampled one can dwarf both input and output)."""
+    shape, scales, _, axes = _resize_plan(node, specs)
+    taps = {"nearest": 1, "linear": 2, "bilinear": 2, "cubic": 4}.get(node.attr("mode", "nearest"), 4)
+    cur, peak = list(specs[0].shape), 0
+    for a in axes:
+        cur[a] = shape[a]
+        t = taps * math.ceil(1 / scales[a]) if node.attr("antialias", 0) and 0 < scales[a] < 1 else taps
+        peak = max(peak, math.prod(cur) * (t + 2))
+    return peak * 8
+
+
 def _resize_compute(xp, node, x, *rest):
     specs = _specs_of(node, (x, *rest))
     shape, scales, roi, axes = _resize_plan(node, specs)
@@ -478,6 +519,12 @@ def _dft_shapes(node, specs):
     return [Spec(_dft_plan(node, specs)[4], specs[0].dtype)]
 
 
+def _dft_workspace(node, specs):
+    axis, length, _, _, _ = _dft_plan(node, specs)
+    x = specs[0]
+    return dft_bytes(math.prod(x.shape) // max(x.shape[axis] * x.shape[-1], 1), length, length)
+
+
 def _dft_compute(xp, node, x, *rest):
     specs = _specs_of(node, (x, *rest))
     axis, length, inverse, onesided, _ = _dft_plan(node, specs)
@@ -514,6 +561,12 @@ def _stft_plan(node, specs):
 
 def _stft_shapes(node, specs):
     return [Spec(_stft_plan(node, specs)[3], specs[0].dtype)]
+
+
+def _stft_workspace(node, specs):
+    _, length, _, shape = _stft_plan(node, specs)
+    rows = shape[0] * shape[1]
+    return 4 * rows * length * 2 * 8 + dft_bytes(rows, length, length)  # the frames, then their DFT
 
 
 def _stft_compute(xp, node, x, frame_step, window=None, frame_length=None):
@@ -613,22 +666,22 @@ def _det_compute(xp, node, x):
 # ---------------------------------------------------------------- registry
 
 OPS: list[OpKernel] = [
-    OpKernel("Conv", _conv_shapes, _conv_compute, since=1),
-    OpKernel("ConvTranspose", _convt_shapes, _convt_compute, since=1),
-    OpKernel("MaxPool", _pool_shapes, _maxpool_compute, since=1),
-    OpKernel("AveragePool", _pool_shapes, _avgpool_compute, since=1),
-    OpKernel("LpPool", _pool_shapes, _lppool_compute, since=1),
+    OpKernel("Conv", _conv_shapes, _conv_compute, since=1, workspace=_conv_workspace),
+    OpKernel("ConvTranspose", _convt_shapes, _convt_compute, since=1, workspace=_convt_workspace),
+    OpKernel("MaxPool", _pool_shapes, _maxpool_compute, since=1, workspace=_pool_workspace),
+    OpKernel("AveragePool", _pool_shapes, _avgpool_compute, since=1, workspace=_pool_workspace),
+    OpKernel("LpPool", _pool_shapes, _lppool_compute, since=1, workspace=_pool_workspace),
     OpKernel("GlobalAveragePool", _global_shapes, _gap_compute, since=1),
     OpKernel("GlobalMaxPool", _global_shapes, _gmp_compute, since=1),
     OpKernel("GlobalLpPool", _global_shapes, _glp_compute, since=1),
     OpKernel("MaxUnpool", _unpool_shapes, _unpool_compute, since=9, host_inputs=(2,), index_checks=_unpool_check),
     OpKernel("LRN", _lrn_shapes, _lrn_compute, since=1),
-    OpKernel("Upsample", _resize_shapes, _resize_compute, since=1, host_inputs=(1,)),
-    OpKernel("Resize", _resize_shapes, _resize_compute, since=10, host_inputs=(1, 2, 3)),
+    OpKernel("Upsample", _resize_shapes, _resize_compute, since=1, host_inputs=(1,), workspace=_resize_workspace),
+    OpKernel("Resize", _resize_shapes, _resize_compute, since=10, host_inputs=(1, 2, 3), workspace=_resize_workspace),
     OpKernel("GridSample", _gridsample_shapes, _gridsample_compute, since=16),
     OpKernel("AffineGrid", _affine_shapes, _affine_compute, since=20, host_inputs=(1,)),
-    OpKernel("DFT", _dft_shapes, _dft_compute, since=17, host_inputs=(1, 2)),
-    OpKernel("STFT", _stft_shapes, _stft_compute, since=17, host_inputs=(1, 3)),
+    OpKernel("DFT", _dft_shapes, _dft_compute, since=17, host_inputs=(1, 2), workspace=_dft_workspace),
+    OpKernel("STFT", _stft_shapes, _stft_compute, since=17, host_inputs=(1, 3), workspace=_stft_workspace),
     OpKernel("HannWindow", _window_shapes, _window_compute, since=17, host_inputs=(0,)),
     OpKernel("HammingWindow", _window_shapes, _window_compute, since=17, host_inputs=(0,)),
     OpKernel("BlackmanWindow", _window_shapes, _window_compute, since=17, host_inputs=(0,)),

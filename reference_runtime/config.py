@@ -52,15 +52,31 @@ class RuntimeConfig:
         (stable virtual addresses, LRU eviction, mapped granules within the budget); a budget
         smaller than the largest single weight is refused when the session is created.
         Environment: ``LOCKSTEP_VRAM_LIMIT=<bytes>`` with an optional K/M/G suffix (powers of 1024).
+    device_memory_limit: the budget in bytes for *all* device memory the runtime's device holds
+        (every tensor: weights, feeds, activations, KV caches; pool memory and mapped granules),
+        ``None``: the device's own default (``Device.default_memory_limit()``: on the simulated
+        device the smaller of 16 GiB and a quarter of the host's memory, since it models a GPU with
+        host RAM; on CuPy the GPU's total memory). An allocation that would pass it is refused
+        before anything is allocated with ``errors.MemoryAllocation`` naming the node, the value,
+        the size, the budget and the bytes in use. Distinct from ``vram_limit``, which only bounds
+        the weight pager's resident weights and must fit within it.
+        Environment: ``LOCKSTEP_DEVICE_MEMORY_LIMIT=<bytes>`` with an optional K/M/G suffix.
     """
 
     defer_eager_sync: bool = True
     sync_debug: str = "off"
     vram_limit: int | None = None
+    device_memory_limit: int | None = None
 
     def __post_init__(self) -> None:
-        if self.vram_limit is not None and (not isinstance(self.vram_limit, int) or self.vram_limit <= 0):
-            raise ValueError(f"vram_limit={self.vram_limit!r}: expected a positive number of bytes or None")
+        for name in ("vram_limit", "device_memory_limit"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"{name}={v!r}: expected a positive number of bytes or None")
+        if self.vram_limit is not None and self.device_memory_limit is not None \
+                and self.vram_limit > self.device_memory_limit:
+            raise ValueError(f"vram_limit={self.vram_limit} exceeds device_memory_limit={self.device_memory_limit}: "
+                             "the pager's weights live in device memory")
         if not isinstance(self.sync_debug, str) or self.sync_debug not in SYNC_DEBUG_MODES:
             raise ValueError(f"sync_debug={self.sync_debug!r}: expected one of {list(SYNC_DEBUG_MODES)}")
 
@@ -80,6 +96,9 @@ class RuntimeConfig:
         raw = env.get("LOCKSTEP_VRAM_LIMIT")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, vram_limit=parse_bytes("LOCKSTEP_VRAM_LIMIT", raw))
+        raw = env.get("LOCKSTEP_DEVICE_MEMORY_LIMIT")
+        if raw is not None and raw.strip() != "":
+            cfg = replace(cfg, device_memory_limit=parse_bytes("LOCKSTEP_DEVICE_MEMORY_LIMIT", raw))
         return cfg
 
 
@@ -89,7 +108,7 @@ def parse_bytes(name: str, value: str) -> int:
     digits = v[:-1] if v[-1:] in "KMG" else v
     try:
         n = int(float(digits) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number; inf
         raise ValueError(f"{name}={value!r}: expected a number of bytes, optionally with K, M or G") from None
     if n <= 0:
         raise ValueError(f"{name}={value!r}: must be positive")

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = [
     "CudaError",
     "InvalidValue",
+    "MemoryAllocation",
     "InvalidResourceHandle",
     "IllegalState",
     "IllegalAddress",
@@ -50,6 +51,28 @@ class InvalidValue(CudaError):
 
     cuda_name = "cudaErrorInvalidValue"
     status = 1
+
+
+class MemoryAllocation(CudaError):
+    """The device cannot hold the requested allocation (cudaErrorMemoryAllocation). Not sticky: the
+    allocation is refused and nothing else changes, so the runtime stays usable.
+
+    The runtime raises it *before* allocating, when a request would exceed the device memory budget
+    (``RuntimeConfig.device_memory_limit``) or its byte count is not a valid size (a negative dim, or
+    more than an int64 can count); the CuPy device also translates CUDA's and CuPy's own
+    out-of-memory errors into it. ``node`` (the ONNX node running, or None), ``value`` (the tensor's
+    name), ``nbytes`` (the request; None when it cannot be counted), ``limit`` and ``in_use`` (the
+    budget and the bytes held on the device at the request) say what was refused.
+    """
+
+    cuda_name = "cudaErrorMemoryAllocation"
+    status = 2
+
+    def __init__(self, message: str, *, subject: object | None = None, node: str | None = None,
+                 value: str | None = None, nbytes: int | None = None, limit: int | None = None,
+                 in_use: int | None = None):
+        super().__init__(message, subject=subject if subject is not None else value)
+        self.node, self.value, self.nbytes, self.limit, self.in_use = node, value, nbytes, limit, in_use
 
 
 class UseAfterFree(InvalidValue):
@@ -168,6 +191,7 @@ _BY_STATUS = {
     cls.status: cls
     for cls in (
         InvalidValue,
+        MemoryAllocation,
         InvalidResourceHandle,
         IllegalState,
         IllegalAddress,
@@ -178,7 +202,7 @@ _BY_STATUS = {
     )
 }
 # The driver API uses the same numbers as the runtime API for every status mapped here
-# (1, 400, 401, 700, 710, 719, 900, 901), so one table serves both.
+# (1, 2, 400, 401, 700, 710, 719, 900, 901), so one table serves both.
 
 
 def from_cuda_status(status: int, message: str) -> CudaError:

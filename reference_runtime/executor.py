@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,6 +264,7 @@ class Executor:
                bind: "dict[str, Tensor] | None") -> tuple[dict[str, _Value], list[Tensor], dict[str, Tensor]]:
         """Check keep/bind and the feeds, upload host feeds: the environment a run starts from."""
         rt = self.runtime
+        rt.current_node = None  # feeds are no node's: a refused upload must not name the last run's
         bind = dict(bind or {})
         unknown = sorted((set(keep) | set(bind)) - set(self.outputs))
         if unknown:
@@ -324,7 +326,7 @@ class Executor:
         present = [sp for sp in specs if sp is not None]
         if not present or any(sp.value is None for sp in present):
             return out_specs
-        if any(int(np.prod(o.shape, dtype=np.int64)) > self.FOLD_LIMIT for o in out_specs):
+        if any(math.prod(o.shape) > self.FOLD_LIMIT for o in out_specs):  # Python ints: no int64 wrap
             return out_specs
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host)
@@ -400,6 +402,8 @@ class Executor:
         call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
         if self.pager is not None:
             self.pager.ensure(self.paged_inputs.get(info.name, ()))
+        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
+            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
         if checks:
             rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
         else:

@@ -171,6 +171,7 @@ class WeightPager:
             self._page_in(w)
 
     def _page_in(self, w: _Weight) -> None:
+        self.rt.check_allocation(w.span, f"weight:{w.key}", "(mapped granules)")  # the device budget
         handle = self.device.mem_create(w.span)
         self.device.mem_map(w.va, w.span, handle)
         w.handle = handle

@@ -24,6 +24,11 @@ side effect of another):
                      VERIFY with independent lifecycles; one capture at a time on the compute stream.
 ``begin/end/abort_segment``, ``replay_segment``: graphs outside the two slots, one per captured
                      segment of a step (segmented capture); each its own handle, same rules.
+``empty``            allocate within the device memory budget (``memory_limit``): a request that
+                     would pass it, or whose size is not one (a negative dim, a byte count past
+                     int64), is refused *before* anything is allocated with ``MemoryAllocation``
+                     naming ``current_node``, the value, the size, the budget and the bytes in use;
+                     not sticky, the runtime stays usable. Pending frees are drained first.
 ``error_latch``      a device int32[2] that kernels set ([1, site]) instead of reading values back;
                      read at synchronising points (``download``, a real ``synchronize``), raised
                      as ``DeviceAssert`` naming the site, sticky until ``reset_error_latch()``.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -58,12 +64,22 @@ from .errors import (
     IllegalState,
     InvalidResourceHandle,
     InvalidValue,
+    MemoryAllocation,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
     UseAfterFree,
 )
 
 __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
+
+INT64_MAX = (1 << 63) - 1
+
+
+def _human(n: int) -> str:
+    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.3g} {unit}"
+    return f"{n} B"
 
 
 class GraphSlot(enum.Enum):
@@ -192,6 +208,8 @@ class Runtime:
         self.counters = Counters()
         self._res = _Resources(device, device.stream(), device.stream())
         self.current_node = None
+        # The device memory budget (bytes): the configuration's, else the device's own default.
+        self.memory_limit = self.config.device_memory_limit or device.default_memory_limit()
         self.sync_log: list[_sd.SyncEvent] = []  # stays empty with sync_debug off
         self._sync_debug = self.config.sync_debug != "off"
         self._watched: tuple[_sd.WatchedStream, _sd.WatchedStream] | None = None
@@ -242,11 +260,47 @@ class Runtime:
             raise InvalidValue(f"dtype {dtype} cannot live in device memory (strings and objects stay on the host)",
                                subject=name or dtype)
         self._reap()
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        buf = self.device.malloc(nbytes)
+        nbytes = self._size_of(shape, dtype, name)
+        self.check_allocation(nbytes, name, f"{dtype.name}{list(shape)}")
+        try:
+            buf = self.device.malloc(nbytes)
+        except MemoryAllocation as exc:  # the device itself refused (CUDA's OOM, the host's)
+            raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, f"the device refused it: {exc}") from exc
         self._res.live[id(buf)] = buf
         self.counters.allocations += 1
         return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)
+
+    def _size_of(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> int:
+        """The byte count of ``shape`` in Python ints; a negative dim, or a shape no int64 (numpy's
+        size type) can count, is refused as an allocation failure, never a numpy overflow."""
+        what = f"{dtype.name}{list(shape)}"
+        if any(d < 0 for d in shape):
+            raise self._refusal(name, what, None, "a negative dim is not a size")
+        nbytes = math.prod(shape) * dtype.itemsize
+        extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize  # numpy refuses past int64 even at size 0
+        if max(nbytes, extent) > INT64_MAX:
+            raise self._refusal(name, what, nbytes, "its byte count overflows int64")
+        return nbytes
+
+    def check_allocation(self, nbytes: int, name: str = "", what: str = "") -> None:
+        """Refuse (``MemoryAllocation``) an allocation of ``nbytes`` that would take the device past
+        ``memory_limit``; outside a capture, pending frees are drained and given back first."""
+        if self.device.allocated_bytes + nbytes <= self.memory_limit:
+            return
+        if self._res.pending and self._capturing is None:
+            self.drain_for_unmap()  # queued readers executed: every pending free goes back
+        in_use = self.device.allocated_bytes
+        if in_use + nbytes > self.memory_limit:
+            raise self._refusal(name, what, nbytes, f"device memory budget {self.memory_limit} bytes "
+                                f"({_human(self.memory_limit)}), {in_use} bytes in use")
+
+    def _refusal(self, name: str, what: str, nbytes: int | None, why: str) -> MemoryAllocation:
+        node = self.current_node
+        where = f"node {node!r}: " if node else ""
+        size = f"{nbytes} bytes ({_human(nbytes)})" if nbytes is not None else "an invalid size"
+        return MemoryAllocation(
+            f"{where}value {name or '(unnamed)'!r} {what}: {size} refused: {why}",
+            node=node, value=name or None, nbytes=nbytes, limit=self.memory_limit, in_use=self.device.allocated_bytes)
 
     def wrap(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any, *, offset: int = 0, name: str = "") -> Tensor:
         """A tensor over memory the runtime does not own (e.g. a virtual-memory mapping)."""

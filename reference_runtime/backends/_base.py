@@ -165,6 +165,16 @@ class Device(ABC):
     @abstractmethod
     def address_free(self, va: int, size: int) -> None: ...
 
+    # -- memory accounting (what the runtime's budget, ``RuntimeConfig.device_memory_limit``, counts)
+    @property
+    @abstractmethod
+    def allocated_bytes(self) -> int:
+        """Bytes held now: pool allocations plus physical VMM memory created and not yet released."""
+
+    @abstractmethod
+    def default_memory_limit(self) -> int:
+        """The memory budget in bytes of a runtime on this device whose configuration names none."""
+
     # -- diagnostics
     @property
     @abstractmethod

@@ -22,6 +22,7 @@ from ..errors import (
     CublasDuringCapture,
     CudaError,
     InvalidValue,
+    MemoryAllocation,
     from_cuda_status,
 )
 from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
@@ -200,6 +201,7 @@ class CupyDevice(Device):
         self._vmm: Any = None
         self.granularity = 2 << 20
         self.props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        self._allocated = 0  # bytes of live malloc'd buffers and created, unreleased VMM handles
 
     def __repr__(self) -> str:
         name = self.props["name"]
@@ -234,6 +236,8 @@ class CupyDevice(Device):
             if err.sticky:
                 self._poison(err)
             raise err from exc
+        except MemoryError as exc:  # CuPy's OutOfMemoryError (its pool found no memory), or the host's
+            raise MemoryAllocation(f"{what}: {exc}") from exc
         except RuntimeError as exc:
             if "is capturing" in str(exc) and not isinstance(exc, CudaError):
                 raise CaptureD2HRefused(f"{what}: {exc}") from exc
@@ -276,11 +280,21 @@ class CupyDevice(Device):
             s._since_sync.clear()
 
     # -- pool memory
+    @property
+    def allocated_bytes(self) -> int:
+        return self._allocated
+
+    def default_memory_limit(self) -> int:
+        """The GPU's total memory: a runtime's allocations are refused by name only past it; below
+        it CUDA's own out-of-memory (other processes, CuPy's cache) is translated, never escapes."""
+        return int(self.props["totalGlobalMem"])
+
     def malloc(self, nbytes: int) -> Buffer:
         if nbytes < 0:
             raise InvalidValue(f"malloc of {nbytes} bytes")
-        with self._errors("malloc"):
+        with self._errors(f"malloc of {nbytes} bytes"):
             mp = self.xp.cuda.alloc(max(nbytes, 1))
+        self._allocated += max(nbytes, 1)
         return Buffer(mp.ptr, nbytes, self, handle=mp)
 
     def free(self, buffer: Buffer) -> None:
@@ -290,6 +304,7 @@ class CupyDevice(Device):
             raise InvalidValue(f"{buffer!r} is not pool memory; it cannot be freed", subject=buffer)
         buffer.freed = True
         buffer.handle = None  # the last reference: CuPy's pool takes the memory back
+        self._allocated -= max(buffer.nbytes, 1)
 
     def _as_cupy(self, ref: ArrayRef) -> Any:
         buf = ref.buffer
@@ -370,7 +385,9 @@ class CupyDevice(Device):
     def mem_create(self, size: int) -> Any:
         self._check_granules(size, "mem_create")
         cu, prop, _ = self._drv()
-        return (self._call("cuMemCreate", cu.cuMemCreate, size, prop, 0), size)
+        handle = (self._call("cuMemCreate", cu.cuMemCreate, size, prop, 0), size)
+        self._allocated += size
+        return handle
 
     def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
         cu, _, access = self._drv()
@@ -398,6 +415,7 @@ class CupyDevice(Device):
     def mem_release(self, handle: Any) -> None:
         cu = self._drv()[0]
         self._call("cuMemRelease", cu.cuMemRelease, handle[0])
+        self._allocated -= handle[1]
 
     def address_free(self, va: int, size: int) -> None:
         cu = self._drv()[0]

@@ -15,6 +15,9 @@ in ``contracts.parity``):
   when the work executes, so a kernel that executes after its memory was freed or unmapped faults
   with ``IllegalAddress`` (a pool address reused by a new allocation is read as that allocation's
   bytes, as on a GPU). New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+  Backing is host RAM: ``allocated_bytes`` counts it for the runtime's budget (whose default,
+  ``default_memory_limit``, is a share of the host's memory), and a host that cannot back an
+  allocation is ``MemoryAllocation``, as cudaMalloc's out-of-memory.
 - Kernel host errors: a kernel body that raises (its Python, not the device) is a
   ``KernelHostError``, not a fault: it is held and raised once at the next launch or synchronising
   call after the body ran (CuPy raises it at the launch itself, where the body runs); the other
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +53,7 @@ from ..errors import (
     IllegalAddress,
     IllegalState,
     InvalidValue,
+    MemoryAllocation,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
@@ -61,10 +66,27 @@ POOL_BASE = 0x7000_0000_0000
 VMM_BASE = 0x7F00_0000_0000
 POOL_ALIGN = 512
 POISON = 0xFF
+DEFAULT_MEMORY_CAP = 16 << 30  # bytes: the simulated device's budget is at most this by default
 
 
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
+
+
+def _host_memory() -> int | None:
+    """The host's physical memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _backing(size: int, what: str) -> np.ndarray:
+    """Host memory for ``size`` device bytes, poisoned; the host refusing it is the device's OOM."""
+    try:
+        return np.full(size, POISON, dtype=np.uint8)
+    except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
+        raise MemoryAllocation(f"{what} of {size} bytes: the host cannot back it ({exc})", nbytes=size) from None
 
 
 @dataclass(eq=False)
@@ -280,6 +302,8 @@ class SimDevice(Device):
         self._vmm_top = VMM_BASE
         self._reserved: dict[int, int] = {}
         self._phys_ids = itertools.count(1)
+        self._allocated = 0  # pool bytes (rounded) plus physical VMM bytes not yet released
+        self._phys_live: dict[int, int] = {}  # physical handle id -> bytes
         self._sticky: BaseException | None = None
         self._host_error: BaseException | None = None  # a kernel body's own exception, raised once
         self.executed: list[str] = []  # names of executed kernels, for tests and diagnostics
@@ -410,13 +434,28 @@ class SimDevice(Device):
         except Exception as exc:  # the body's host code raised: not a device fault, not sticky
             if self._host_error is None:
                 self._host_error = exc
-                if is_host_error(exc):
+                if isinstance(exc, MemoryError):  # a temporary the host could not back: CUDA's OOM
+                    self._host_error = MemoryAllocation(
+                        f"kernel {kernel.name!r}: a temporary could not be allocated ({exc or 'MemoryError'})",
+                        subject=kernel)
+                    self._host_error.__cause__ = exc
+                elif is_host_error(exc):
                     self._host_error = KernelHostError(kernel, scalars, exc)
                     self._host_error.__cause__ = exc
             return
         self.executed.append(kernel.name)
 
     # -- memory
+    @property
+    def allocated_bytes(self) -> int:
+        return self._allocated
+
+    def default_memory_limit(self) -> int:
+        """The smaller of 16 GiB and a quarter of the host's memory: the device's memory is host
+        RAM, so its budget keeps a run from eating the machine (16 GiB where the host does not say)."""
+        host = _host_memory()
+        return DEFAULT_MEMORY_CAP if not host else min(DEFAULT_MEMORY_CAP, host // 4)
+
     def _lookup(self, addr: int, nbytes: int) -> _Mapping | None:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i < 0:
@@ -460,6 +499,7 @@ class SimDevice(Device):
         if nbytes < 0:
             raise InvalidValue(f"malloc of {nbytes} bytes")
         size = _round_up(max(nbytes, 1), POOL_ALIGN)
+        backing = _backing(size, "malloc")  # before any bookkeeping: a refusal changes nothing
         start = None
         for i, (s, n) in enumerate(self._pool_free):  # first fit, lowest address: reuse is predictable
             if n >= size:
@@ -472,8 +512,9 @@ class SimDevice(Device):
         if start is None:
             start = self._pool_top
             self._pool_top += size
-        self._map(start, np.full(size, POISON, dtype=np.uint8), "pool")
+        self._map(start, backing, "pool")
         self._pool_sizes[start] = size
+        self._allocated += size
         return Buffer(start, nbytes, self, handle="pool")
 
     def free(self, buffer: Buffer) -> None:
@@ -484,6 +525,7 @@ class SimDevice(Device):
         buffer.freed = True
         self._unmap(buffer.addr)
         size = self._pool_sizes.pop(buffer.addr)
+        self._allocated -= size
         holes = self._pool_free + [(buffer.addr, size)]
         holes.sort()
         merged: list[tuple[int, int]] = []
@@ -510,7 +552,11 @@ class SimDevice(Device):
     def mem_create(self, size: int) -> Any:
         self._check()
         self._check_granules(size, "mem_create")
-        return ("phys", next(self._phys_ids), np.full(size, POISON, dtype=np.uint8))
+        backing = _backing(size, "mem_create")
+        pid = next(self._phys_ids)
+        self._phys_live[pid] = size
+        self._allocated += size
+        return ("phys", pid, backing)
 
     def mem_map(self, va: int, size: int, handle: Any) -> Buffer:
         self._check()
@@ -533,6 +579,7 @@ class SimDevice(Device):
 
     def mem_release(self, handle: Any) -> None:
         self._check()  # backing lives on while mapped, as with cuMemRelease
+        self._allocated -= self._phys_live.pop(handle[1], 0)
 
     def buffer_at(self, addr: int, nbytes: int) -> Buffer:
         self._check()
