@@ -70,6 +70,8 @@ def test_launch_failure_from_a_kernel_exception_is_a_crash():
     got = classify(lf)
     assert (got["cls"], got["type"]) == ("crash", "LaunchFailure[IndexError]")
     assert "RotaryEmbedding" in got["where"]
+    oom = classify(LaunchFailure("kernel 'MatMul:mm0' on compute failed: MemoryError('Unable to allocate 40. GiB')"))
+    assert (oom["cls"], oom["type"]) == ("memory", "LaunchFailure[MemoryError]")
     assert classify(DeviceAssert("latch set by Gather:g0"))["cls"] == "named"
 
 
@@ -96,8 +98,9 @@ def test_fuzz_run(request, tmp_path_factory, capsys):
         print(f"\n{run.table('family')}\n{run.summary()}\nreport: {out / 'report.json'}")
     assert sum(run.counts("ref").values()) == n
     bad = run.bad()
-    assert not bad, (
-        f"{len(bad)} of {n} fuzz cases (seed {seed}) crashed, hung or blew up memory; reproducers in {out / 'repro'}:\n"
-        + "\n".join(run.signature_lines())
-        + "\n" + "\n".join(f"  {c['ref']['cls']}: case {c['index']} {c['mutation']} on {c['source']}: {c.get('repro')}"
-                           for c in bad[:50]))
+    if bad:
+        pytest.fail(
+            f"{len(bad)} of {n} fuzz cases (seed {seed}) crashed, hung or blew up memory; reproducers in {out / 'repro'}:\n"
+            + "\n".join(run.signature_lines())
+            + "\n" + "\n".join(f"  {c['ref']['cls']}: case {c['index']} {c['mutation']} on {c['source']}: {c.get('repro')}"
+                               for c in bad[:50]), pytrace=False)

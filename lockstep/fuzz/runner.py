@@ -5,8 +5,8 @@ onnx, ONNX Runtime and lockstep (a fork costs milliseconds, an interpreter start
 at most ``jobs`` of them running, and in each child:
 
 - limits the address space (``RLIMIT_AS``) to ``mem_bytes`` above the size the process had at the
-  fork (allocations beyond it fail: numpy raises ``MemoryError``, C++ throws ``bad_alloc``), and
-  core dumps to nothing;
+  fork, or to an existing lower limit (allocations beyond it fail: numpy raises ``MemoryError``,
+  C++ throws ``bad_alloc``), and core dumps to nothing;
 - sends stdout/stderr to a file and turns ``faulthandler`` on, so a fatal signal leaves the Python
   stack at the fault;
 - reports each stage (load, prepare, run...) and then the outcome as JSON lines on a pipe.
@@ -88,8 +88,10 @@ def _child(task: Task, folder: Path, w: int, mem_bytes: int, log: Path) -> None:
         faulthandler.enable(file=_FAULT_LOG, all_threads=False)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if mem_bytes:
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             limit = vm_size() + mem_bytes
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            limit = min(limit, *(x for x in (soft, hard) if x != resource.RLIM_INFINITY))  # never above a ulimit -v
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
         def stage(name: str) -> None:
             os.write(w, (json.dumps({"stage": name}) + "\n").encode())

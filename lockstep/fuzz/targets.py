@@ -6,7 +6,8 @@ the runner), ``hang`` (past the per-case timeout, runner), ``memory`` (``MemoryE
 address-space limit hit, runner).
 
 ``LaunchFailure`` is never ``named`` here: on the simulated device it is raised only when a
-kernel's Python code raised (``backends/sim.py``), which is a bug reported as a device fault.
+kernel's Python code raised (``backends/sim.py``), which is a bug reported as a device fault: a
+``crash``, or ``memory`` when what the kernel raised was a ``MemoryError``.
 
 ONNX Runtime's outcome is data beside each case, with the same classes, except that any Python
 exception from its API counts as ``named`` (ORT raises its own classes, and refuses bad feed
@@ -111,8 +112,8 @@ def classify(exc: BaseException | None) -> dict[str, Any]:
     if isinstance(exc, MemoryError):
         cls = "memory"
     elif isinstance(exc, LaunchFailure):
-        cls = "crash"
         inner = re.search(r"failed: (\w+)\(", msg)
+        cls = "memory" if inner and inner.group(1) == "MemoryError" else "crash"
         kern = re.search(r"kernel '([^':]+)", msg)
         tname = f"LaunchFailure[{inner.group(1) if inner else '?'}]"
         frames.append((f"kernel {kern.group(1) if kern else '?'}", "compute"))
