@@ -104,3 +104,13 @@ def test_fuzz_run(request, tmp_path_factory, capsys):
             + "\n".join(run.signature_lines())
             + "\n" + "\n".join(f"  {c['ref']['cls']}: case {c['index']} {c['mutation']} on {c['source']}: {c.get('repro')}"
                                for c in bad[:50]), pytrace=False)
+
+
+def test_replay_runs_a_reproducer_folder_on_both_engines(tmp_path):
+    from lockstep.fuzz import replay
+    from lockstep.fuzz.mutations import _golden_feeds, golden_sources
+
+    name, data = golden_sources()[0]
+    Case(0, 0, "feed", "feed.unmutated", f"golden:{name}", model=data, feeds=_golden_feeds(name, [1, 2, 3])).write(tmp_path)
+    out = replay(tmp_path, timeout_s=60)
+    assert {eng: res["cls"] for eng, res in out.items()} == {"ref": "ok", "ort": "ok"}

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 
 from .case import Case
 
-__all__ = ["FAMILIES", "make_case", "golden_sources", "node_sources"]
+__all__ = ["FAMILIES", "family_of", "make_case", "golden_sources", "node_sources", "warm"]
 
 FAMILIES = {"proto": 10, "graph": 35, "extdata": 10, "feed": 25, "decode": 10, "cli": 10}
 
@@ -324,7 +324,8 @@ def _feed(rng, feeds: list[tuple[Any, Any]]) -> tuple[str, list[tuple[Any, Any]]
     detail: dict[str, Any] = {"feed": repr(k)}
     if kind == "wrong_dtype":
         to = _choice(rng, [np.float64, np.int32, np.float16, np.bool_, np.uint8])
-        feeds[i] = (k, v.astype(to) if v.dtype != to else v.astype(np.float32))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN or big values cast: the bad feed is the point
+            feeds[i] = (k, v.astype(to) if v.dtype != to else v.astype(np.float32))
         detail["dtype"] = str(feeds[i][1].dtype)
     elif kind == "wrong_rank":
         feeds[i] = (k, v.reshape(-1) if v.ndim > 1 else v.reshape(1, 1, *v.shape))
@@ -446,13 +447,40 @@ def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes]]:
 
 
 # -- the case --------------------------------------------------------------------------------------
-def make_case(seed: int, index: int, families: dict[str, int] | None = None) -> Case:
-    """Case ``index`` of the run with ``seed``: a pure function of both."""
-    rng = np.random.default_rng([seed, index])
+def family_of(seed: int, index: int, families: dict[str, int] | None = None) -> str:
+    """The family of case ``index``: its generator's first draw."""
+    return _family(np.random.default_rng([seed, index]), families)
+
+
+def _family(rng: np.random.Generator, families: dict[str, int] | None) -> str:
     fam = families or FAMILIES
     names = sorted(fam)
     weights = np.array([fam[n] for n in names], float)
-    family = names[int(rng.choice(len(names), p=weights / weights.sum()))]
+    return names[int(rng.choice(len(names), p=weights / weights.sum()))]
+
+
+def warm() -> None:
+    """Load the sources once (before workers fork, so none of them pays for it)."""
+    for name, _ in golden_sources():
+        _golden_io(name)
+    _attributed()
+
+
+def make_case(seed: int, index: int, families: dict[str, int] | None = None) -> Case:
+    """Case ``index`` of the run with ``seed``: a pure function of both. A mutation that cannot be
+    applied to the source it drew (say a cast of a string feed) draws again from ``[seed, index,
+    attempt]``, within the same family."""
+    rng = np.random.default_rng([seed, index])
+    family = _family(rng, families)
+    for attempt in range(1, 20):
+        try:
+            return _make(seed, index, family, rng)
+        except (ValueError, TypeError, OverflowError, IndexError, KeyError):
+            rng = np.random.default_rng([seed, index, attempt])
+    raise RuntimeError(f"fuzz case {index} of seed {seed}: no {family} mutation applies after 20 draws")
+
+
+def _make(seed: int, index: int, family: str, rng: np.random.Generator) -> Case:
     if family == "decode":
         kind, source, data, decode, detail = _decode(rng)
         return Case(seed, index, family, f"decode.{kind}", source, detail, data, decode=decode)

@@ -8,6 +8,7 @@ returns a ``FuzzRun`` (tables, signatures, ``to_json``).
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .case import Case
-from .mutations import make_case
+from .mutations import family_of, make_case, warm
 from .runner import Task, run_tasks
 from .targets import CLASSES, run_cli, run_ort, run_ref
 
@@ -110,13 +111,8 @@ class FuzzRun:
                 "cases": self.cases}
 
 
-def _record(case: Case) -> dict[str, Any]:
-    return {"index": case.index, "family": case.family, "mutation": case.mutation, "source": case.source,
-            "detail": case.detail}
-
-
-def _targets(case: Case, ort: bool) -> list[tuple[str, Any]]:
-    if case.family == "cli":
+def _targets(family: str, ort: bool) -> list[tuple[str, Any]]:
+    if family == "cli":
         return [("ref", run_cli)]
     return [("ref", run_ref)] + ([("ort", run_ort)] if ort else [])
 
@@ -137,26 +133,34 @@ def fuzz(seed: int, n: int, *, start: int = 0, jobs: int = 0, timeout_s: float =
     import os
 
     jobs = jobs or os.cpu_count() or 1
-    cases = [make_case(seed, i) for i in range(start, start + n)]
-    by_index = {c.index: c for c in cases}
-    records = {c.index: _record(c) for c in cases}
-    tasks = [Task((c.index, eng), c, fn) for c in cases for eng, fn in _targets(c, ort)]
+    warm()
+    # the worker makes its case from (seed, index): the parent holds no model bytes; a reproducer
+    # is made again here, from the same pair
+    tasks = [Task((i, eng), functools.partial(make_case, seed, i), fn)
+             for i in range(start, start + n) for eng, fn in _targets(family_of(seed, i), ort)]
     run = FuzzRun(seed, start, n, jobs, timeout_s, mem_bytes)
     repro = Path(repro_dir) if repro_dir is not None else None
+    records: dict[int, dict[str, Any]] = {i: {"index": i} for i in range(start, start + n)}
 
     def done(task: Task, out: dict[str, Any]) -> None:
         index, eng = task.key
+        rec = records[index]
+        rec.update(out.pop("case", None) or {})
         if eng == "ref" and out["cls"] in BAD and repro is not None:
-            records[index]["repro"] = str(write_repro(by_index[index], out, repro))
+            rec["repro"] = str(write_repro(make_case(seed, index), out, repro))
         if eng == "ref" and out["cls"] in ("ok", "named"):
             out.pop("traceback", None)  # kept only where it is a finding
-        records[index][eng] = out
+        rec[eng] = out
         if progress is not None:
             progress(index, eng, out)
 
     t0 = time.monotonic()
     run_tasks(tasks, jobs=jobs, timeout_s=timeout_s, mem_bytes=mem_bytes, on_done=done)
     run.seconds = time.monotonic() - t0
+    for i, rec in records.items():  # a worker that died before reporting its case: named from (seed, index)
+        if "mutation" not in rec:
+            c = make_case(seed, i)
+            rec.update({"family": c.family, "mutation": c.mutation, "source": c.source, "detail": c.detail})
     run.cases = [records[i] for i in sorted(records)]
     return run
 
@@ -164,5 +168,5 @@ def fuzz(seed: int, n: int, *, start: int = 0, jobs: int = 0, timeout_s: float =
 def replay(folder: str | Path, *, timeout_s: float = 60.0, mem_bytes: int = 3 * 2**30, ort: bool = True) -> dict[str, Any]:
     """Run a reproducer folder again (isolated, the same limits); returns {engine: outcome}."""
     case = Case.read(folder)
-    tasks = [Task(eng, case, fn) for eng, fn in _targets(case, ort)]
+    tasks = [Task(eng, case, fn) for eng, fn in _targets(case.family, ort)]
     return {t.key: out for t, out in run_tasks(tasks, jobs=len(tasks), timeout_s=timeout_s, mem_bytes=mem_bytes)}

@@ -44,7 +44,7 @@ _FAULT_LOG = None  # a worker's log file, open for faulthandler
 @dataclass
 class Task:
     key: Any            # the caller's handle, e.g. (index, "ref")
-    case: Case
+    case: "Case | Callable[[], Case]"   # or a function making it, called in the worker (keeps the parent small)
     target: Target
 
 
@@ -96,8 +96,11 @@ def _child(task: Task, folder: Path, w: int, mem_bytes: int, log: Path) -> None:
         def stage(name: str) -> None:
             os.write(w, (json.dumps({"stage": name}) + "\n").encode())
 
-        task.case.write(folder)
-        res = task.target(task.case, folder, stage)
+        case = task.case if isinstance(task.case, Case) else task.case()
+        stage("case")
+        case.write(folder)
+        res = dict(task.target(case, folder, stage))
+        res["case"] = {"family": case.family, "mutation": case.mutation, "source": case.source, "detail": case.detail}
         data = (json.dumps({"result": res}, default=repr) + "\n").encode()
         while data:
             data = data[os.write(w, data):]
