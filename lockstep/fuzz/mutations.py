@@ -6,7 +6,7 @@ weights are in ``FAMILIES``; every mutation is named ``family.kind`` in the tabl
 
 - ``proto``: the file's bytes: truncated, bytes flipped, random bytes, a text file, empty.
 - ``graph``: attributes to extremes (ints to -2**31, 2**31, 2**63-1, -1, 10**9; floats to NaN/inf;
-  bogus strings; empty or huge lists; removed), initializer dims that do not match the data,
+  bogus strings; empty or huge lists; removed; any attribute of the op's schema set to an extreme), initializer dims that do not match the data,
   unknown element types, ``value_info`` dims of 10**9, opset 99, graph inputs/outputs removed or
   renamed, a node input renamed (dangling).
 - ``extdata``: an initializer moved to external data with an offset or length beyond the file,
@@ -133,7 +133,8 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
     kinds = ["attr_int_extreme"] * 4 + ["attr_float_extreme"] * 2 + ["attr_string_bogus"] * 2 + ["attr_ints_edit"] * 3 + [
              "attr_remove",
              "init_dims_mismatch", "elem_type_unknown", "value_info_huge", "opset_99", "input_remove",
-             "input_rename", "output_remove", "output_rename", "node_input_dangling", "attr_add_bogus"]
+             "input_rename", "output_remove", "output_rename", "node_input_dangling", "attr_add_bogus"] + [
+             "attr_schema_extreme"] * 4
     for _ in range(8):  # a kind that does not apply to this model: draw another
         kind = _choice(rng, kinds)
         if kind == "attr_int_extreme" and (c := _attr_nodes(model, (A.INT,))):
@@ -174,6 +175,28 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
             name = a.name
             n.attribute.remove(a)
             return kind, {"node": n.name, "op": n.op_type, "attr": name}
+        if kind == "attr_schema_extreme" and g.node:  # any attribute the op's schema declares, set or not
+            n = _choice(rng, list(g.node))
+            opset = {o.domain: o.version for o in model.opset_import}.get(n.domain or "", 1)
+            try:
+                schema = onnx.defs.get_schema(n.op_type, opset, n.domain or "")
+            except Exception:  # noqa: BLE001 - an op onnx does not know: no schema to draw from
+                continue
+            names = sorted(a for a, d in schema.attributes.items()
+                           if d.type in (A.INT, A.FLOAT, A.INTS, A.FLOATS, A.STRING))
+            if not names:
+                continue
+            name = _choice(rng, names)
+            t = schema.attributes[name].type
+            value = (_choice(rng, INT_EXTREMES) if t == A.INT else _choice(rng, FLOAT_EXTREMES) if t == A.FLOAT
+                     else [_choice(rng, INT_EXTREMES)] * int(rng.integers(0, 4)) if t == A.INTS
+                     else [_choice(rng, FLOAT_EXTREMES)] * int(rng.integers(0, 4)) if t == A.FLOATS
+                     else _choice(rng, BOGUS_STRINGS))
+            for a in list(n.attribute):
+                if a.name == name:
+                    n.attribute.remove(a)
+            n.attribute.append(helper.make_attribute(name, value, attr_type=t))
+            return kind, {"node": n.name, "op": n.op_type, "attr": name, "value": repr(value)}
         if kind == "attr_add_bogus" and g.node:
             n = _choice(rng, list(g.node))
             n.attribute.append(helper.make_attribute(_choice(rng, ["axis", "bogus", "mode", "perm"]),
