@@ -52,6 +52,7 @@ MARKERS = (
     "golden: golden token locks",
     "capture: CUDA graph capture checks",
     "paging: weight paging checks",
+    "fuzz: the fuzzer (lockstep.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
 )
 
 
@@ -72,6 +73,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-gpus", default=None,
                 help="comma-separated GPU indices for pytest-xdist workers: worker gwN sees only GPU N mod len "
                      "(CUDA_VISIBLE_DEVICES), one GPU each on a multi-GPU runner")
+    g.addoption("--fuzz-cases", type=int, default=300, help="cases of the fuzz test (marker fuzz; default 300)")
+    g.addoption("--fuzz-seed", type=int, default=15, help="seed of the fuzz test (default 15)")
+    g.addoption("--fuzz-out", default=None, help="folder for the fuzz test's report.json and reproducers "
+                                                 "(default: a pytest temporary folder)")
     g.addoption("--golden-dir", action="append", default=[],
                 help="a folder of golden snapshots written by `lockstep golden add` (repeatable): its models are "
                      "locked next to the built-in ones")
