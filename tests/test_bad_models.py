@@ -1,0 +1,181 @@
+"""Bad models and bad feeds at load time (issue 15): every failure is a named error, never a dead
+process, a runaway allocation, or onnx's own exception escaping.
+
+The loader is the same on every device (nothing touches the device before the model is checked);
+the tests that build an ``Executor`` still take the ``device`` fixture, so the GPU lane runs them
+on CuPy too."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime import inference
+from lockstep.reference_runtime.executor import Executor, FeedError
+from lockstep.reference_runtime.model import ModelError, UnsupportedModel, load_model
+from lockstep.reference_runtime.symbols import symbolic_shapes
+from onnx import TensorProto, helper
+
+
+def _vi(name, elem=TensorProto.FLOAT, shape=(2, 3, 4)):
+    return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
+
+
+def _model(nodes, inputs, outputs, initializers=(), value_info=(), opset=21):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _gathernd(batch_dims=-5):
+    return _model([helper.make_node("GatherND", ["x", "i"], ["y"], name="gnd", batch_dims=batch_dims)],
+                  [_vi("x"), _vi("i", TensorProto.INT64, (2, 1))], [_vi("y", shape=("a", "b"))])
+
+
+def _layernorm(axis=2**31):
+    return _model([helper.make_node("LayerNormalization", ["x", "s"], ["y", "m", "v"], name="ln", axis=axis)],
+                  [_vi("x"), _vi("s", shape=(4,))], [_vi("y", shape=("a", "b", "c")), _vi("m", shape=("a", "b", "c")), _vi("v", shape=("a", "b", "c"))])
+
+
+def _shape_tensor_declared_huge(dim=10**9):
+    """Shape -> Add with the Shape's output declared 10**9 long: data propagation allocates it."""
+    return _model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Add", ["s", "s"], ["y"])],
+                  [_vi("x", shape=("a",))], [_vi("y", TensorProto.INT64, ("n",))],
+                  value_info=[_vi("s", TensorProto.INT64, (dim,))])
+
+
+@pytest.fixture
+def runtime(device):
+    return Runtime(device, RuntimeConfig())
+
+
+# -- 1. shape inference cannot kill or exhaust the process -----------------------------------------
+
+@pytest.mark.parametrize("model, attribute", [(_gathernd(), "'batch_dims' is -5; allowed: 0..1024"),
+                                              (_layernorm(), "'axis' is 2147483648; allowed: -1024..1024")],
+                         ids=["gathernd", "layernorm"])
+def test_attributes_that_crash_onnx_shape_inference_are_refused_by_name(runtime, model, attribute):
+    """These two segfaulted onnx's inference inside Executor.__init__ (the process died)."""
+    with pytest.raises(ModelError, match=rf"node '(gnd|ln)' \((GatherND|LayerNormalization)\): attribute {attribute}"):
+        Executor(model, runtime)
+
+
+@pytest.mark.parametrize("model", [_gathernd(), _layernorm()], ids=["gathernd", "layernorm"])
+def test_an_inference_crash_past_the_checks_is_contained(monkeypatch, model):
+    """Without the pre-check the crash happens, in the worker child, and is a ModelError here."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "check_for_inference", lambda m: None)
+    with pytest.raises(ModelError, match=r"onnx shape inference crashed on this model \(SIGSEGV\)"):
+        symbolic_shapes(model)
+    assert symbolic_shapes(_layernorm(axis=-1))[1]["y"] == (2, 3, 4), "a fresh worker serves the next model"
+
+
+def test_a_huge_declared_dim_is_dropped_before_inference(runtime):
+    """A value_info dim of 10**9 made data propagation grow past 4 GB (24 GB once): it is unknown now."""
+    ex = Executor(_shape_tensor_declared_huge(), runtime)
+    assert ex.symbolic_shapes["s"] == (1,)  # inferred from x's rank, not the declaration
+
+
+def test_an_inference_that_runs_away_is_stopped_by_its_memory_budget(monkeypatch):
+    """Past the dim cap (raised here), the child's address-space limit stops it: a ModelError."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "DIM_CAP", 1 << 40)
+    monkeypatch.setattr(inference, "MEMORY_BUDGET", 512 << 20)
+    with pytest.raises(ModelError, match="onnx shape inference needed more than 512 MiB"):
+        symbolic_shapes(_shape_tensor_declared_huge())
+
+
+# -- 2. loader failures are ModelError naming file, tensor and reason -------------------------------
+
+def _external_model(tmp_path, entries, data=np.arange(4, dtype=np.float32).tobytes(), dims=(4,)):
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
+    for key, value in entries.items():
+        e = w.external_data.add()
+        e.key, e.value = key, value
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=dims)], [w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    (tmp_path / "w.bin").write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("entries, reason", [
+    ({"location": "w.bin", "offset": "8"}, r"external data offset 8 \+ length 16 lies beyond the end of w.bin \(16 bytes\)"),
+    ({"location": "w.bin", "length": "64"}, r"external data length 64 bytes, dims \[4\] need 16"),
+    ({"location": "w.bin", "offset": "-4"}, "external data offset -4 is negative"),
+    ({"location": "w.bin", "length": "lots"}, "external data length 'lots' is not a number"),
+    ({"location": "w\0.bin"}, "external data location 'w\\\\x00.bin' is empty or holds a NUL byte"),
+    ({"location": "nothere.bin"}, "external data file .*nothere.bin does not exist"),
+], ids=["beyond-the-file", "length-mismatch", "negative", "non-numeric", "nul", "missing"])
+def test_bad_external_data_is_a_model_error_naming_file_and_tensor(tmp_path, runtime, entries, reason):
+    path = _external_model(tmp_path, entries)
+    with pytest.raises(ModelError, match=rf"^{str(path)}: initializer 'w': {reason}"):
+        Executor(str(path), runtime)
+
+
+def test_external_data_loads_from_inside_the_folder(tmp_path, runtime):
+    path = _external_model(tmp_path, {"location": "w.bin", "offset": "0", "length": "16"})
+    assert np.array_equal(Executor(str(path), runtime).run({})["y"], np.arange(4, dtype=np.float32))
+
+
+def test_a_symlink_out_of_the_model_folder_is_refused(tmp_path, runtime):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, {"location": "link.bin"})
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    (folder / "link.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ModelError, match=r"initializer 'w': external data 'link.bin' points outside the model folder"):
+        Executor(str(path), runtime)
+
+
+def test_external_data_on_a_constant_attribute_is_refused(tmp_path, runtime):
+    t = TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    e = t.external_data.add()
+    e.key, e.value = "location", "w.bin"
+    m = _model([helper.make_node("Constant", [], ["y"], name="k", value=t)], [], [_vi("y", shape=(4,))])
+    (tmp_path / "w.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match=r"node 'k' \(Constant\) attribute 'value': external data is allowed on "
+                                         r"the graph's initializers only"):
+        Executor(str(tmp_path / "m.onnx"), runtime)
+
+
+@pytest.mark.parametrize("tensor, reason", [
+    (TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[3, 4], raw_data=np.zeros(5, np.float32).tobytes()),
+     r"initializer 'w': dims \[3, 4\] need 48 bytes, the data has 20"),
+    (TensorProto(name="w", data_type=TensorProto.INT64, dims=[6], int64_data=[1, 2, 3]), r"initializer 'w': dims \[6\] need 6 values in int64_data, the data has 3"),
+    (TensorProto(name="w", data_type=77, dims=[1], raw_data=b"\0"), "initializer 'w': unknown data type 77"),
+    (TensorProto(name="w", data_type=0, dims=[1], raw_data=b"\0"), "initializer 'w': data type is UNDEFINED"),
+], ids=["raw-too-short", "typed-too-short", "unknown-type", "undefined-type"])
+def test_initializer_data_that_does_not_match_its_dims_is_a_model_error(runtime, tensor, reason):
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=("n",))], [tensor])
+    with pytest.raises(ModelError, match=reason):
+        Executor(m, runtime)
+
+
+def test_an_opset_newer_than_onnx_knows_is_unsupported(runtime):
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")], opset=99)
+    with pytest.raises(UnsupportedModel, match=r"imports opsets newer than this runtime knows: ai.onnx 99 \(newest known: \d+\)"):
+        Executor(m, runtime)
+
+
+def test_a_valid_model_with_every_tensor_form_still_loads(runtime):
+    """The new tensor checks accept what onnx writes: raw, typed, packed int4, string-free."""
+    ints = helper.make_tensor("k", TensorProto.INT64, [2], [1, 2])
+    raw = helper.make_tensor("w", TensorProto.FLOAT, [2], np.ones(2, np.float32).tobytes(), raw=True)
+    int4 = helper.make_tensor("q", TensorProto.INT4, [3], [1, -2, 3])
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=(2,))], [ints, raw, int4])
+    load_model(m)
+    assert Executor(m, runtime).run({})["y"].tolist() == [1.0, 1.0]
+
+
+# -- 3. feeds ----------------------------------------------------------------------------------------
+
+def test_feed_names_that_are_not_strings_are_a_feed_error(runtime):
+    ex = Executor(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")]), runtime)
+    with pytest.raises(FeedError, match=r"feed names must be strings, got \[0\]; the model's inputs are \['x'\]"):
+        ex.run({0: np.zeros((2, 3, 4), np.float32)})
