@@ -40,7 +40,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "read_card", "parse_io_option", "card_path_for", "ROLES"]
+__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "StepError", "read_card", "parse_io_option", "card_path_for", "ROLES"]
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
 _EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
@@ -54,6 +54,10 @@ _CARD_EXAMPLE = ('[io]\ninput_ids = "..."\nattention_mask = "..."  # or ""\nposi
 class NotADecoder(ValueError):
     """The model's inputs and outputs are not those of a decoder lockstep can drive (or are
     ambiguous); the message lists what was found and how to say it with a model card."""
+
+
+class StepError(ValueError):
+    """A decode step the model cannot take: no tokens, or more than its fixed KV capacity holds."""
 
 
 class ModelCardError(ValueError):
@@ -172,9 +176,9 @@ class DecoderIO:
 
     def check_room(self, position: int, n: int) -> None:
         if n < 1:
-            raise ValueError(f"a decode step needs at least one token, got {n}")
+            raise StepError(f"a decode step needs at least one token, got {n}")
         if self.capacity and position + n > self.capacity:
-            raise ValueError(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
+            raise StepError(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
 
     def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
         """The non-cache feeds of a step appending ``ids`` at ``position`` (batch 1): ids, the

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
-from lockstep.decoder_io import DecoderIO, NotADecoder
+from lockstep.decoder_io import DecoderIO, NotADecoder, StepError
 from lockstep.engines.protocol import CaptureStats, Unsupported
 
 __all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "NotADecoder"]
@@ -89,6 +89,8 @@ def _counters(session: Any) -> dict[str, Any]:
 
 def greedy(session: Any, prompt: list[int], n_tokens: int) -> DecodeResult:
     """Prefill ``prompt`` in one call, then ``n_tokens`` greedy steps of one token each."""
+    if len(prompt) < 1:  # any session's logits would be empty: refused before the engine sees it
+        raise StepError("greedy decode needs a prompt of at least one token, got none")
     session.reset()
     logits = session.forward(prompt)[-1]
     tokens, steps = [], []
@@ -104,6 +106,8 @@ def greedy(session: Any, prompt: list[int], n_tokens: int) -> DecodeResult:
 def teacher_force(session: Any, context: list[int], *, stepwise: bool) -> np.ndarray:
     """Logits at every position of ``context`` [len, vocab]: as one prefill, or one token per step
     through the decode path (the path a captured decode graph replays)."""
+    if len(context) < 1:
+        raise StepError("teacher forcing needs a context of at least one token, got none")
     session.reset()
     if not stepwise:
         return session.forward(context)

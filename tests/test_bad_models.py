@@ -179,3 +179,38 @@ def test_feed_names_that_are_not_strings_are_a_feed_error(runtime):
     ex = Executor(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")]), runtime)
     with pytest.raises(FeedError, match=r"feed names must be strings, got \[0\]; the model's inputs are \['x'\]"):
         ex.run({0: np.zeros((2, 3, 4), np.float32)})
+
+
+def test_an_empty_prompt_is_a_step_error_on_every_session():
+    """An empty prompt was an IndexError (the prefill's logits were empty) on a fixed-capacity model."""
+    from lockstep.decoder_io import StepError
+    from lockstep.decoding import greedy, open_session, teacher_force
+    from lockstep.engines.registry import load_engine
+    from lockstep.golden.catalog import builtin_models
+
+    gm = next(m for m in builtin_models() if m.name == "tiny-fp32-standard-kv64")
+    session = open_session(load_engine("ref-sim"), gm.load())
+    with pytest.raises(StepError, match="greedy decode needs a prompt of at least one token, got none"):
+        greedy(session, [], 2)
+    with pytest.raises(StepError, match="teacher forcing needs a context of at least one token"):
+        teacher_force(session, [], stepwise=True)
+    with pytest.raises(StepError, match="a decode step needs at least one token, got 0"):
+        session.forward([])
+
+
+# -- ONNX Runtime's own refusals ---------------------------------------------------------------------
+
+def test_onnx_runtime_refusing_a_model_is_a_model_error_naming_the_engine():
+    """InvalidGraph / Fail at session creation escaped as onnxruntime's own exception classes."""
+    from lockstep.engines.registry import load_engine
+
+    engine = load_engine("ort-cpu")
+    ok, why = engine.available()
+    if not ok:
+        pytest.skip(f"ort-cpu unavailable here: {why}")
+    m = _model([helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+               [_vi("a", TensorProto.BFLOAT16, (2,)), _vi("b", TensorProto.FLOAT, (2,))], [_vi("y", shape=(2,))])
+    m.ir_version = 8
+    load_model(m)  # onnx's checker takes it
+    with pytest.raises(ModelError, match=r"^ort-cpu refuses the model: Fail: .*bound to different types .*\(add\)"):
+        engine.prepare(m)

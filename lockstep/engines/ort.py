@@ -107,7 +107,8 @@ class OrtEngine:
         return True, f"onnxruntime {ort.__version__} {self.provider}"
 
     def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
-        """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``."""
+        """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``,
+        ONNX Runtime refusing the model (InvalidGraph, Fail, ...) as ``ModelError``."""
         import onnxruntime as ort
 
         options = {**self.provider_options, **(provider_options or {})}
@@ -118,7 +119,11 @@ class OrtEngine:
             what = _ort_unsupported(str(exc))
             if what:
                 raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
-            raise
+            from lockstep.reference_runtime.model import ModelError
+
+            # InvalidGraph, Fail, InvalidArgument...: ONNX Runtime refuses the model itself
+            first = (str(exc).splitlines() or [""])[0][:500]
+            raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
 
     @property
     def device_type(self) -> str:
