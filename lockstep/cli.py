@@ -85,10 +85,10 @@ def _decode(args: argparse.Namespace) -> int:
 
     from lockstep.decoder_io import ModelCardError, NotADecoder, StepError, card_path_for, parse_io_option, read_card
     from lockstep.decoding import greedy, open_session
-    from lockstep.reference_runtime.executor import FeedError
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
     from lockstep.golden.catalog import builtin_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
+    from lockstep.reference_runtime.executor import FeedError
     from lockstep.reference_runtime.model import ModelError, load_model
 
     if args.tokens < 1:

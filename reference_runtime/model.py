@@ -58,7 +58,7 @@ def known_opsets() -> dict[str, int]:
         for schema in onnx.defs.get_all_schemas_with_history():
             d = schema.domain
             _KNOWN_OPSETS[d] = max(_KNOWN_OPSETS.get(d, 0), schema.since_version)
-        for (d, v), _ in helper.OP_SET_ID_VERSION_MAP.items():
+        for d, v in helper.OP_SET_ID_VERSION_MAP:
             d = "" if d == "ai.onnx" else d
             _KNOWN_OPSETS[d] = max(_KNOWN_OPSETS.get(d, 0), v)
         _KNOWN_OPSETS.update(_EXTRA_OPSETS)

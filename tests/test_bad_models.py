@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnx
 import pytest
-from lockstep.reference_runtime import Runtime, RuntimeConfig
-from lockstep.reference_runtime import inference
+from lockstep.reference_runtime import Runtime, RuntimeConfig, inference
 from lockstep.reference_runtime.executor import Executor, FeedError
 from lockstep.reference_runtime.model import ModelError, UnsupportedModel, load_model
 from lockstep.reference_runtime.symbols import symbolic_shapes
@@ -91,7 +89,8 @@ def test_an_inference_that_runs_away_is_stopped_by_its_memory_budget(monkeypatch
 
 # -- 2. loader failures are ModelError naming file, tensor and reason -------------------------------
 
-def _external_model(tmp_path, entries, data=np.arange(4, dtype=np.float32).tobytes(), dims=(4,)):
+def _external_model(tmp_path, entries, dims=(4,)):
+    data = np.arange(4, dtype=np.float32).tobytes()
     w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
     for key, value in entries.items():
         e = w.external_data.add()
@@ -113,7 +112,7 @@ def _external_model(tmp_path, entries, data=np.arange(4, dtype=np.float32).tobyt
 ], ids=["beyond-the-file", "length-mismatch", "negative", "non-numeric", "nul", "missing"])
 def test_bad_external_data_is_a_model_error_naming_file_and_tensor(tmp_path, runtime, entries, reason):
     path = _external_model(tmp_path, entries)
-    with pytest.raises(ModelError, match=rf"^{str(path)}: initializer 'w': {reason}"):
+    with pytest.raises(ModelError, match=rf"^{path!s}: initializer 'w': {reason}"):
         Executor(str(path), runtime)
 
 
@@ -183,10 +182,11 @@ def test_feed_names_that_are_not_strings_are_a_feed_error(runtime):
 
 def test_an_empty_prompt_is_a_step_error_on_every_session():
     """An empty prompt was an IndexError (the prefill's logits were empty) on a fixed-capacity model."""
+    from lockstep.golden.catalog import builtin_models
+
     from lockstep.decoder_io import StepError
     from lockstep.decoding import greedy, open_session, teacher_force
     from lockstep.engines.registry import load_engine
-    from lockstep.golden.catalog import builtin_models
 
     gm = next(m for m in builtin_models() if m.name == "tiny-fp32-standard-kv64")
     session = open_session(load_engine("ref-sim"), gm.load())
@@ -214,3 +214,73 @@ def test_onnx_runtime_refusing_a_model_is_a_model_error_naming_the_engine():
     load_model(m)  # onnx's checker takes it
     with pytest.raises(ModelError, match=r"^ort-cpu refuses the model: Fail: .*bound to different types .*\(add\)"):
         engine.prepare(m)
+
+
+# -- killed writes (snapshots, manifests, caches go through lockstep.paths.atomic_write) -------------
+
+def _killed_write(folder, name):
+    """A child process killed (SIGKILL) in the middle of ``atomic_write``: what it leaves behind."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys; from lockstep.paths import atomic_write\n"
+            "def die(f):\n    f.write(b'half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "atomic_write(sys.argv[1], die)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder / name)], check=False, timeout=60)
+    assert proc.returncode == -9
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_killed_write_leaves_an_ignored_temporary_that_the_next_write_removes(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    from lockstep.golden.anchors import write_snapshot
+
+    (tmp_path / "m.json").write_text("old")
+    left = _killed_write(tmp_path, "m.json")
+    temps = [n for n in left if n != "m.json"]
+    assert len(temps) == 1 and temps[0].startswith(".m.json.") and temps[0].endswith(".lockstep-tmp"), left
+    assert (tmp_path / "m.json").read_text() == "old", "the old file survives the killed write"
+    repo = Path(__file__).resolve().parents[1]
+    ignored = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", "--no-index",
+                              f"golden/snapshots/{temps[0]}"], check=False)
+    assert ignored.returncode == 0, "git ignores the temporary files in golden/snapshots/"
+    write_snapshot({"model": "other", "provenance": {}, "prompt": "", "prefix": [], "band": 0, "positions": []},
+                   tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "other.json"], "the stale temporary is gone"
+
+
+def test_a_temporary_of_a_live_writer_is_kept(tmp_path):
+    import os
+
+    from lockstep.paths import atomic_write
+
+    live = tmp_path / f".a.json.{os.getppid()}.x1y2.lockstep-tmp"  # our parent: alive while we run
+    live.write_bytes(b"in progress")
+    atomic_write(tmp_path / "b.json", "{}")
+    assert live.exists()
+
+
+def test_a_rewritten_file_keeps_its_mode_and_a_new_one_is_0644_under_the_umask(tmp_path):
+    import os
+    import stat
+
+    from lockstep.golden.anchors import write_snapshot
+    from lockstep.paths import atomic_write
+
+    kept = tmp_path / "shared.json"
+    kept.write_text("{}")
+    kept.chmod(0o664)
+    atomic_write(kept, "{}\n")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o664
+    old = os.umask(0o022)
+    try:
+        path = write_snapshot({"model": "fresh", "provenance": {}, "prompt": "", "prefix": [], "band": 0,
+                               "positions": []}, tmp_path)
+        os.umask(0o077)
+        private = atomic_write(tmp_path / "private.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644, "snapshots were rewritten 0600 by mkstemp"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
