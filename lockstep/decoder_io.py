@@ -75,7 +75,7 @@ def read_card(path: str | Path) -> dict[str, str]:
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ModelCardError(f"model card {path}: {exc}") from None
     io = data.get("io")
     if not isinstance(io, dict) or not io:

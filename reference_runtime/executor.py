@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +123,10 @@ class Executor:
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
-        self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+        try:
+            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+        except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
+            raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]

@@ -25,6 +25,7 @@ import hashlib
 import os
 import select
 import signal
+import threading
 import time
 from collections import OrderedDict
 
@@ -147,8 +148,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _serve(rfd: int, wfd: int) -> None:
     """The worker's loop: length-prefixed slim models in, a status byte and value infos out."""
+    import gc
     import resource
 
+    gc.disable()  # the parent's objects (device buffers among them) must not be finalised here
+    low, high = sorted((rfd, wfd))
+    top = min(os.sysconf("SC_OPEN_MAX"), 65536) if hasattr(os, "sysconf") else 4096
+    for a, b in ((3, low), (low + 1, high), (high + 1, top)):  # the parent's pipes and sockets stay its own
+        os.closerange(a, b)
     base = _address_space()
     if base:
         resource.setrlimit(resource.RLIMIT_AS, (base + MEMORY_BUDGET, base + MEMORY_BUDGET))
@@ -213,27 +220,28 @@ class _Worker:
 
 
 _WORKER: _Worker | None = None
+_LOCK = threading.Lock()
 
 
 def _contained(data: bytes) -> bytes | None:
     """Run ``_run_inference`` in the worker child; None when inference raised (no shapes)."""
     global _WORKER
-    if _WORKER is None or _WORKER.owner != os.getpid():  # none yet, or inherited through a fork
-        _WORKER = _Worker()
-    worker = _WORKER
-    try:
-        status, payload = worker.request(data)
-    except TimeoutError:
-        _WORKER = None
-        worker.close()
-        raise ModelError(f"onnx shape inference did not finish within {TIMEOUT_S:.0f} s on this model") from None
-    except (EOFError, BrokenPipeError):
-        _WORKER = None
-        how = worker.close()
-        raise ModelError(f"onnx shape inference crashed on this model ({how}): the model is malformed") from None
+    with _LOCK:  # one request at a time on the worker's pipes
+        if _WORKER is None or _WORKER.owner != os.getpid():  # none yet, or inherited through a fork
+            _WORKER = _Worker()
+        worker = _WORKER
+        try:
+            status, payload = worker.request(data)
+        except (TimeoutError, EOFError, BrokenPipeError) as exc:
+            _WORKER = None
+            how = worker.close()
+            if isinstance(exc, TimeoutError):
+                raise ModelError(f"onnx shape inference did not finish within {TIMEOUT_S:.0f} s on this model") from None
+            raise ModelError(f"onnx shape inference crashed on this model ({how}): the model is malformed") from None
+        if status == b"M":
+            _WORKER = None
+            worker.close()
     if status == b"M":
-        _WORKER = None
-        worker.close()
         raise ModelError(f"onnx shape inference needed more than {MEMORY_BUDGET >> 20} MiB on this model "
                          "(a declared or propagated size is implausible)")
     return payload if status == b"K" else None

@@ -87,6 +87,25 @@ def test_an_inference_that_runs_away_is_stopped_by_its_memory_budget(monkeypatch
         symbolic_shapes(_shape_tensor_declared_huge())
 
 
+def _sleep_forever(data):
+    import time
+
+    time.sleep(600)
+
+
+def test_an_inference_that_hangs_is_stopped_by_its_timeout(monkeypatch):
+    """A hang in onnx's inference (none is known; the fuzzer found one elsewhere) ends in a ModelError."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "_WORKER", None)  # a fresh worker, forked with the sleeping inference
+    monkeypatch.setattr(inference, "_run_inference", _sleep_forever)
+    monkeypatch.setattr(inference, "TIMEOUT_S", 1.0)
+    monkeypatch.setattr(inference, "_CACHE", type(inference._CACHE)())
+    with pytest.raises(ModelError, match=r"onnx shape inference did not finish within 1 s on this model"):
+        symbolic_shapes(_layernorm(axis=-1))
+    assert inference._WORKER is None, "the hung worker was killed; the next model forks a fresh one"
+
+
 # -- 2. loader failures are ModelError naming file, tensor and reason -------------------------------
 
 def _external_model(tmp_path, entries, dims=(4,)):

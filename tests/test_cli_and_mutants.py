@@ -198,3 +198,13 @@ def test_audit_of_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path):
     proc = _lockstep("audit", "latin1.py", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == "lockstep audit: error: latin1.py: cannot read: not UTF-8 text (byte 0xe9 at offset 5)"
+
+
+def test_decode_with_a_model_card_that_is_not_utf8_is_one_line(tmp_path):
+    from lockstep.golden.catalog import builtin_models
+
+    good = next(m for m in builtin_models() if m.name == "tiny-fp32-standard").model_path()
+    (tmp_path / "m.onnx").write_bytes(good.read_bytes())
+    (tmp_path / "m.lockstep.toml").write_bytes(b'[io]\ninput_ids = "\xff"\n')
+    proc = _lockstep("decode", "m.onnx", "--prompt", "hi", "--tokens", "2", cwd=tmp_path)
+    _one_line_error(proc, "m.onnx: model card m.lockstep.toml: 'utf-8' codec can't decode byte 0xff")
