@@ -60,6 +60,14 @@ def test_attributes_that_crash_onnx_shape_inference_are_refused_by_name(runtime,
         Executor(model, runtime)
 
 
+def test_a_split_into_two_billion_outputs_is_refused_by_name(runtime):
+    """Split num_outputs=2**31 made onnx's inference allocate past its memory budget."""
+    m = _model([helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=0, num_outputs=2**31)],
+               [_vi("x", shape=(4,))], [_vi("a", shape=(2,)), _vi("b", shape=(2,))], opset=18)
+    with pytest.raises(ModelError, match=r"node 'split' \(Split\): attribute 'num_outputs' is 2147483648; allowed: 1..65536"):
+        Executor(m, runtime)
+
+
 @pytest.mark.parametrize("model", [_gathernd(), _layernorm()], ids=["gathernd", "layernorm"])
 def test_an_inference_crash_past_the_checks_is_contained(monkeypatch, model):
     """Without the pre-check the crash happens, in the worker child, and is a ModelError here."""
