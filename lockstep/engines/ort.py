@@ -119,11 +119,12 @@ class OrtEngine:
             what = _ort_unsupported(str(exc))
             if what:
                 raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
-            from lockstep.reference_runtime.model import ModelError
+            if _ort_refuses_model(exc):
+                from lockstep.reference_runtime.model import ModelError
 
-            # InvalidGraph, Fail, InvalidArgument...: ONNX Runtime refuses the model itself
-            first = (str(exc).splitlines() or [""])[0][:500]
-            raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
+                first = (str(exc).splitlines() or [""])[0][:500]
+                raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
+            raise
 
     @property
     def device_type(self) -> str:
@@ -169,6 +170,15 @@ def cuda_tf32_engine() -> OrtEngine:
     with the TF32 error model."""
     return OrtEngine("CUDAExecutionProvider", name="ort-cuda-tf32", provider_options=CUDA_TF32,
                      precision={"float32": "tf32", "float16": "fp16"})
+
+
+def _ort_refuses_model(exc: Exception) -> bool:
+    """ONNX Runtime's session creation failed on the model itself (InvalidGraph, InvalidProtobuf,
+    InvalidArgument, Fail), not on the device (a CUDA/cuDNN failure, out of memory: re-raised)."""
+    import re
+
+    return (type(exc).__name__ in ("InvalidGraph", "InvalidProtobuf", "InvalidArgument", "Fail")
+            and not re.search(r"cuda|cudnn|cublas|out of memory|bad_alloc", str(exc), re.IGNORECASE))
 
 
 def _ort_unsupported(msg: str) -> str:
