@@ -294,6 +294,7 @@ def test_a_rewritten_file_keeps_its_mode_and_a_new_one_is_0644_under_the_umask(t
     import stat
 
     from lockstep.golden.anchors import write_snapshot
+
     from lockstep.paths import atomic_write
 
     kept = tmp_path / "shared.json"
