@@ -300,6 +300,9 @@ def _parse_uncached(path: Path) -> Module:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except SyntaxError as exc:
         raise AuditError(f"{_rel(path)}:{exc.lineno}: cannot parse: {exc.msg}") from exc
+    except UnicodeDecodeError as exc:
+        raise AuditError(f"{_rel(path)}: cannot read: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                         f"at offset {exc.start})") from None
     except OSError as exc:
         raise AuditError(f"{path}: cannot read: {exc}") from exc
     mod = Module(_module_name(path), path, _rel(path), tree)
@@ -883,7 +886,7 @@ def _load_config(path: Path | None) -> tuple[list[Allow], list[dict[str, str]]]:
         raise AuditError("reading the allowlist needs Python 3.11 (tomllib)")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, OSError) as exc:
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         raise AuditError(f"{_rel(path)}: {exc}") from exc
     allows = []
     for i, a in enumerate(data.get("allow", [])):

@@ -28,8 +28,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -250,13 +248,10 @@ def write_snapshot(data: dict[str, Any], directory: Path | None = None) -> Path:
     """Write ``<directory>/<model>.json`` atomically (default: the built-in snapshots)."""
     directory = Path(directory or SNAPSHOT_DIR)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{data['model']}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(snapshot_text(data))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)  # atomic: a crash never leaves half a snapshot
-    return path
+    from lockstep.paths import atomic_write
+
+    # atomic: a crash never leaves half a snapshot (nor, after the next write, its temporary file)
+    return atomic_write(directory / f"{data['model']}.json", snapshot_text(data))
 
 
 FLOAT_RTOL = 1e-4

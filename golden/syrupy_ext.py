@@ -9,11 +9,11 @@ provenance, and ignores the oracle's version string (informational). Golden data
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from syrupy.extensions.json import JSONSnapshotExtension
+
+from lockstep.paths import atomic_write
 
 from .anchors import SNAPSHOT_DIR, same_anchors, snapshot_text
 
@@ -43,10 +43,7 @@ class GoldenSnapshotExtension(JSONSnapshotExtension):
         path = Path(snapshot_collection.location)
         data = next(iter(snapshot_collection)).data
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        atomic_write(path, data)
 
     def delete_snapshots(self, *, snapshot_location: str, snapshot_names: set[str]) -> None:
         return  # golden data is only ever replaced by a regeneration, never deleted

@@ -63,20 +63,37 @@ class CliError(Exception):
     """A usage problem: printed as one ``lockstep: error: ...`` line, exit status 2."""
 
 
+def _utf8(option: str, text: str) -> str:
+    """``text`` if it encodes as UTF-8 (a command line may carry lone surrogates), else a CliError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CliError(f"{option}: not valid UTF-8 text ({exc.reason} at character {exc.start})") from None
+    return text
+
+
+def _named(path, exc: Exception) -> str:
+    """The error's one line, naming ``path`` once."""
+    msg = str(exc)
+    return msg if msg.startswith(str(path)) else f"{path}: {msg}"
+
+
 def _decode(args: argparse.Namespace) -> int:
     """Greedy decode of a prompt on any registered engine; prints the text, token ids and counters."""
     import json
     from pathlib import Path
 
-    from lockstep.decoder_io import ModelCardError, NotADecoder, card_path_for, parse_io_option, read_card
+    from lockstep.decoder_io import ModelCardError, NotADecoder, StepError, card_path_for, parse_io_option, read_card
     from lockstep.decoding import greedy, open_session
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
     from lockstep.golden.catalog import builtin_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
+    from lockstep.reference_runtime.executor import FeedError
     from lockstep.reference_runtime.model import ModelError, load_model
 
     if args.tokens < 1:
         raise CliError(f"--tokens {args.tokens}: generate at least one token")
+    _utf8("--prompt", args.prompt)
     path, tokenizer = Path(args.model), args.tokenizer
     if not path.is_file():
         known = {m.name: m for m in [*builtin_models(), *trained_models()]}
@@ -112,10 +129,13 @@ def _decode(args: argparse.Namespace) -> int:
                            f"the prompt takes {len(prompt)}: at most {room + 1} tokens")
         session = open_session(engine, model, capture=args.capture == "on", io=io)
     except (ModelError, ModelCardError, TokenizerError) as exc:
-        raise CliError(f"{path}: {exc}") from None
+        raise CliError(_named(path, exc)) from None
     except (Unsupported, NotADecoder) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
-    result = greedy(session, prompt, args.tokens)
+    try:
+        result = greedy(session, prompt, args.tokens)
+    except (ModelError, FeedError, StepError) as exc:
+        raise CliError(f"{path.name} on {engine.name}: {exc}") from None
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {text.decode(result.tokens)!r}")
@@ -195,6 +215,7 @@ def _golden_add(args: argparse.Namespace) -> int:
 
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise CliError(f"--name {args.name!r}: a plain name (it becomes <dir>/<name>.json)")
+    _utf8("--prompt", args.prompt)
     try:
         card = parse_io_option(args.io) if args.io else None
         if card is None and card_path_for(args.model).is_file():
@@ -338,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             ap.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.func(args)
-    except CliError as exc:
-        print(f"lockstep: error: {exc}", file=sys.stderr)
+    except CliError as exc:  # one line, whatever the message held
+        line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        print(f"lockstep: error: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `lockstep ... | head`: the reader left; not an error of ours
         import os

@@ -46,8 +46,8 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "ContextLimitExceeded", "read_card", "parse_io_option",
-           "card_path_for", "position_limit", "ROLES"]
+__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "StepError", "ContextLimitExceeded", "read_card",
+           "parse_io_option", "card_path_for", "position_limit", "ROLES"]
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
 _EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
@@ -63,11 +63,15 @@ class NotADecoder(ValueError):
     ambiguous); the message lists what was found and how to say it with a model card."""
 
 
+class StepError(ValueError):
+    """A decode step the model cannot take: no tokens, or (``ContextLimitExceeded``) past its limit."""
+
+
 class ModelCardError(ValueError):
     """A model card (TOML or ``--io``) is malformed or names what the model does not have."""
 
 
-class ContextLimitExceeded(ValueError):
+class ContextLimitExceeded(StepError):
     """A decode would pass the model's last position (its KV capacity or its position tables);
     raised before the step runs, naming the limit and where it comes from."""
 
@@ -116,7 +120,7 @@ def read_card(path: str | Path) -> dict[str, str]:
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ModelCardError(f"model card {path}: {exc}") from None
     io = data.get("io")
     if not isinstance(io, dict) or not io:
@@ -220,7 +224,7 @@ class DecoderIO:
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
         if n < 1:
-            raise ValueError(f"a decode step needs at least one token, got {n}")
+            raise StepError(f"a decode step needs at least one token, got {n}")
         if self.capacity and position + n > self.capacity:
             raise ContextLimitExceeded(f"KV capacity {self.capacity} exceeded: position {position} + {n} tokens")
         if self.max_positions and position + n > self.max_positions:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
-from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder
+from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder, StepError
 from lockstep.engines.protocol import CaptureStats, Unsupported
 
 __all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "NotADecoder",
@@ -102,6 +102,8 @@ def _check_context(session: Any, io: DecoderIO | None, n_positions: int) -> None
 def greedy(session: Any, prompt: list[int], n_tokens: int, *, io: DecoderIO | None = None) -> DecodeResult:
     """Prefill ``prompt`` in one call, then ``n_tokens`` greedy steps of one token each (the
     last token chosen is never fed: ``len(prompt) + n_tokens - 1`` positions)."""
+    if len(prompt) < 1:  # any session's logits would be empty: refused before the engine sees it
+        raise StepError("greedy decode needs a prompt of at least one token, got none")
     _check_context(session, io, len(prompt) + max(n_tokens - 1, 0))
     session.reset()
     logits = session.forward(prompt)[-1]
@@ -118,6 +120,8 @@ def greedy(session: Any, prompt: list[int], n_tokens: int, *, io: DecoderIO | No
 def teacher_force(session: Any, context: list[int], *, stepwise: bool, io: DecoderIO | None = None) -> np.ndarray:
     """Logits at every position of ``context`` [len, vocab]: as one prefill, or one token per step
     through the decode path (the path a captured decode graph replays)."""
+    if len(context) < 1:
+        raise StepError("teacher forcing needs a context of at least one token, got none")
     _check_context(session, io, len(context))
     session.reset()
     if not stepwise:

@@ -1,6 +1,7 @@
 """The ONNX executor: a model on a runtime, run node by node through registered kernels.
 
-Load: the model is checked (``model.load_model``), its nodes are put in topological order,
+Load: the model is checked (``model.load_model``; opsets newer than onnx knows are
+``UnsupportedModel``), its nodes are put in topological order,
 ``Constant`` nodes and initializers become device tensors once, and every other node is matched to
 a kernel (``kernels.registry``). Any node without one is reported before anything executes,
 with op type, domain and opset (``UnsupportedModel``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
 from .errors import IllegalState
-from .model import ModelError, UnsupportedModel, load_model, np_dtype, tensor_to_numpy
+from .model import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
 from .runtime import Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 
@@ -119,11 +121,15 @@ class Executor:
 
     def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
         self.model, self.base_dir = load_model(model)
+        check_opsets(self.model)
         self.runtime = runtime
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
-        self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+        try:
+            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+        except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
+            raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]
@@ -202,6 +208,9 @@ class Executor:
     # -- feeds
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, "np.ndarray | Tensor"]:
         declared = {vi.name: vi for vi in self.inputs}
+        keys = [k for k in feeds if not isinstance(k, str)]
+        if keys:
+            raise FeedError(f"feed names must be strings, got {keys[:5]!r}; the model's inputs are {sorted(declared)}")
         unknown = sorted(set(feeds) - set(declared))
         if unknown:
             raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {sorted(declared)}")

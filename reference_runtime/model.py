@@ -1,8 +1,10 @@
 """Loading and checking ONNX models, with clear errors for bad input.
 
 ``load_model`` accepts a path, bytes or a ``ModelProto``; it refuses malformed protobufs, models
-that fail ``onnx.checker``, and external data that points outside the model's folder, each with a
-``ModelError`` naming what was wrong and where.
+that fail ``onnx.checker``, tensors of unknown type or whose data does not match their dims,
+external data that is not inside the model's folder (symlinks resolved) or not inside its file,
+and attribute values that crash onnx's shape inference, each with a ``ModelError`` naming the
+file, the tensor or node, and what was wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from lockstep.engines.protocol import Unsupported
 
-__all__ = ["ModelError", "UnsupportedModel", "load_model", "np_dtype", "tensor_to_numpy"]
+__all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
 
 
 class ModelError(ValueError):
@@ -39,20 +41,168 @@ def np_dtype(elem_type: int) -> np.dtype:
 
 
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
-    return numpy_helper.to_array(t, base_dir or "")
+    try:
+        return numpy_helper.to_array(t, base_dir or "")
+    except Exception as exc:
+        raise ModelError(f"tensor {t.name!r}: cannot read its data: {exc}") from exc
 
 
-def _check_external(model: onnx.ModelProto, base: Path) -> None:
-    base = base.resolve()
-    for t in list(model.graph.initializer):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        loc = {e.key: e.value for e in t.external_data}.get("location", "")
-        target = (base / loc).resolve()
-        if os.path.isabs(loc) or base not in target.parents:
-            raise ModelError(f"initializer {t.name!r}: external data {loc!r} points outside the model folder {base}")
-        if not target.is_file():
-            raise ModelError(f"initializer {t.name!r}: external data file {target} does not exist")
+# ONNX Runtime's contrib operators: one opset version so far (onnx does not know the domain).
+_EXTRA_OPSETS = {"com.microsoft": 1}
+_KNOWN_OPSETS: dict[str, int] = {}
+
+
+def known_opsets() -> dict[str, int]:
+    """The newest opset version of each domain that onnx (and ONNX Runtime's contrib domain) knows."""
+    if not _KNOWN_OPSETS:
+        for schema in onnx.defs.get_all_schemas_with_history():
+            d = schema.domain
+            _KNOWN_OPSETS[d] = max(_KNOWN_OPSETS.get(d, 0), schema.since_version)
+        for d, v in helper.OP_SET_ID_VERSION_MAP:
+            d = "" if d == "ai.onnx" else d
+            _KNOWN_OPSETS[d] = max(_KNOWN_OPSETS.get(d, 0), v)
+        _KNOWN_OPSETS.update(_EXTRA_OPSETS)
+    return _KNOWN_OPSETS
+
+
+def check_opsets(model: onnx.ModelProto) -> None:
+    """``UnsupportedModel`` for an imported opset newer than onnx knows (today's kernels would
+    run it as if it were today's)."""
+    known = known_opsets()
+    newer = [f"{o.domain or 'ai.onnx'} {o.version} (newest known: {known[d]})"
+             for o in model.opset_import if (d := "" if o.domain == "ai.onnx" else o.domain) in known
+             and o.version > known[d]]
+    if newer:
+        raise UnsupportedModel("the model imports opsets newer than this runtime knows", newer)
+
+
+_PACKED_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.FLOAT4E2M1: 4,
+                **{getattr(onnx.TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(onnx.TensorProto, n)}}
+_UNCHECKED = {getattr(onnx.TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(onnx.TensorProto, n)}
+
+
+def _nbytes(t: onnx.TensorProto, n: int) -> int:
+    """The bytes ``n`` elements of ``t``'s type take in ``raw_data`` (or in an external file)."""
+    bits = _PACKED_BITS.get(t.data_type)
+    if bits:
+        return (n * bits + 7) // 8
+    return n * np_dtype(t.data_type).itemsize
+
+
+def _elements(t: onnx.TensorProto, where: str) -> int:
+    """``t``'s element count from its dims, its data type checked known."""
+    if t.data_type == onnx.TensorProto.UNDEFINED:
+        raise ModelError(f"{where}: data type is UNDEFINED")
+    try:
+        np_dtype(t.data_type)
+    except ModelError:
+        raise ModelError(f"{where}: unknown data type {t.data_type}") from None
+    if any(d < 0 for d in t.dims):
+        raise ModelError(f"{where}: negative dims {list(t.dims)}")
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
+
+
+def _check_tensor(t: onnx.TensorProto, where: str) -> None:
+    """The tensor's data type is known and its data holds exactly what its dims say."""
+    n = _elements(t, where)
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("segment") or t.data_type in _UNCHECKED:
+        return
+    if t.data_type == onnx.TensorProto.STRING:
+        have, want, unit = len(t.string_data), n, "strings"
+    elif t.HasField("raw_data"):
+        have, want, unit = len(t.raw_data), _nbytes(t, n), "bytes"
+    else:
+        field = helper.tensor_dtype_to_field(t.data_type)
+        per = 2 if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1
+        bits = _PACKED_BITS.get(t.data_type)  # packed types: one byte (two or four elements) per value
+        have, unit = len(getattr(t, field)), f"values in {field}"
+        want = (n * bits + 7) // 8 if bits else n * per
+    if have != want:
+        raise ModelError(f"{where}: dims {list(t.dims)} need {want} {unit}, the data has {have}")
+
+
+def _attribute_tensors(graph: onnx.GraphProto, where: str):
+    """(tensor, description) for every tensor held in a node attribute, subgraphs included."""
+    for i, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        for a in node.attribute:
+            at = f"{where}node {name!r} ({node.op_type}) attribute {a.name!r}"
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t, at
+            elif a.type == onnx.AttributeProto.TENSORS:
+                yield from ((t, at) for t in a.tensors)
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from _graph_tensors(a.g, f"{at}: ")
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _graph_tensors(g, f"{at}: ")
+
+
+def _graph_tensors(graph: onnx.GraphProto, where: str = ""):
+    yield from ((t, f"{where}initializer {t.name!r}") for t in graph.initializer)
+    yield from _attribute_tensors(graph, where)
+
+
+def _external_int(entries: dict[str, str], key: str, where: str) -> int | None:
+    if key not in entries:
+        return None
+    try:
+        value = int(entries[key])
+    except ValueError:
+        raise ModelError(f"{where}: external data {key} {entries[key]!r} is not a number") from None
+    if value < 0:
+        raise ModelError(f"{where}: external data {key} {value} is negative")
+    return value
+
+
+def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
+    """Read ``t``'s external data into ``raw_data``: only from a file inside ``base`` (after
+    resolving symlinks), within the file, exactly as many bytes as its dims need."""
+    entries = {e.key: e.value for e in t.external_data}
+    loc = entries.get("location", "")
+    if not loc or "\0" in loc:
+        raise ModelError(f"{where}: external data location {loc!r} is empty or holds a NUL byte")
+    target = (base / loc).resolve()
+    if os.path.isabs(loc) or base not in target.parents:
+        raise ModelError(f"{where}: external data {loc!r} points outside the model folder {base}")
+    if not target.is_file():
+        raise ModelError(f"{where}: external data file {target} does not exist")
+    offset = _external_int(entries, "offset", where) or 0
+    length = _external_int(entries, "length", where)
+    want = _nbytes(t, _elements(t, where)) if t.data_type not in _UNCHECKED else length
+    size = target.stat().st_size
+    length = want if length is None else length
+    if length is None:
+        raise ModelError(f"{where}: external data of type {t.data_type} needs a length")
+    if want is not None and length != want:
+        raise ModelError(f"{where}: external data length {length} bytes, dims {list(t.dims)} need {want}")
+    if offset + length > size:
+        raise ModelError(f"{where}: external data offset {offset} + length {length} lies beyond the end of "
+                         f"{target.name} ({size} bytes)")
+    with open(target, "rb") as f:
+        f.seek(offset)
+        t.raw_data = f.read(length)
+    del t.external_data[:]
+    t.data_location = onnx.TensorProto.DEFAULT
+
+
+def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
+    """Every tensor of the model: a known type, data matching its dims; external data (only on the
+    main graph's initializers, only from inside ``base``) read in."""
+    for t, where in _graph_tensors(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL and not where.startswith("initializer "):
+            raise ModelError(f"{where}: external data is allowed on the graph's initializers only")
+    for t in model.graph.initializer:
+        where = f"initializer {t.name!r}"
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            if base is None:
+                raise ModelError(f"{where}: external data, but the model was not loaded from a file")
+            _load_external(t, where, base.resolve())
+    for t, where in _graph_tensors(model.graph):
+        _check_tensor(t, where)
 
 
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:
@@ -74,13 +224,17 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         except Exception as exc:
             raise ModelError(f"{path}: not a valid ONNX protobuf: {exc}") from exc
         base_dir = str(path.parent)
-        _check_external(model, path.parent)
-        from onnx.external_data_helper import load_external_data_for_model
+    where = f"{src}: " if base_dir is not None else ""
+    try:
+        _check_tensors(model, None if base_dir is None else Path(base_dir))
+        if check:
+            try:
+                onnx.checker.check_model(model)
+            except Exception as exc:
+                raise ModelError(f"model fails onnx.checker: {exc}") from exc
+            from .inference import check_for_inference
 
-        load_external_data_for_model(model, base_dir)
-    if check:
-        try:
-            onnx.checker.check_model(model)
-        except Exception as exc:
-            raise ModelError(f"model fails onnx.checker: {exc}") from exc
+            check_for_inference(model)
+    except ModelError as exc:
+        raise ModelError(f"{where}{exc}") from exc.__cause__
     return model, base_dir

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
 import pickle
 import re
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,10 +92,10 @@ def _load_cases() -> list[NodeCase]:
             pass  # a corrupt or foreign cache is rebuilt, never trusted
     cases = _build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)  # atomic: concurrent workers never read half a file
+    from lockstep.paths import atomic_write
+
+    # atomic: concurrent workers never read half a file
+    atomic_write(path, lambda f: pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL))
     return cases
 
 

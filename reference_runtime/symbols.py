@@ -1,6 +1,6 @@
 """Symbolic dimensions at load time: which dims are the same, and which derive from which.
 
-onnx's shape inference (with data propagation) names what it can; this module interns every
+onnx's shape inference (with data propagation, run contained by ``inference.infer``) names what it can; this module interns every
 symbolic dim into a ``Symbol`` object (same name, same object) and records provenance: a symbol
 first appearing on a node's output derives from the symbols on that node's inputs. The record is
 conservative (a derived symbol lists every input symbol of its producer, an over-approximation),
@@ -57,10 +57,11 @@ def _raw_dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
 
 
 def symbolic_shapes(model: onnx.ModelProto) -> tuple[dict[str, Symbol], dict[str, tuple[int | Symbol, ...]]]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
-        inferred = model
+    """Symbols by name and each value's dims. onnx's inference runs contained (``inference.infer``):
+    a model it crashes on, or that makes it run away, is a ``ModelError``."""
+    from .inference import infer
+
+    inferred = infer(model)
     g = inferred.graph
     raw = {vi.name: dims for vi in [*g.input, *g.value_info, *g.output] if (dims := _raw_dims(vi)) is not None}
     symbols: dict[str, Symbol] = {}

@@ -14,8 +14,6 @@ from lockstep.reference_runtime.runtime import Runtime
 from lockstep.cli import main
 
 
-
-
 def test_cli_parity_on_sim_matches(capsys):
     assert main(["parity", "--device", "sim"]) == 0
     out = capsys.readouterr().out
@@ -114,3 +112,99 @@ def test_malformed_contract_test_is_a_usage_error(run_isolated, source, problems
     for problem in problems:
         assert f"test_bad.py::test_bad: {problem}" in result.stderr.str()
     result.assert_outcomes()  # nothing ran
+
+
+# -- bad files and bad arguments (issue 15): one line, no Traceback, a non-zero exit ----------------
+
+def _bad_model_files(folder):
+    """Files a user may hand ``lockstep decode``: truncated, random, text, and models that crashed
+    or exhausted onnx's shape inference."""
+    import os
+
+    from lockstep.golden.catalog import builtin_models
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    vi = helper.make_tensor_value_info
+    good = next(m for m in builtin_models() if m.name == "tiny-fp32-standard").model_path().read_bytes()
+    files = {"truncated.onnx": good[: len(good) // 3], "random.onnx": os.urandom(4096),
+             "text.onnx": b"this is not a model\n"}
+
+    def model(nodes, ins, outs, **kw):
+        g = helper.make_graph(nodes, "g", ins, outs, **kw)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+    files["gathernd-batch-dims.onnx"] = model(
+        [helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=-5)],
+        [vi("x", T.FLOAT, [2, 3, 4]), vi("i", T.INT64, [2, 1])], [vi("y", T.FLOAT, ["a", "b"])])
+    files["layernorm-axis.onnx"] = model(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y", "m", "v"], axis=2**31)],
+        [vi("x", T.FLOAT, [2, 3, 4]), vi("s", T.FLOAT, [4])], [vi(n, T.FLOAT, ["a"]) for n in "ymv"])
+    files["huge-value-info.onnx"] = model(
+        [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Add", ["s", "s"], ["y"])],
+        [vi("x", T.FLOAT, ["a"])], [vi("y", T.INT64, ["n"])], value_info=[vi("s", T.INT64, [10**9])])
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return sorted(files)
+
+
+def _lockstep(*argv, cwd):
+    """The real command in a child process (a crash would be a negative status, not a Python error),
+    under a memory ceiling (the huge-dim model once grew past 24 GB)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    return subprocess.run([sys.executable, "-m", "lockstep", *argv], check=False, cwd=cwd, capture_output=True, text=True,
+                          errors="replace", timeout=120, preexec_fn=limit)
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lockstep: error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("engine", ["ref-sim", "ort-cpu"])
+def test_decode_of_bad_model_files_is_one_line_naming_the_file(tmp_path, engine):
+    from lockstep.engines.registry import load_engine
+
+    ok, why = load_engine(engine).available()
+    if not ok:
+        pytest.skip(f"{engine} unavailable here: {why}")
+    reasons = {"truncated.onnx": "not a valid ONNX protobuf", "random.onnx": "not a valid ONNX protobuf",
+               "text.onnx": "not a valid ONNX protobuf",
+               "gathernd-batch-dims.onnx": "attribute 'batch_dims' is -5",
+               "layernorm-axis.onnx": "attribute 'axis' is 2147483648",
+               "huge-value-info.onnx": "not a decoder lockstep can drive"}  # loaded fine: the dim is dropped
+    for name in _bad_model_files(tmp_path):
+        proc = _lockstep("decode", name, "--prompt", "hi", "--tokens", "2", "--engine", engine, cwd=tmp_path)
+        _one_line_error(proc, name, reasons[name])
+
+
+def test_decode_with_a_prompt_that_is_not_utf8_is_one_line(tmp_path):
+    proc = _lockstep("decode", "tiny-fp32-standard", "--prompt", "caf\udce9", "--tokens", "2", cwd=tmp_path)
+    _one_line_error(proc, "--prompt: not valid UTF-8 text")
+
+
+def test_audit_of_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path):
+    (tmp_path / "latin1.py").write_bytes(b"# caf\xe9\nx = 1\n")
+    proc = _lockstep("audit", "latin1.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "lockstep audit: error: latin1.py: cannot read: not UTF-8 text (byte 0xe9 at offset 5)"
+
+
+def test_decode_with_a_model_card_that_is_not_utf8_is_one_line(tmp_path):
+    from lockstep.golden.catalog import builtin_models
+
+    good = next(m for m in builtin_models() if m.name == "tiny-fp32-standard").model_path()
+    (tmp_path / "m.onnx").write_bytes(good.read_bytes())
+    (tmp_path / "m.lockstep.toml").write_bytes(b'[io]\ninput_ids = "\xff"\n')
+    proc = _lockstep("decode", "m.onnx", "--prompt", "hi", "--tokens", "2", cwd=tmp_path)
+    _one_line_error(proc, "m.onnx: model card m.lockstep.toml: 'utf-8' codec can't decode byte 0xff")

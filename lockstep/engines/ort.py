@@ -107,7 +107,8 @@ class OrtEngine:
         return True, f"onnxruntime {ort.__version__} {self.provider}"
 
     def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
-        """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``."""
+        """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``,
+        ONNX Runtime refusing the model (InvalidGraph, Fail, ...) as ``ModelError``."""
         import onnxruntime as ort
 
         options = {**self.provider_options, **(provider_options or {})}
@@ -118,6 +119,11 @@ class OrtEngine:
             what = _ort_unsupported(str(exc))
             if what:
                 raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
+            if _ort_refuses_model(exc):
+                from lockstep.reference_runtime.model import ModelError
+
+                first = (str(exc).splitlines() or [""])[0][:500]
+                raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
             raise
 
     @property
@@ -164,6 +170,15 @@ def cuda_tf32_engine() -> OrtEngine:
     with the TF32 error model."""
     return OrtEngine("CUDAExecutionProvider", name="ort-cuda-tf32", provider_options=CUDA_TF32,
                      precision={"float32": "tf32", "float16": "fp16"})
+
+
+def _ort_refuses_model(exc: Exception) -> bool:
+    """ONNX Runtime's session creation failed on the model itself (InvalidGraph, InvalidProtobuf,
+    InvalidArgument, Fail), not on the device (a CUDA/cuDNN failure, out of memory: re-raised)."""
+    import re
+
+    return (type(exc).__name__ in ("InvalidGraph", "InvalidProtobuf", "InvalidArgument", "Fail")
+            and not re.search(r"cuda|cudnn|cublas|out of memory|bad_alloc", str(exc), re.IGNORECASE))
 
 
 def _ort_unsupported(msg: str) -> str:

@@ -47,6 +47,7 @@ NAMED = (
     ("lockstep.reference_runtime.errors", "SyncDebugError"),
     ("lockstep.decoder_io", "NotADecoder"),                      # decode: the model is no decoder
     ("lockstep.decoder_io", "ModelCardError"),
+    ("lockstep.decoder_io", "StepError"),                        # decode: empty prompt, past KV capacity / positions
     ("lockstep.decoder_io", "ContextLimitExceeded"),             # decode: past KV capacity / position tables
     ("lockstep.decoder_io", "DecodeError"),                      # decode: refused step (prompt, position)
     ("lockstep.decoding", "DecodeError"),

@@ -1,0 +1,314 @@
+"""Bad models and bad feeds at load time (issue 15): every failure is a named error, never a dead
+process, a runaway allocation, or onnx's own exception escaping.
+
+The loader is the same on every device (nothing touches the device before the model is checked);
+the tests that build an ``Executor`` still take the ``device`` fixture, so the GPU lane runs them
+on CuPy too."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from lockstep.reference_runtime import Runtime, RuntimeConfig, inference
+from lockstep.reference_runtime.executor import Executor, FeedError
+from lockstep.reference_runtime.model import ModelError, UnsupportedModel, load_model
+from lockstep.reference_runtime.symbols import symbolic_shapes
+from onnx import TensorProto, helper
+
+
+def _vi(name, elem=TensorProto.FLOAT, shape=(2, 3, 4)):
+    return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
+
+
+def _model(nodes, inputs, outputs, initializers=(), value_info=(), opset=21):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _gathernd(batch_dims=-5):
+    return _model([helper.make_node("GatherND", ["x", "i"], ["y"], name="gnd", batch_dims=batch_dims)],
+                  [_vi("x"), _vi("i", TensorProto.INT64, (2, 1))], [_vi("y", shape=("a", "b"))])
+
+
+def _layernorm(axis=2**31):
+    return _model([helper.make_node("LayerNormalization", ["x", "s"], ["y", "m", "v"], name="ln", axis=axis)],
+                  [_vi("x"), _vi("s", shape=(4,))], [_vi("y", shape=("a", "b", "c")), _vi("m", shape=("a", "b", "c")), _vi("v", shape=("a", "b", "c"))])
+
+
+def _shape_tensor_declared_huge(dim=10**9):
+    """Shape -> Add with the Shape's output declared 10**9 long: data propagation allocates it."""
+    return _model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Add", ["s", "s"], ["y"])],
+                  [_vi("x", shape=("a",))], [_vi("y", TensorProto.INT64, ("n",))],
+                  value_info=[_vi("s", TensorProto.INT64, (dim,))])
+
+
+@pytest.fixture
+def runtime(device):
+    return Runtime(device, RuntimeConfig())
+
+
+# -- 1. shape inference cannot kill or exhaust the process -----------------------------------------
+
+@pytest.mark.parametrize("model, attribute", [(_gathernd(), "'batch_dims' is -5; allowed: 0..1024"),
+                                              (_layernorm(), "'axis' is 2147483648; allowed: -1024..1024")],
+                         ids=["gathernd", "layernorm"])
+def test_attributes_that_crash_onnx_shape_inference_are_refused_by_name(runtime, model, attribute):
+    """These two segfaulted onnx's inference inside Executor.__init__ (the process died)."""
+    with pytest.raises(ModelError, match=rf"node '(gnd|ln)' \((GatherND|LayerNormalization)\): attribute {attribute}"):
+        Executor(model, runtime)
+
+
+def test_a_split_into_two_billion_outputs_is_refused_by_name(runtime):
+    """Split num_outputs=2**31 made onnx's inference allocate past its memory budget."""
+    m = _model([helper.make_node("Split", ["x"], ["a", "b"], name="split", axis=0, num_outputs=2**31)],
+               [_vi("x", shape=(4,))], [_vi("a", shape=(2,)), _vi("b", shape=(2,))], opset=18)
+    with pytest.raises(ModelError, match=r"node 'split' \(Split\): attribute 'num_outputs' is 2147483648; allowed: 1..65536"):
+        Executor(m, runtime)
+
+
+@pytest.mark.parametrize("model", [_gathernd(), _layernorm()], ids=["gathernd", "layernorm"])
+def test_an_inference_crash_past_the_checks_is_contained(monkeypatch, model):
+    """Without the pre-check the crash happens, in the worker child, and is a ModelError here."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "check_for_inference", lambda m: None)
+    with pytest.raises(ModelError, match=r"onnx shape inference crashed on this model \(SIGSEGV\)"):
+        symbolic_shapes(model)
+    assert symbolic_shapes(_layernorm(axis=-1))[1]["y"] == (2, 3, 4), "a fresh worker serves the next model"
+
+
+def test_a_huge_declared_dim_is_dropped_before_inference(runtime):
+    """A value_info dim of 10**9 made data propagation grow past 4 GB (24 GB once): it is unknown now."""
+    ex = Executor(_shape_tensor_declared_huge(), runtime)
+    assert ex.symbolic_shapes["s"] == (1,)  # inferred from x's rank, not the declaration
+
+
+def test_an_inference_that_runs_away_is_stopped_by_its_memory_budget(monkeypatch):
+    """Past the dim cap (raised here), the child's address-space limit stops it: a ModelError."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "DIM_CAP", 1 << 40)
+    monkeypatch.setattr(inference, "MEMORY_BUDGET", 512 << 20)
+    with pytest.raises(ModelError, match="onnx shape inference needed more than 512 MiB"):
+        symbolic_shapes(_shape_tensor_declared_huge())
+
+
+def _sleep_forever(data):
+    import time
+
+    time.sleep(600)
+
+
+def test_an_inference_that_hangs_is_stopped_by_its_timeout(monkeypatch):
+    """A hang in onnx's inference (none is known; the fuzzer found one elsewhere) ends in a ModelError."""
+    if not hasattr(os, "fork"):
+        pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
+    monkeypatch.setattr(inference, "_WORKER", None)  # a fresh worker, forked with the sleeping inference
+    monkeypatch.setattr(inference, "_run_inference", _sleep_forever)
+    monkeypatch.setattr(inference, "TIMEOUT_S", 1.0)
+    monkeypatch.setattr(inference, "_CACHE", type(inference._CACHE)())
+    with pytest.raises(ModelError, match=r"onnx shape inference did not finish within 1 s on this model"):
+        symbolic_shapes(_layernorm(axis=-1))
+    assert inference._WORKER is None, "the hung worker was killed; the next model forks a fresh one"
+
+
+# -- 2. loader failures are ModelError naming file, tensor and reason -------------------------------
+
+def _external_model(tmp_path, entries, dims=(4,)):
+    data = np.arange(4, dtype=np.float32).tobytes()
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
+    for key, value in entries.items():
+        e = w.external_data.add()
+        e.key, e.value = key, value
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=dims)], [w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    (tmp_path / "w.bin").write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("entries, reason", [
+    ({"location": "w.bin", "offset": "8"}, r"external data offset 8 \+ length 16 lies beyond the end of w.bin \(16 bytes\)"),
+    ({"location": "w.bin", "length": "64"}, r"external data length 64 bytes, dims \[4\] need 16"),
+    ({"location": "w.bin", "offset": "-4"}, "external data offset -4 is negative"),
+    ({"location": "w.bin", "length": "lots"}, "external data length 'lots' is not a number"),
+    ({"location": "w\0.bin"}, "external data location 'w\\\\x00.bin' is empty or holds a NUL byte"),
+    ({"location": "nothere.bin"}, "external data file .*nothere.bin does not exist"),
+], ids=["beyond-the-file", "length-mismatch", "negative", "non-numeric", "nul", "missing"])
+def test_bad_external_data_is_a_model_error_naming_file_and_tensor(tmp_path, runtime, entries, reason):
+    path = _external_model(tmp_path, entries)
+    with pytest.raises(ModelError, match=rf"^{path!s}: initializer 'w': {reason}"):
+        Executor(str(path), runtime)
+
+
+def test_external_data_loads_from_inside_the_folder(tmp_path, runtime):
+    path = _external_model(tmp_path, {"location": "w.bin", "offset": "0", "length": "16"})
+    assert np.array_equal(Executor(str(path), runtime).run({})["y"], np.arange(4, dtype=np.float32))
+
+
+def test_a_symlink_out_of_the_model_folder_is_refused(tmp_path, runtime):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder, {"location": "link.bin"})
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    (folder / "link.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ModelError, match=r"initializer 'w': external data 'link.bin' points outside the model folder"):
+        Executor(str(path), runtime)
+
+
+def test_external_data_on_a_constant_attribute_is_refused(tmp_path, runtime):
+    t = TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    e = t.external_data.add()
+    e.key, e.value = "location", "w.bin"
+    m = _model([helper.make_node("Constant", [], ["y"], name="k", value=t)], [], [_vi("y", shape=(4,))])
+    (tmp_path / "w.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match=r"node 'k' \(Constant\) attribute 'value': external data is allowed on "
+                                         r"the graph's initializers only"):
+        Executor(str(tmp_path / "m.onnx"), runtime)
+
+
+@pytest.mark.parametrize("tensor, reason", [
+    (TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[3, 4], raw_data=np.zeros(5, np.float32).tobytes()),
+     r"initializer 'w': dims \[3, 4\] need 48 bytes, the data has 20"),
+    (TensorProto(name="w", data_type=TensorProto.INT64, dims=[6], int64_data=[1, 2, 3]), r"initializer 'w': dims \[6\] need 6 values in int64_data, the data has 3"),
+    (TensorProto(name="w", data_type=77, dims=[1], raw_data=b"\0"), "initializer 'w': unknown data type 77"),
+    (TensorProto(name="w", data_type=0, dims=[1], raw_data=b"\0"), "initializer 'w': data type is UNDEFINED"),
+], ids=["raw-too-short", "typed-too-short", "unknown-type", "undefined-type"])
+def test_initializer_data_that_does_not_match_its_dims_is_a_model_error(runtime, tensor, reason):
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=("n",))], [tensor])
+    with pytest.raises(ModelError, match=reason):
+        Executor(m, runtime)
+
+
+def test_an_opset_newer_than_onnx_knows_is_unsupported(runtime):
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")], opset=99)
+    with pytest.raises(UnsupportedModel, match=r"imports opsets newer than this runtime knows: ai.onnx 99 \(newest known: \d+\)"):
+        Executor(m, runtime)
+
+
+def test_a_valid_model_with_every_tensor_form_still_loads(runtime):
+    """The new tensor checks accept what onnx writes: raw, typed, packed int4, string-free."""
+    ints = helper.make_tensor("k", TensorProto.INT64, [2], [1, 2])
+    raw = helper.make_tensor("w", TensorProto.FLOAT, [2], np.ones(2, np.float32).tobytes(), raw=True)
+    int4 = helper.make_tensor("q", TensorProto.INT4, [3], [1, -2, 3])
+    m = _model([helper.make_node("Identity", ["w"], ["y"])], [], [_vi("y", shape=(2,))], [ints, raw, int4])
+    load_model(m)
+    assert Executor(m, runtime).run({})["y"].tolist() == [1.0, 1.0]
+
+
+# -- 3. feeds ----------------------------------------------------------------------------------------
+
+def test_feed_names_that_are_not_strings_are_a_feed_error(runtime):
+    ex = Executor(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")]), runtime)
+    with pytest.raises(FeedError, match=r"feed names must be strings, got \[0\]; the model's inputs are \['x'\]"):
+        ex.run({0: np.zeros((2, 3, 4), np.float32)})
+
+
+def test_an_empty_prompt_is_a_step_error_on_every_session():
+    """An empty prompt was an IndexError (the prefill's logits were empty) on a fixed-capacity model."""
+    from lockstep.golden.catalog import builtin_models
+
+    from lockstep.decoder_io import StepError
+    from lockstep.decoding import greedy, open_session, teacher_force
+    from lockstep.engines.registry import load_engine
+
+    gm = next(m for m in builtin_models() if m.name == "tiny-fp32-standard-kv64")
+    session = open_session(load_engine("ref-sim"), gm.load())
+    with pytest.raises(StepError, match="greedy decode needs a prompt of at least one token, got none"):
+        greedy(session, [], 2)
+    with pytest.raises(StepError, match="teacher forcing needs a context of at least one token"):
+        teacher_force(session, [], stepwise=True)
+    with pytest.raises(StepError, match="a decode step needs at least one token, got 0"):
+        session.forward([])
+
+
+# -- ONNX Runtime's own refusals ---------------------------------------------------------------------
+
+def test_onnx_runtime_refusing_a_model_is_a_model_error_naming_the_engine():
+    """InvalidGraph / Fail at session creation escaped as onnxruntime's own exception classes."""
+    from lockstep.engines.registry import load_engine
+
+    engine = load_engine("ort-cpu")
+    ok, why = engine.available()
+    if not ok:
+        pytest.skip(f"ort-cpu unavailable here: {why}")
+    m = _model([helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+               [_vi("a", TensorProto.BFLOAT16, (2,)), _vi("b", TensorProto.FLOAT, (2,))], [_vi("y", shape=(2,))])
+    m.ir_version = 8
+    load_model(m)  # onnx's checker takes it
+    with pytest.raises(ModelError, match=r"^ort-cpu refuses the model: Fail: .*bound to different types .*\(add\)"):
+        engine.prepare(m)
+
+
+# -- killed writes (snapshots, manifests, caches go through lockstep.paths.atomic_write) -------------
+
+def _killed_write(folder, name):
+    """A child process killed (SIGKILL) in the middle of ``atomic_write``: what it leaves behind."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys; from lockstep.paths import atomic_write\n"
+            "def die(f):\n    f.write(b'half'); f.flush(); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "atomic_write(sys.argv[1], die)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder / name)], check=False, timeout=60)
+    assert proc.returncode == -9
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_killed_write_leaves_an_ignored_temporary_that_the_next_write_removes(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    from lockstep.golden.anchors import write_snapshot
+
+    (tmp_path / "m.json").write_text("old")
+    left = _killed_write(tmp_path, "m.json")
+    temps = [n for n in left if n != "m.json"]
+    assert len(temps) == 1 and temps[0].startswith(".m.json.") and temps[0].endswith(".lockstep-tmp"), left
+    assert (tmp_path / "m.json").read_text() == "old", "the old file survives the killed write"
+    repo = Path(__file__).resolve().parents[1]
+    ignored = subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", "--no-index",
+                              f"golden/snapshots/{temps[0]}"], check=False)
+    assert ignored.returncode == 0, "git ignores the temporary files in golden/snapshots/"
+    write_snapshot({"model": "other", "provenance": {}, "prompt": "", "prefix": [], "band": 0, "positions": []},
+                   tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "other.json"], "the stale temporary is gone"
+
+
+def test_a_temporary_of_a_live_writer_is_kept(tmp_path):
+    import os
+
+    from lockstep.paths import atomic_write
+
+    live = tmp_path / f".a.json.{os.getppid()}.x1y2.lockstep-tmp"  # our parent: alive while we run
+    live.write_bytes(b"in progress")
+    atomic_write(tmp_path / "b.json", "{}")
+    assert live.exists()
+
+
+def test_a_rewritten_file_keeps_its_mode_and_a_new_one_is_0644_under_the_umask(tmp_path):
+    import os
+    import stat
+
+    from lockstep.golden.anchors import write_snapshot
+
+    from lockstep.paths import atomic_write
+
+    kept = tmp_path / "shared.json"
+    kept.write_text("{}")
+    kept.chmod(0o664)
+    atomic_write(kept, "{}\n")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o664
+    old = os.umask(0o022)
+    try:
+        path = write_snapshot({"model": "fresh", "provenance": {}, "prompt": "", "prefix": [], "band": 0,
+                               "positions": []}, tmp_path)
+        os.umask(0o077)
+        private = atomic_write(tmp_path / "private.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644, "snapshots were rewritten 0600 by mkstemp"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
