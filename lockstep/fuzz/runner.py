@@ -90,7 +90,7 @@ def _child(task: Task, folder: Path, w: int, mem_bytes: int, log: Path) -> None:
         if mem_bytes:
             soft, hard = resource.getrlimit(resource.RLIMIT_AS)
             limit = vm_size() + mem_bytes
-            limit = min(limit, *(x for x in (soft, hard) if x != resource.RLIM_INFINITY))  # never above a ulimit -v
+            limit = min([limit, *(x for x in (soft, hard) if x != resource.RLIM_INFINITY)])  # never above a ulimit -v
             resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
         def stage(name: str) -> None:

@@ -128,6 +128,13 @@ def classify(exc: BaseException | None) -> dict[str, Any]:
 
 
 # -- the targets: each returns ``classify``'s dict; ``stage`` reports progress to the runner ----------------
+# The simulated device the fuzzer runs on has 1 GiB (``RuntimeConfig.device_memory_limit``), well
+# under the worker's address-space limit (runner.py): a request too big for the device is the
+# device's named refusal (``MemoryAllocation``), and ``memory`` is left meaning what it should, the
+# host running out outside any device allocation.
+DEVICE_MEMORY = 1 << 30
+
+
 def _feeds(case: Case) -> dict[Any, Any]:
     return dict(case.feeds or [])
 
@@ -141,7 +148,7 @@ def run_ref(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str,
     try:
         stage("load")
         model, _ = load_model(folder / MODEL_FILE)
-        engine = RefEngine("sim", RuntimeConfig())
+        engine = RefEngine("sim", RuntimeConfig(device_memory_limit=DEVICE_MEMORY))
         if case.decode is not None:
             from lockstep.decoding import open_session
 
@@ -203,6 +210,7 @@ def run_cli(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str,
 
     argv = [a.replace("{model}", str(folder / MODEL_FILE)).replace("{dir}", str(folder)) for a in case.argv or []]
     os.chdir(folder)
+    os.environ["LOCKSTEP_DEVICE_MEMORY_LIMIT"] = str(DEVICE_MEMORY)  # this case's own forked worker
     err = io.StringIO()
     old = sys.stderr
     sys.stderr = err
