@@ -11,25 +11,19 @@ lockstep's plugin (devices, engines, golden models, mutants, markers, reports) i
 
 import os
 
+import pytest
+
 pytest_plugins = ["pytester"]
 
 os.environ.setdefault("LOCKSTEP_REQUIRE_MODELS", "all")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.fixture(autouse=True)
+def _no_lockstep_requirements(request, monkeypatch):
     """The unit tests in tests/ run pytest and lockstep in subprocesses of their own choosing: the
-    outer run's LOCKSTEP_REQUIRE_* (a GPU lane's requirements) must not leak into those."""
-    import pytest
-
-    for item in items:
-        if "tests" in item.path.parts and "conformance" not in item.path.parts:
-            item.add_marker(pytest.mark.usefixtures("_no_lockstep_requirements"))
-
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture
-def _no_lockstep_requirements(monkeypatch):
-    for key in ("LOCKSTEP_REQUIRE_ENGINES", "LOCKSTEP_REQUIRE_DEVICES"):
-        monkeypatch.delenv(key, raising=False)
+    outer run's LOCKSTEP_REQUIRE_* (a GPU lane's requirements) must not leak into those. (An
+    autouse fixture: a ``usefixtures`` mark added at collection time is never applied.)"""
+    parts = request.node.path.parts
+    if "tests" in parts and "conformance" not in parts:
+        for key in ("LOCKSTEP_REQUIRE_ENGINES", "LOCKSTEP_REQUIRE_DEVICES"):
+            monkeypatch.delenv(key, raising=False)

@@ -28,6 +28,13 @@ def _segfault(case, folder, stage):
     ctypes.string_at(0)
 
 
+def _deep_segfault(case, folder, stage, depth=150):
+    if depth:
+        return _deep_segfault(case, folder, stage, depth - 1)
+    stage("segfault")
+    ctypes.string_at(0)
+
+
 def _hang(case, folder, stage):
     stage("sleep")
     time.sleep(60)
@@ -51,12 +58,15 @@ def _named(case, folder, stage):
 def test_runner_classes_each_planted_outcome_and_survives():
     case = Case(0, 0, "feed", "feed.planted", "test", model=b"")
     tasks = [Task(name, case, fn) for name, fn in
-             [("segfault", _segfault), ("hang", _hang), ("memory", _blow_up), ("named", _named)]]
+             [("segfault", _segfault), ("deep", _deep_segfault), ("hang", _hang), ("memory", _blow_up),
+              ("named", _named)]]
     t0 = time.monotonic()
     out = {t.key: res for t, res in run_tasks(tasks, jobs=4, timeout_s=3, mem_bytes=2**30)}
     assert time.monotonic() - t0 < 30
     assert (out["segfault"]["cls"], out["segfault"]["type"], out["segfault"]["stage"]) == ("crash", "SIGSEGV", "segfault")
     assert "string_at" in out["segfault"]["where"]  # faulthandler's stack names the call that faulted
+    # a deep stack's dump is long: its innermost frame (the top of the dump) is still the one named
+    assert (out["deep"]["cls"], out["deep"]["type"]) == ("crash", "SIGSEGV") and "string_at" in out["deep"]["where"]
     assert (out["hang"]["cls"], out["hang"]["stage"]) == ("hang", "sleep")
     assert (out["memory"]["cls"], out["memory"]["type"]) == ("memory", "MemoryError")
     assert (out["named"]["cls"], out["named"]["type"]) == ("named", "FeedError")

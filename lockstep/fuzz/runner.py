@@ -138,11 +138,12 @@ def _finish(status: int, rusage, lines: list[dict], killed: str | None, log: Pat
     stages = [d["stage"] for d in lines if "stage" in d]
     result = next((d["result"] for d in reversed(lines) if "result" in d), None)
     out: dict[str, Any]
-    tail = ""
-    try:
-        tail = log.read_text(errors="replace")[-4000:]
+    text = ""
+    try:  # the whole log (bounded): a deep stack's innermost frame is at the top of faulthandler's dump
+        text = log.read_text(errors="replace")[-(1 << 20):]
     except OSError:
         pass
+    tail = text[-4000:]
     if killed == "timeout":
         out = {"cls": "hang", "type": "timeout", "where": f"stage {stages[-1] if stages else '?'}"}
     elif result is not None:
@@ -150,11 +151,11 @@ def _finish(status: int, rusage, lines: list[dict], killed: str | None, log: Pat
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-        if sig == signal.SIGKILL or any(w in tail for w in _MEMORY_WORDS):
+        if sig == signal.SIGKILL or any(w in text for w in _MEMORY_WORDS):
             cls = "memory"
         else:
             cls = "crash"
-        out = {"cls": cls, "type": name, "where": _faulthandler_where(tail), "message": tail[-600:]}
+        out = {"cls": cls, "type": name, "where": _faulthandler_where(text), "message": tail[-600:]}
     else:
         out = {"cls": "crash", "type": f"exit {os.WEXITSTATUS(status)}", "where": "no outcome reported",
                "message": tail[-600:]}
