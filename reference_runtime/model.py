@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -205,6 +206,29 @@ def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
         _check_tensor(t, where)
 
 
+def _check_text(msg: Any, path: str = "model") -> None:
+    """Every text field must be UTF-8: protobuf parses ONNX's (proto2) strings unchecked and hands an
+    invalid one back as bytes (or raises ``UnicodeDecodeError``) when it is read, which would be
+    anywhere later (assigning it to another message raises). Reads each once."""
+    try:
+        fields = msg.ListFields()
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{path}: a text field is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    for fd, value in fields:
+        if fd.type == fd.TYPE_STRING:  # protobuf hands invalid UTF-8 back as bytes (or raises, above)
+            for text in ([value] if isinstance(value, (str, bytes)) else value):
+                if not isinstance(text, str):
+                    raise ModelError(f"{path}.{fd.name}: text {bytes(text)[:60]!r} is not valid UTF-8")
+            continue
+        if fd.type != fd.TYPE_MESSAGE:
+            continue
+        if hasattr(value, "ListFields"):  # one message (a repeated field is a container of them)
+            _check_text(value, f"{path}.{fd.name}")
+        else:
+            for i, item in enumerate(value):
+                _check_text(item, f"{path}.{fd.name}[{i}]")
+
+
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:
     """Return (model, base_dir). External data is loaded only from inside the model's folder."""
     base_dir: str | None = None
@@ -226,6 +250,7 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         base_dir = str(path.parent)
     where = f"{src}: " if base_dir is not None else ""
     try:
+        _check_text(model)
         _check_tensors(model, None if base_dir is None else Path(base_dir))
         if check:
             try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU lane: everything lockstep claims about CUDA, run in one go on a machine with a GPU.
-#   scripts/gpu-lane.sh LOGDIR            (LANE_STEPS="contracts node-suite" runs only those steps)
+#   scripts/gpu-lane.sh LOGDIR            (LANE_STEPS="contracts node-suite" runs only those steps;
+#                                          ALL_TESTS_K="expr" narrows all-tests to a -k expression)
 # Runs (each step's full log in LOGDIR/<step>.log):
 #   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
 #   parity      the sim-vs-CUDA parity scenarios on both devices, plus observations as JSON
@@ -100,7 +101,7 @@ fi
 [ "$SMOLLM2" = 1 ] && LOCKSTEP_REQUIRE_MODELS=all
 step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest --pyargs lockstep.conformance.contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
-step all-tests     timeout 400 python3 -m pytest tests --pyargs lockstep.conformance -p no:cacheprovider -v --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2"
+step all-tests     timeout 400 python3 -m pytest tests --pyargs lockstep.conformance -p no:cacheprovider -v --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2${ALL_TESTS_K:+ and ($ALL_TESTS_K)}"
 LOCKSTEP_REQUIRE_ENGINES=${LOCKSTEP_REQUIRE_ENGINES%,ort-cuda-tf32} \
 step node-suite    timeout 330 python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=${engines%,ort-cuda-tf32} --lockstep-report-dir "$out/node-report"
 if [ "$ORT_CUDA" = 1 ]; then

@@ -44,6 +44,17 @@ def _shape_tensor_declared_huge(dim=10**9):
                   value_info=[_vi("s", TensorProto.INT64, (dim,))])
 
 
+def test_text_that_is_not_utf8_is_a_model_error_naming_the_field(tmp_path):
+    """protobuf hands ONNX's invalid UTF-8 strings back as bytes, which raise wherever they are next
+    used (a fuzzer's flipped byte in the graph's name crashed the inference worker's copy)."""
+    data = bytearray(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x")], [_vi("y")]).SerializeToString())
+    at = data.index(b"\x12\x01g") + 2  # the graph's name, "g"
+    data[at] = 0xE9
+    (tmp_path / "m.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=r"m\.onnx: model\.graph\.name: text b'\\xe9' is not valid UTF-8"):
+        load_model(tmp_path / "m.onnx")
+
+
 @pytest.fixture
 def runtime(device):
     return Runtime(device, RuntimeConfig())

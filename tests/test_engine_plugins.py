@@ -70,6 +70,8 @@ def test_a_factory_spec_loads_and_validates():
     (f"{__name__}:make_broken", "the factory raised RuntimeError: no licence server"),
     (f"{__name__}:make_nameless", "`name` must be a non-empty string without commas"),
     (f"{__name__}:ROOT", "is not callable"),
+    (":", "expected pkg.module:factory, with both parts named"),  # found by the fuzzer (issue 15)
+    (".relative:make", "cannot import '.relative'"),
 ])
 def test_an_engine_that_fails_to_load_is_an_error_naming_it(spec, message):
     with pytest.raises(EngineLoadError, match=None) as err:

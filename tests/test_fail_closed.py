@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+    if "PYTHONPATH" in extra and env.get("PYTHONPATH"):  # in front of, not instead of, where lockstep may be
+        extra["PYTHONPATH"] = os.pathsep.join([extra["PYTHONPATH"], env["PYTHONPATH"]])
     env.update(extra)
     return env
 

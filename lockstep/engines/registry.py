@@ -67,9 +67,11 @@ def load_engine(name_or_spec: str) -> Any:
     if _is_spec(text):
         module, _, attr = text.partition(":")
         origin = f"engine factory {text!r}"
+        if not module.strip() or not attr.strip():
+            raise EngineLoadError(f"{origin}: expected pkg.module:factory, with both parts named")
         try:
             factory = getattr(importlib.import_module(module), attr)
-        except ImportError as exc:
+        except (ImportError, ValueError, TypeError) as exc:  # ValueError: a relative or malformed module name
             raise EngineLoadError(f"{origin}: cannot import {module!r}: {exc}") from exc
         except AttributeError:
             raise EngineLoadError(f"{origin}: module {module!r} has no attribute {attr!r}") from None
