@@ -72,6 +72,19 @@ def _utf8(option: str, text: str) -> str:
     return text
 
 
+def _named_errors() -> tuple[type, ...]:
+    """The exceptions lockstep raises for bad input or a refused device operation (docs/fuzzing.md)."""
+    from lockstep.decoder_io import ModelCardError, NotADecoder, StepError
+    from lockstep.engines import EngineLoadError, Unsupported
+    from lockstep.kernels._op import OpError
+    from lockstep.reference_runtime.errors import CudaError
+    from lockstep.reference_runtime.executor import FeedError
+    from lockstep.reference_runtime.model import ModelError
+
+    return (ModelError, FeedError, OpError, CudaError, StepError, ModelCardError, NotADecoder, Unsupported,
+            EngineLoadError)
+
+
 def _named(path, exc: Exception) -> str:
     """The error's one line, naming ``path`` once."""
     msg = str(exc)
@@ -84,6 +97,8 @@ def _decode(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lockstep.decoder_io import ModelCardError, NotADecoder, StepError, card_path_for, parse_io_option, read_card
+    from lockstep.kernels._op import OpError
+    from lockstep.reference_runtime.errors import CudaError
     from lockstep.decoding import greedy, open_session
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
     from lockstep.golden.catalog import builtin_models, trained_models
@@ -132,8 +147,12 @@ def _decode(args: argparse.Namespace) -> int:
         raise CliError(_named(path, exc)) from None
     except (Unsupported, NotADecoder) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
+    except (CudaError, OpError) as exc:  # a device refusal (MemoryAllocation...) or a node's attributes
+        raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     try:
         result = greedy(session, prompt, args.tokens)
+    except (CudaError, OpError) as exc:
+        raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     except (ModelError, FeedError, StepError) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
@@ -362,6 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:  # one line, whatever the message held
         line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"lockstep: error: {line}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # lockstep's named errors (a bad model, feed, attribute, index, a device refusal...) reaching
+        # here from any command: their message is the user's answer, one line, class named
+        if not isinstance(exc, _named_errors()):
+            raise
+        line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+        print(f"lockstep: error: {type(exc).__name__}: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `lockstep ... | head`: the reader left; not an error of ours
         import os

@@ -208,3 +208,33 @@ def test_decode_with_a_model_card_that_is_not_utf8_is_one_line(tmp_path):
     (tmp_path / "m.lockstep.toml").write_bytes(b'[io]\ninput_ids = "\xff"\n')
     proc = _lockstep("decode", "m.onnx", "--prompt", "hi", "--tokens", "2", cwd=tmp_path)
     _one_line_error(proc, "m.onnx: model card m.lockstep.toml: 'utf-8' codec can't decode byte 0xff")
+
+
+def test_decode_past_the_device_memory_budget_is_one_line(tmp_path, monkeypatch):
+    """A device refusal (MemoryAllocation) reaching the CLI is its one line, not a traceback (found
+    trying the budget as a user would: LOCKSTEP_DEVICE_MEMORY_LIMIT=1K)."""
+    monkeypatch.setenv("LOCKSTEP_DEVICE_MEMORY_LIMIT", "1K")
+    proc = _lockstep("decode", "tiny-fp32-standard", "--prompt", "hi", "--tokens", "2", "--engine", "ref-sim",
+                     cwd=tmp_path)
+    _one_line_error(proc, "tiny-fp32-standard.onnx on ref-sim: MemoryAllocation:", "device memory budget 1024 bytes")
+
+
+def test_a_named_error_from_any_command_is_one_line(monkeypatch, capsys):
+    """The CLI's last resort: lockstep's named errors from any command print one line naming their
+    class; anything else (a bug) keeps its traceback."""
+    from lockstep import cli
+    from lockstep.reference_runtime.errors import DeviceAssert
+
+    def boom(args):
+        raise DeviceAssert("node 'g' flagged an index out of range")
+
+    monkeypatch.setattr(cli, "_parity", boom)
+    assert cli.main(["parity"]) == 2
+    assert capsys.readouterr().err == "lockstep: error: DeviceAssert: cudaErrorAssert: node 'g' flagged an index out of range\n"
+
+    def bug(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "_parity", bug)
+    with pytest.raises(KeyError):
+        cli.main(["parity"])
