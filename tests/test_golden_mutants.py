@@ -161,3 +161,53 @@ def test_tf32_products_fail_the_fp32_lock_and_pass_the_tf32_band():
     assert not strict.ok and all(v["kind"] == "margin" for v in strict.violations), strict.describe()
     assert teacher_forced_lock(dec, snap, "tf32", stepwise=False).ok, "result: inside the TF32 band"
     assert snap["band"]["tf32"] > 100 * snap["band"]["fp32"]
+
+
+def test_an_fp16_band_inflated_a_thousandfold_is_caught():
+    """Guarantee (golden/README, anchors' error model): a divergence at a position whose oracle
+    margin lies outside the fp16 band is fatal for an fp16 engine. Mutant: the fp16 band inflated
+    x1000 (in the error model or in the snapshot), which would make that divergence a near-tie.
+    The fatal assertion encodes the contract; the band equality encodes a result (the stored band
+    is the error model's, recomputed here), so a mutant of either place is killed."""
+    from lockstep.golden.anchors import ModelShape, near_tie_band
+
+    name = "tiny-fp16-standard"
+    snap = load_snapshot(name)
+    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    assert snap["band"]["fp16"] == float(f"{near_tie_band(ModelShape.of(model), 'fp16', snap['logit_scale']):.4g}")
+    dec = Perturbed(ref_decoder(name), delta=5.0)  # flips the first position: a real divergence
+    trip = tripwire(dec, snap, "fp16")
+    assert trip.divergence is not None and trip.fatal, trip.divergence
+    band, margin = snap["band"]["fp16"], trip.divergence["oracle_margin"]
+    assert band < margin < 1000 * band, "the planted divergence discriminates a thousandfold inflation"
+    inflated = copy.deepcopy(snap)
+    inflated["band"]["fp16"] = 1000 * band
+    assert not tripwire(dec, inflated, "fp16").fatal, "under the mutant the same divergence passes as a near-tie"
+
+
+def test_oracle_and_cross_check_disagreeing_refuses_regeneration():
+    """Guarantee (anchors_from_oracle): regeneration refuses to write anchors where the fp32
+    oracle and its float64 cross-check differ by more than the fp32 band, naming the first such
+    position. A planted disagreement (the oracle run's cross-check logits shifted at two positions)
+    must raise OracleDisagreement naming the first; the same run without it writes anchors, so the
+    guard is not simply always refusing. Both assertions encode the contract."""
+    from lockstep.golden.anchors import OracleDisagreement, anchors_from_oracle
+
+    snap = load_snapshot(FP32)
+    model = onnx.load(str(MODEL_DIR / f"{FP32}.onnx"))
+    prompt, prefix = snap["prompt"], snap["prefix"]
+    context = prompt + prefix
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0.0, 4.0, (len(context), max(context) + 8)).astype(np.float32)
+    for i in range(len(context) - 1):
+        logits[i, context[i + 1]] = logits[i].max() + 1.0  # the oracle's greedy token, margin >= 1
+    cross = logits.astype(np.float64) + 1e-9
+    kwargs = dict(provenance={}, prefix_tokens=len(prefix))
+    agreed = anchors_from_oracle(FP32, model, model, model, prompt, run=(prefix, logits, cross), **kwargs)
+    assert [p["pos"] for p in agreed["positions"]] == list(range(len(prompt) - 1, len(context) - 1))
+    first, second = len(prompt) + 2, len(prompt) + 5
+    planted = cross.copy()
+    planted[first, 0] += 0.05  # far outside the fp32 band, far inside every other
+    planted[second, 1] -= 0.05
+    with pytest.raises(OracleDisagreement, match=rf"position {first}: oracle and float64 cross-check differ"):
+        anchors_from_oracle(FP32, model, model, model, prompt, run=(prefix, logits, planted), **kwargs)
