@@ -112,6 +112,33 @@ def test_bad_feeds_name_the_input(feeds, match):
         ex.run(feeds)
 
 
+@pytest.mark.parametrize(
+    "a, b, match",
+    [
+        (np.zeros((2, 3), np.int64), np.zeros(2, np.float32), r"input 'a': dtype int64 given, float32 declared"),
+        (np.zeros((2, 3, 1), np.float32), np.zeros(2, np.float32), r"input 'a': rank 3 given"),
+        (np.zeros((2, 4), np.float32), np.zeros(2, np.float32), r"input 'a': dim 1 is 4, declared 3"),
+        (np.zeros((2, 3), np.float32), np.zeros(5, np.float32), r"input 'b': dim 0 \('n'\) is 5, but 'a' bound it to 2"),
+    ],
+)
+def test_bad_device_tensor_feeds_name_the_input(device_name, make_runtime, a, b, match):
+    """Guarantee (Executor.run, reference_runtime/README): a device Tensor feed is checked like a
+    host array: dtype, rank, declared dims and symbol bindings, FeedError naming the input, before
+    any work is enqueued (decode feeds its KV cache as device tensors). Killed mutant: the checks
+    skipped for device tensors, so an int64 tensor fed to a float32 input ran and yielded int64.
+    The FeedError and the launch count encode the contract; the output after the refusal is a
+    result (the runtime stays usable)."""
+    rt = make_runtime()
+    ex = Executor(_identity_model(), rt)
+    ta, tb = rt.upload(a), rt.upload(b)
+    launches = rt.counters.launches
+    with pytest.raises(FeedError, match=match):
+        ex.run({"a": ta, "b": tb})
+    assert rt.counters.launches == launches, "contract: refused before any launch"
+    good = rt.upload(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert ex.run({"a": good, "b": rt.upload(np.zeros(2, np.float32))})["y"].tolist() == rt.download(good).tolist()
+
+
 def test_identity_round_trip_and_runtime_stays_usable_after_a_bad_feed():
     rt = _rt()
     ex = Executor(_identity_model(), rt)
