@@ -19,7 +19,9 @@ reason):
    vetoed too: a replay recomputes it on the device but would leave the host's folded copy stale. A symbol born on a node output from no symbolic parent
    (a Range whose length comes from values) is growing if those values depend on a growing symbol
    (value-level provenance through Shape and shape arithmetic) or on device data (unknown
-   provenance: fail-safe);
+   provenance: fail-safe). The same holds for a symbol inference derived from input symbols on a
+   node whose output shape depends on input values (``host_inputs``: NonZero's count): derived
+   or not, a dim that device data decides is growing;
 3. the kernel's own declaration: "kernel: <reason>" for ``unsupported`` or a ``conditional`` whose
    ``capture_ok`` says no (asked only after the veto, so a kernel that wrongly says "safe" cannot
    bypass it).
@@ -148,8 +150,9 @@ def growing_symbols(executor) -> set[Symbol]:
         return any(uf.find(s) in grown_roots for s in {sym} | set(sym.roots()))
 
     deps, born = _value_provenance(executor)
+    value_shaped = _value_shaped_symbols(executor, deps, grows)
 
-    growing: set[Symbol] = set()
+    growing: set[Symbol] = set(value_shaped)
     everything = set(executor.symbols.values()) | {d for dims in shapes.values() for d in dims if isinstance(d, Symbol)}
     for sym in everything:
         if grows(sym):
@@ -163,6 +166,28 @@ def growing_symbols(executor) -> set[Symbol]:
             if not all(i in deps for i in inputs) or any(grows(d) for i in inputs for d in deps[i]):
                 growing.add(sym)
     return growing
+
+
+def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[Symbol]:
+    """Symbols introduced on the output of a node whose output shape depends on input *values*
+    (its kernel's ``host_inputs``: NonZero, Range, Reshape, ...) where those values are device
+    data (not host-known shape arithmetic) or depend on a growing symbol. Such a dim can change
+    from one step to the next under the same feed shapes (NonZero's count), so it is growing
+    (fail-safe) even when onnx's inference derived it from input symbols: a segment that baked
+    it would be replayed on a stale shape."""
+    out: set[Symbol] = set()
+    for step in executor.steps:
+        node, k = step.node, step.kernel
+        if k is None or not k.host_inputs:
+            continue
+        reads = [node.input[i] for i in k.host_inputs if i < len(node.input) and node.input[i]]
+        if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):
+            continue  # host-known values that do not grow: the dim is fixed with the feed shapes
+        for o in node.output:
+            for d in executor.symbolic_shapes.get(o, ()) if o else ():
+                if isinstance(d, Symbol) and d.producer == step.info.name:
+                    out.add(d)
+    return out
 
 
 def _host_known(executor) -> set[str]:

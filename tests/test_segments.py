@@ -162,3 +162,64 @@ def test_per_op_synchronize_is_real_without_deferral_and_a_counted_no_op_with_it
 def test_warmup_must_be_positive():
     with pytest.raises(ValueError, match="warmup"):
         CaptureSession(_decoder(False).ex, warmup=0)
+
+
+def _data_dependent_model():
+    """A growing KV cache (Concat onto ``past_key_values.0.key``) beside a data-dependent shape:
+    NonZero(x > 0) -> Cast -> ReduceSum, whose count scales the output. NonZero's column count is
+    decided by the values of ``x``, not by any feed shape (onnx derives it from ``seq``)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    nodes = [
+        h.make_node("Concat", ["past_key_values.0.key", "x"], ["present.0.key"], axis=2),
+        h.make_node("Greater", ["x", "zero"], ["mask"]),
+        h.make_node("NonZero", ["mask"], ["nz"]),
+        h.make_node("Cast", ["nz"], ["nzf"], to=T.FLOAT),
+        h.make_node("ReduceSum", ["nzf"], ["count"], keepdims=0),
+        h.make_node("Mul", ["x", "count"], ["y0"]),
+        h.make_node("Relu", ["y0"], ["y"]),
+    ]
+    g = h.make_graph(
+        nodes, "data_dependent",
+        [h.make_tensor_value_info("past_key_values.0.key", T.FLOAT, [1, 1, "past", 2]),
+         h.make_tensor_value_info("x", T.FLOAT, [1, 1, "seq", 2])],
+        [h.make_tensor_value_info("present.0.key", T.FLOAT, [1, 1, "total", 2]),
+         h.make_tensor_value_info("y", T.FLOAT, [1, 1, "seq", 2])],
+        initializer=[h.make_tensor("zero", T.FLOAT, [], [0.0])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
+
+
+def _drive_data_dependent(rt, runner, steps=6):
+    past = rt.upload(np.zeros((1, 1, 0, 2), np.float32))
+    rng = np.random.default_rng(1)
+    out_bytes = []
+    for _ in range(steps):
+        x = rng.normal(size=(1, 1, 1, 2)).astype(np.float32)  # 0, 1 or 2 positives: NonZero's count varies
+        out = runner.run({"past_key_values.0.key": past, "x": x}, keep={"present.0.key"})
+        rt.free(past)
+        past = out["present.0.key"]
+        out_bytes += [out["y"].tobytes(), rt.download(past).tobytes()]
+    rt.free(past)
+    return out_bytes
+
+
+def test_a_data_dependent_shape_beside_a_growing_cache_is_a_seam_and_byte_identical(device_name, make_runtime):
+    """Guarantee (capture_plan docstring): a dim decided by device data (NonZero's count) is
+    growing even when onnx's inference derives it from a feed symbol, so its consumers are seams,
+    never baked into a segment. Killed bug: the derived symbol passed as fixed, Cast/ReduceSum were
+    captured, and the second captured step failed with IllegalState ("the step signature missed a
+    shape"). The seam decisions encode the contract; byte identity with eager is a result."""
+    from lockstep.reference_runtime.executor import Executor
+
+    rt_eager = make_runtime()
+    eager = _drive_data_dependent(rt_eager, Executor(_data_dependent_model(), rt_eager))
+    rt = make_runtime()
+    session = CaptureSession(Executor(_data_dependent_model(), rt))
+    captured = _drive_data_dependent(rt, session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["Cast_3"].startswith("classifier: grows with") and decisions["ReduceSum_4"].startswith("classifier")
+    assert decisions["Mul_5"] is None, "contract: the scalar count is a seam output a segment reads"
+    c = session.counters
+    assert c.captured_steps == 5 and c.fallbacks == 0 and c.replays > 0
+    assert captured == eager, "result: byte-identical to eager"
