@@ -235,6 +235,21 @@ def scenario_unmap_after_drain(dev, rec):
     rec("acc", lambda: dev.memcpy_dtoh(acc, s), _vals)
 
 
+def scenario_copy_unmapped_at_call(dev, rec):
+    """cudaMemcpyAsync validates its pointers at the call: a copy naming a reserved but unmapped
+    range is refused there (InvalidValue, not sticky), and the stream stays usable."""
+    s = dev.stream()
+    va = dev.reserve(dev.granularity)
+    nowhere = ArrayRef(dev.buffer_at(va, 16), (4,), F32)
+    acc = _ready(dev, s, value=4.0)
+    s.synchronize()
+    rec("htod into unmapped", lambda: dev.memcpy_htod_async(nowhere, np.ones(4, np.float32), s))
+    rec("dtod from unmapped", lambda: dev.memcpy_dtod_async(acc, nowhere, s))
+    rec("dtoh from unmapped", lambda: dev.memcpy_dtoh(nowhere, s))
+    rec("synchronize", s.synchronize)
+    rec("stream usable", lambda: dev.memcpy_dtoh(acc, s), _vals)
+
+
 # ---- runtime contracts, as observable programs ----------------------------------------------
 
 def scenario_rt_deferred_sync(dev, rec):
@@ -321,7 +336,8 @@ SCENARIOS: dict[str, Callable[[Device, Recorder], None]] = {
     name[len("scenario_"):]: fn for name, fn in sorted(globals().items()) if name.startswith("scenario_")
 }
 
-POISONS = {"use_after_unmap", "illegal_address_sticky"}
+# copy_unmapped_at_call is not expected to poison; it runs isolated until the H200 has confirmed that.
+POISONS = {"use_after_unmap", "illegal_address_sticky", "copy_unmapped_at_call"}
 
 # Which row of cuda-semantics.md (or which runtime contract) a scenario stands for.
 ROW = {
@@ -337,6 +353,7 @@ ROW = {
     "illegal_address_sticky": "sticky errors: illegal address at the next sync, context poisoned",
     "use_after_unmap": "the seeds' bug: unmap under a queued reader (sim strict; see DIVERGENCES)",
     "unmap_after_drain": "deferred synchronize: a real drain before unmap is clean",
+    "copy_unmapped_at_call": "cudaMemcpyAsync validates its pointers at the call (not yet measured on the H200)",
     "rt_deferred_sync": "runtime: deferred synchronize() does not drain; download is complete",
     "rt_sync_escape_hatch": "runtime: deferral off drains; inside capture raises and invalidates",
     "rt_slots": "runtime: PRIMARY/VERIFY slots replay and reset independently",
@@ -384,6 +401,10 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
         ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("unmap without drain", "ok"),
         ("unmap waited for the queued kernel", "ok:False"), ("synchronize", _R + "IllegalAddress"),
         ("later call", _R + "IllegalAddress"), ("acc", _R + "IllegalAddress"),
+    ],
+    "copy_unmapped_at_call": [
+        ("htod into unmapped", _R + "InvalidValue"), ("dtod from unmapped", _R + "InvalidValue"),
+        ("dtoh from unmapped", _R + "InvalidValue"), ("synchronize", "ok"), ("stream usable", "ok:[4.0, 4.0, 4.0, 4.0]"),
     ],
     "unmap_after_drain": [
         ("map", "ok"), ("spin", "ok"), ("queued read", "ok"), ("drain", "ok"), ("unmap", "ok"), ("release", "ok"),

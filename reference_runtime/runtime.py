@@ -21,7 +21,8 @@ side effect of another):
 ``free``             stream-ordered release: the memory goes back to the device only once every
                      queued reader on both streams has executed; until then it cannot be reused.
 ``begin/end/abort_capture(slot)``, ``replay(slot)``, ``reset(slot)``: graph slots PRIMARY and
-                     VERIFY with independent lifecycles; one capture at a time on the compute stream.
+                     VERIFY with independent lifecycles; one capture at a time on the compute stream;
+                     a replay while any capture is open is ``IllegalState`` (the capture stays valid).
 ``begin/end/abort_segment``, ``replay_segment``: graphs outside the two slots, one per captured
                      segment of a step (segmented capture); each its own handle, same rules.
 ``empty``            allocate within the device memory budget (``memory_limit``): a request that

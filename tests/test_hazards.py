@@ -180,3 +180,91 @@ def test_the_program_can_race_a_runtime_that_skips_a_barrier():
     rt = CopyWithoutForcedSync(SimDevice(), RuntimeConfig())
     with pytest.raises(StreamOrderRace, match=r"memcpy DtoD on stream\d+ reads .* which kernel 'accumulate'"):
         _program(rt)
+
+
+# -- polling a busy stream or event observes nothing (issue 16: a poll that forgot a pending write)
+
+def _poll_stream(dev, a):
+    assert a.query() is False  # busy: the fill has not executed
+
+
+def _poll_event(dev, a):
+    ev = dev.event()
+    a.record(ev)
+    assert ev.query() is False  # recorded after the fill, not yet complete
+
+
+def _poll_unrecorded_event(dev, a):
+    assert dev.event().query() is True  # complete by definition, but it orders nothing
+
+
+POLLS = {"stream query": _poll_stream, "event query": _poll_event, "unrecorded event query": _poll_unrecorded_event}
+
+
+@pytest.mark.parametrize("poll", list(POLLS))
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_poll_that_finds_work_pending_does_not_order_it(poll, reader):
+    """Guarantee: only a host call that observed the write complete orders it before later work; a
+    query answering "not done" (or an event with no record) keeps the pending write in the race
+    checker, so a later unordered cross-stream read raises instead of reading poisoned bytes."""
+    dev, a, b, x, y = setup()
+    a.launch(P.fill, [x], {"value": 1.0})
+    POLLS[poll](dev, a)
+    with pytest.raises(StreamOrderRace, match=f"reads 0x{x.addr:x}.*which kernel 'fill' on {a.label} writes"):
+        READERS[reader](dev, b, x, y)
+
+
+def test_an_event_query_that_finds_the_record_done_orders_it():
+    """Guarantee: a query that answers "done" is a host observation, like a synchronize. The fill
+    and the record execute here only because the queue bound forces them, so the query is the
+    only observation."""
+    dev = SimDevice(queue_bound=1)
+    a, b = dev.stream(), dev.stream()
+    x, y, z = (ArrayRef(dev.malloc(16), (4,), F32) for _ in range(3))
+    ev = dev.event()
+    a.launch(P.fill, [x], {"value": 1.0})
+    a.record(ev)  # the bound executes the fill
+    a.launch(P.fill, [z], {"value": 0.0})  # ... and the record
+    with pytest.raises(StreamOrderRace):  # not yet observed: still a race
+        dev.memcpy_dtod_async(y, x, b)
+    assert ev.query() is True
+    dev.memcpy_dtod_async(y, x, b)
+    assert dev.memcpy_dtoh(y, b).tolist() == [1.0] * 4
+
+
+def test_the_runtime_reaping_pending_frees_while_busy_does_not_order_the_queued_work():
+    """Guarantee: the runtime's non-blocking reap of pending frees (an event query per call) is not
+    a host synchronisation: a write still queued on its compute stream stays a pending write for
+    the race checker, so a cross-stream read of it raises."""
+    dev = SimDevice()
+    rt = Runtime(dev, RuntimeConfig())
+    x = rt.empty(4, name="x")
+    rt.launch(P.fill, x, value=1.0)
+    rt.free(rt.empty(4, name="tmp"))  # a pending free, its event recorded after the fill
+    rt.empty(4, name="y")  # reaps: the event query finds the fill still queued
+    assert rt.pending_frees == 1
+    other = dev.stream()
+    with pytest.raises(StreamOrderRace, match=f"memcpy DtoH on {other.label} reads .*which kernel 'fill'"):
+        dev.memcpy_dtoh(x.ref, other)
+
+
+@pytest.mark.parametrize("first,second", [(True, True), (False, True), (True, False)])
+def test_a_later_access_to_other_bytes_does_not_hide_an_earlier_one(first, second):
+    """Guarantee: an access is forgotten only when a later access ordered after it covers its
+    bytes: a write (or read) to other bytes of the same allocation on the same stream must not
+    erase the earlier access, or an unordered cross-stream access to those bytes goes unseen."""
+    dev, a, b, x, y = setup()
+    big = dev.malloc(32)
+    lo, hi = ArrayRef(big, (4,), F32), ArrayRef(big, (4,), F32, offset=16)
+    dev.memcpy_htod_async(lo, np.ones(4, np.float32), a)
+    dev.memcpy_htod_async(hi, np.ones(4, np.float32), a)
+    a.synchronize()
+    op = {True: lambda r: a.launch(P.fill, [r], {"value": 2.0}), False: lambda r: a.launch(P.copy, [y, r])}
+    op[first](lo)
+    op[second](hi)  # same stream, other bytes
+    kind = "writes" if first else "reads"
+    with pytest.raises(StreamOrderRace, match=f"0x{lo.addr:x}.* which kernel '(fill|copy)' on {a.label} {kind}"):
+        if first:
+            dev.memcpy_dtoh(lo, b)  # reads what the first op writes
+        else:
+            b.launch(P.fill, [lo], {"value": 3.0})  # writes what the first op reads

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from lockstep.kernels import primitives as P
-from lockstep.reference_runtime import GraphSlot, InvalidValue, Runtime, RuntimeConfig
+from lockstep.reference_runtime import GraphSlot, IllegalState, InvalidValue, Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 
 VAR = "LOCKSTEP_DEFER_EAGER_SYNC"
@@ -171,3 +173,40 @@ def test_close_is_idempotent_and_frees_everything():
     assert dev._maps[va].kind == "vmm"  # memory the runtime does not own stays
     rt.close()
     assert pool_mappings(dev) == [] and dev.sticky_error is None
+
+
+def test_a_replay_while_a_capture_is_open_is_refused_and_the_capture_stays_valid(device_name, make_runtime):
+    """Guarantee (runtime docstring: one capture at a time on the compute stream): replaying a slot
+    or a segment while any capture is open is IllegalState naming both, before anything reaches the
+    device (a graph launched into a capturing stream would be captured into it); the open capture
+    stays valid and records nothing of the refused replay. Same outcome on every device."""
+    rt = make_runtime()
+    x = rt.upload(np.zeros(2, np.float32))
+    rt.begin_capture("primary")
+    rt.launch(P.fill, x, value=5.0)
+    rt.end_capture("primary")
+    seg = rt.begin_segment("seg0")
+    rt.launch(P.fill, x, value=7.0)
+    rt.end_segment(seg)
+    replays = rt.counters.replays
+
+    rt.begin_capture("verify")
+    rt.launch(P.accumulate, x, x)
+    with pytest.raises(IllegalState, match=r"replay\(primary\) while capturing into verify"):
+        rt.replay("primary")
+    with pytest.raises(IllegalState, match=re.escape(f"replay_segment({seg.label}) while capturing into verify")):
+        rt.replay_segment(seg)
+    rt.end_capture("verify")  # still valid: not invalidated by the refused replays
+    seg1 = rt.begin_segment("seg1")
+    with pytest.raises(IllegalState, match=re.escape(f"replay(primary) while capturing into {seg1.value}")):
+        rt.replay("primary")
+    rt.abort_segment(seg1)
+    assert rt.counters.replays == replays and not rt.is_capturing
+
+    rt.replay("primary")  # 5, 5
+    rt.replay("verify")  # doubles: had the refused replay of primary been captured, it would reset first
+    assert rt.download(x).tolist() == [10.0, 10.0]
+    rt.replay("primary")
+    rt.replay_segment(seg)
+    rt.replay("verify")
+    assert rt.download(x).tolist() == [14.0, 14.0]

@@ -255,3 +255,81 @@ def test_bad_frees_and_mismatched_copies_are_invalid_values():
     with pytest.raises(InvalidValue, match=r"shape \(4,\) does not fit <ArrayRef .* float32\[2, 2\]>"):
         dev.memcpy_htod_async(x, np.zeros(4, np.float32), s)
     assert s.pending == 0
+
+
+COPIES_INTO = {  # (what, a copy on stream s that names ``ref``): the three cudaMemcpyAsync directions
+    "memcpy HtoD": lambda dev, s, ref, other: dev.memcpy_htod_async(ref, np.ones(4, np.float32), s),
+    "memcpy DtoH": lambda dev, s, ref, other: dev.memcpy_dtoh(ref, s),
+    "memcpy DtoD dst": lambda dev, s, ref, other: dev.memcpy_dtod_async(ref, other, s),
+    "memcpy DtoD src": lambda dev, s, ref, other: dev.memcpy_dtod_async(other, ref, s),
+}
+
+
+@pytest.mark.parametrize("copy", list(COPIES_INTO))
+def test_a_copy_naming_an_unmapped_range_is_refused_at_the_call(copy):
+    """Guarantee (cudaMemcpyAsync validates its pointers at the call): a copy into or out of a range
+    that is not mapped when it is enqueued is InvalidValue at once, nothing queued, not sticky,
+    even when the range is mapped before the copy would execute. Kernels are not checked at launch."""
+    dev = SimDevice()
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(g)
+    nowhere, other = ArrayRef(dev.buffer_at(va, 16), (4,), F32), arr(dev)
+    what = copy.rsplit(" ", 1)[0] if "DtoD" in copy else copy
+    with pytest.raises(InvalidValue, match=f"{what} on {s.label}: 0x{va:x}..0x{va + 16:x} is not mapped at the call"):
+        COPIES_INTO[copy](dev, s, nowhere, other)
+    assert s.pending == 0 and dev.sticky_error is None
+    dev.mem_map(va, g, dev.mem_create(g))  # mapped now: the refused copy must not run later
+    s.synchronize()
+    assert get(dev, nowhere, s) != [1.0] * 4  # poisoned backing, never written
+    COPIES_INTO[copy](dev, s, nowhere, other)  # mapped at the call: accepted
+    s.launch(P.fill, [ArrayRef(dev.buffer_at(va + g, 16), (4,), F32)], {"value": 1.0})  # unmapped: no error yet
+    with pytest.raises(IllegalAddress):
+        s.synchronize()
+
+
+def test_a_freed_pool_range_is_refused_at_the_copy_call():
+    """Guarantee: the check at the call covers pool memory too: a copy into freed memory nobody
+    reallocated is InvalidValue at once, and the device stays usable."""
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    dev.free(x.buffer)
+    with pytest.raises(InvalidValue, match=f"memcpy HtoD on {s.label}: 0x{x.addr:x}.*not mapped at the call"):
+        dev.memcpy_htod_async(x, np.ones(4, np.float32), s)
+    y = arr(dev)
+    dev.memcpy_htod_async(y, np.ones(4, np.float32), s)
+    assert get(dev, y, s) == [1.0] * 4
+
+
+@pytest.mark.parametrize("direction", ["HtoD", "DtoD"])
+def test_a_copy_unmapped_after_the_call_faults_at_execution(direction):
+    """Guarantee: the call-time check does not replace the execution-time one: memory unmapped
+    after a copy was enqueued faults with a sticky IllegalAddress when the copy executes."""
+    dev = SimDevice()
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(g)
+    dev.mem_map(va, g, dev.mem_create(g))
+    dst = ArrayRef(dev.buffer_at(va, 16), (4,), F32)
+    if direction == "HtoD":
+        dev.memcpy_htod_async(dst, np.ones(4, np.float32), s)
+    else:
+        dev.memcpy_dtod_async(dst, arr(dev), s)
+    dev.mem_unmap(va, g)
+    with pytest.raises(IllegalAddress, match=f"memcpy {direction} on {s.label} touched 0x{va:x}.*not mapped"):
+        s.synchronize()
+    assert dev.sticky_error is not None
+
+
+def test_a_dtod_copy_captured_from_an_unmapped_range_is_refused_at_the_call():
+    """Guarantee: the call-time check holds inside a capture too (the call is the same
+    cudaMemcpyAsync); the capture stays valid. A replay still resolves its addresses at execution."""
+    dev = SimDevice()
+    s = dev.stream()
+    va = dev.reserve(dev.granularity)
+    nowhere, out = ArrayRef(dev.buffer_at(va, 16), (4,), F32), arr(dev)
+    s.begin_capture()
+    with pytest.raises(InvalidValue, match="memcpy DtoD .* not mapped at the call"):
+        dev.memcpy_dtod_async(out, nowhere, s)
+    assert s.end_capture().nodes == []

@@ -86,9 +86,10 @@ class HazardTracker:
                 )
 
     def _record(self, bucket: int, new: Access) -> None:
+        # An earlier access is superseded only where ``new`` is ordered after it AND covers its
+        # bytes: whatever later conflicts with the old one then conflicts with ``new`` (or is
+        # ordered after both). An access to other bytes of the allocation supersedes nothing.
         entries = self._buckets.setdefault(bucket, [])
-        if new.write:
-            entries[:] = [a for a in entries if not a.before(new.vc)]
-        else:
-            entries[:] = [a for a in entries if a.write or not a.before(new.vc)]
+        entries[:] = [a for a in entries
+                      if not (a.before(new.vc) and new.lo <= a.lo and a.hi <= new.hi and (new.write or not a.write))]
         entries.append(new)

@@ -14,7 +14,10 @@ in ``contracts.parity``):
   ``free`` and ``mem_unmap`` remove the mapping at once. Kernels name *addresses*; they are resolved
   when the work executes, so a kernel that executes after its memory was freed or unmapped faults
   with ``IllegalAddress`` (a pool address reused by a new allocation is read as that allocation's
-  bytes, as on a GPU). New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+  bytes, as on a GPU). Copies are also checked at the call, as cudaMemcpyAsync checks its pointers:
+  a copy naming a range that is not mapped then is ``InvalidValue`` (not sticky, nothing queued),
+  even if the range would be mapped before the copy executes; memory unmapped after the call
+  faults at execution like a kernel's. New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
   Backing is host RAM: ``allocated_bytes`` counts it for the runtime's budget (whose default,
   ``default_memory_limit``, is a share of the host's memory), and a host that cannot back an
   allocation is ``MemoryAllocation``, as cudaMalloc's out-of-memory.
@@ -416,6 +419,17 @@ class SimDevice(Device):
         else:  # pragma: no cover - internal invariant
             raise AssertionError(op.kind)
 
+    def _check_mapped_at_call(self, ref: tuple, what: str, stream: SimStream) -> None:
+        """cudaMemcpyAsync validates its pointers at the call: a range not mapped now is refused
+        (cudaErrorInvalidValue, not sticky), whatever is mapped there before the copy would run."""
+        addr, shape, dtype = ref
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._lookup(addr, max(nbytes, 1)) is None:
+            raise InvalidValue(
+                f"{what} on {stream.label}: 0x{addr:x}..0x{addr + nbytes:x} is not mapped at the call",
+                subject=(what, addr, nbytes),
+            )
+
     def _exec_copy(self, dst, src, stream) -> None:
         d = self._resolve_or_fault(dst, "memcpy DtoD", stream)
         s = self._resolve_or_fault(src, "memcpy DtoD", stream)
@@ -603,6 +617,7 @@ class SimDevice(Device):
         if stream.is_capturing:
             raise CaptureUnmodelled("a host-to-device copy during capture is not modelled")
         ref = _node_payload(dst)
+        self._check_mapped_at_call(ref, "memcpy HtoD", stream)
         stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
@@ -611,6 +626,7 @@ class SimDevice(Device):
         if stream.is_capturing:
             raise CaptureD2HRefused("the current stream is capturing, so D2H transfers are disallowed")
         ref = _node_payload(src)
+        self._check_mapped_at_call(ref, "memcpy DtoH", stream)
         op = stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref)
         self._run_through(op)
         self._check()
@@ -623,8 +639,10 @@ class SimDevice(Device):
         assert isinstance(stream, SimStream)
         if dst.nbytes != src.nbytes:
             raise InvalidValue(f"D2D copy of {src.nbytes} bytes into {dst.nbytes} bytes", subject=dst)
-        if stream._capture is not None:
-            stream._capture.nodes.append(("d2d", dict(dst=_node_payload(dst), src=_node_payload(src))))
-            return
         d, s_ = _node_payload(dst), _node_payload(src)
+        for ref in (d, s_):
+            self._check_mapped_at_call(ref, "memcpy DtoD", stream)
+        if stream._capture is not None:
+            stream._capture.nodes.append(("d2d", dict(dst=d, src=s_)))
+            return
         stream._enqueue("d2d", [("memcpy DtoD", d, True), ("memcpy DtoD", s_, False)], dst=d, src=s_)
