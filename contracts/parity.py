@@ -353,7 +353,7 @@ ROW = {
     "illegal_address_sticky": "sticky errors: illegal address at the next sync, context poisoned",
     "use_after_unmap": "the seeds' bug: unmap under a queued reader (sim strict; see DIVERGENCES)",
     "unmap_after_drain": "deferred synchronize: a real drain before unmap is clean",
-    "copy_unmapped_at_call": "cudaMemcpyAsync validates its pointers at the call (not yet measured on the H200)",
+    "copy_unmapped_at_call": "cudaMemcpyAsync validates its pointers at the call (measured on the H200: InvalidValue, not sticky)",
     "rt_deferred_sync": "runtime: deferred synchronize() does not drain; download is complete",
     "rt_sync_escape_hatch": "runtime: deferral off drains; inside capture raises and invalidates",
     "rt_slots": "runtime: PRIMARY/VERIFY slots replay and reset independently",
