@@ -72,19 +72,6 @@ def _utf8(option: str, text: str) -> str:
     return text
 
 
-def _named_errors() -> tuple[type, ...]:
-    """The exceptions lockstep raises for bad input or a refused device operation (docs/fuzzing.md)."""
-    from lockstep.decoder_io import ModelCardError, NotADecoder, StepError
-    from lockstep.engines import EngineLoadError, Unsupported
-    from lockstep.kernels._op import OpError
-    from lockstep.reference_runtime.errors import CudaError
-    from lockstep.reference_runtime.executor import FeedError
-    from lockstep.reference_runtime.model import ModelError
-
-    return (ModelError, FeedError, OpError, CudaError, StepError, ModelCardError, NotADecoder, Unsupported,
-            EngineLoadError)
-
-
 def _named(path, exc: Exception) -> str:
     """The error's one line, naming ``path`` once."""
     msg = str(exc)
@@ -385,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # lockstep's named errors (a bad model, feed, attribute, index, a device refusal...) reaching
         # here from any command: their message is the user's answer, one line, class named
-        if not isinstance(exc, _named_errors()):
+        from lockstep.named_errors import named_errors
+
+        if not isinstance(exc, named_errors()):
             raise
         line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"lockstep: error: {type(exc).__name__}: {line}", file=sys.stderr)

@@ -5,7 +5,7 @@ an isolated worker on the reference runtime (simulated device), with ONNX Runtim
 - ``case.py``: a case and its folder form (the reproducer).
 - ``targets.py``: running a case in-process (reference runtime, ONNX Runtime, the CLI) and the
   outcome classes (``ok``, ``named``, ``crash``, ``hang``, ``memory``; the named errors are listed in
-  ``NAMED``).
+  ``lockstep.named_errors``).
 - ``runner.py``: one forked worker per case and target, address-space limit, per-case timeout.
 - ``report.py``: ``fuzz()``, the tables, crash signatures, reproducers, ``replay()``.
 
@@ -16,6 +16,6 @@ test is ``tests/test_fuzz.py`` (marker ``fuzz``). See ``docs/fuzzing.md``.
 from .case import Case
 from .mutations import FAMILIES, make_case
 from .report import BAD, FuzzRun, fuzz, replay
-from .targets import CLASSES, NAMED
+from .targets import CLASSES
 
-__all__ = ["BAD", "CLASSES", "Case", "FAMILIES", "FuzzRun", "NAMED", "fuzz", "make_case", "replay"]
+__all__ = ["BAD", "CLASSES", "Case", "FAMILIES", "FuzzRun", "fuzz", "make_case", "replay"]

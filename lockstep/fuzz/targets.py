@@ -1,6 +1,6 @@
 """Running one case in this process, and the class of its outcome.
 
-Classes: ``ok`` (ran), ``named`` (an exception of ``NAMED``: what lockstep promises a bad model or
+Classes: ``ok`` (ran), ``named`` (an exception of ``named_classes()``: what lockstep promises a bad model or
 input gets), ``crash`` (any other exception: a leaked traceback; or death by a signal, decided by
 the runner), ``hang`` (past the per-case timeout, runner), ``memory`` (``MemoryError``, or the
 address-space limit hit, runner).
@@ -27,46 +27,16 @@ from typing import Any, Callable
 
 from .case import MODEL_FILE, Case
 
-__all__ = ["NAMED", "named_classes", "classify", "run_ref", "run_ort", "run_cli", "CLASSES"]
+__all__ = ["named_classes", "classify", "run_ref", "run_ort", "run_cli", "CLASSES"]
 
 CLASSES = ("ok", "named", "crash", "hang", "memory")
 
-# (module, class): lockstep's named errors. A name absent from the installed lockstep is skipped, so
-# a class added by a fix (say a decode error) is counted once it exists.
-NAMED = (
-    ("lockstep.reference_runtime.model", "ModelError"),          # malformed model, file, tensor
-    ("lockstep.reference_runtime.model", "UnsupportedModel"),    # valid, but not runnable here
-    ("lockstep.engines.protocol", "Unsupported"),                # an engine cannot run it
-    ("lockstep.reference_runtime.executor", "FeedError"),        # bad feeds
-    ("lockstep.kernels._op", "OpError"),                         # a node's attributes or inputs
-    ("lockstep.reference_runtime.errors", "CudaError"),          # device errors (MemoryAllocation, DeviceAssert...), not LaunchFailure
-    ("lockstep.reference_runtime.errors", "CaptureD2HRefused"),
-    ("lockstep.reference_runtime.errors", "CaptureOnLegacyStream"),
-    ("lockstep.reference_runtime.errors", "CublasDuringCapture"),
-    ("lockstep.reference_runtime.errors", "CaptureUnmodelled"),
-    ("lockstep.reference_runtime.errors", "SyncDebugError"),
-    ("lockstep.decoder_io", "NotADecoder"),                      # decode: the model is no decoder
-    ("lockstep.decoder_io", "ModelCardError"),
-    ("lockstep.decoder_io", "StepError"),                        # decode: empty prompt, past KV capacity / positions
-    ("lockstep.decoder_io", "ContextLimitExceeded"),             # decode: past KV capacity / position tables
-    ("lockstep.decoder_io", "DecodeError"),                      # decode: refused step (prompt, position)
-    ("lockstep.decoding", "DecodeError"),
-    ("lockstep.golden.text", "TokenizerError"),
-    ("lockstep.golden.catalog", "GoldenError"),
-    ("lockstep.cli", "CliError"),
-)
-
-
 def named_classes() -> tuple[type, ...]:
-    out = []
-    for mod, name in NAMED:
-        try:
-            cls = getattr(importlib.import_module(mod), name, None)
-        except ImportError:
-            cls = None
-        if isinstance(cls, type) and cls not in out:
-            out.append(cls)
-    return tuple(out)
+    """lockstep's named errors (``lockstep.named_errors``), and ``CliError``: a CLI case's refusal."""
+    from lockstep.cli import CliError
+    from lockstep.named_errors import named_errors
+
+    return (*named_errors(), CliError)
 
 
 def _roots() -> list[str]:
