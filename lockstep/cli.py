@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _device(name: str) -> str:
@@ -19,15 +20,51 @@ def _device(name: str) -> str:
 
 
 def _mutants(args: argparse.Namespace) -> int:
+    from lockstep.contracts.layers import LAYERS, SOURCE_LAYERS, catalogue
     from lockstep.contracts.mutant_runner import run_mutants
     from lockstep.contracts.mutants import MUTANTS
 
-    unknown = [m for m in args.mutant or [] if m not in MUTANTS]
-    if unknown:
-        raise CliError(f"--mutant: unknown mutant(s) {unknown}; known: {', '.join(sorted(MUTANTS))}")
     if args.jobs is not None and args.jobs < 1:
         raise CliError(f"--jobs {args.jobs}: at least 1")
-    return run_mutants(_device(args.device), args.mutant, jobs=args.jobs, timeout_s=args.timeout)
+    layers = list(dict.fromkeys(la for item in args.layer or [] for la in item.split(",") if la))
+    if "all" in layers:
+        layers = list(LAYERS)
+    unknown_layers = [la for la in layers if la not in LAYERS]
+    if unknown_layers:
+        raise CliError(f"--layer: unknown layer(s) {unknown_layers}; layers: all, {', '.join(LAYERS)}")
+    source = catalogue(SOURCE_LAYERS)
+    if args.list:
+        for name, cls in MUTANTS.items():
+            print(f"runtime.{name}  {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for key, m in source.items():
+            if not layers or m.layer in layers:
+                tag = " [ci]" if m.ci else ""
+                tag += " [equivalent]" if m.equivalent else ""
+                print(f"{key}{tag}  {m.breaks}")
+        return 0
+    names = [n.removeprefix("runtime.") if n.removeprefix("runtime.") in MUTANTS else n for n in args.mutant or []]
+    unknown = [n for n in names if n not in MUTANTS and n not in source]
+    if unknown:
+        raise CliError(f"--mutant: unknown mutant(s) {unknown}; `lockstep mutants --list` lists them")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise CliError(f"--json {args.json}: folder {args.json.parent} does not exist")
+    device = _device(args.device)
+    runtime_names = [n for n in names if n in MUTANTS]
+    source_names = [n for n in names if n in source]
+    if not layers and not source_names:  # the runtime catalogue: runs from the wheel alone
+        return run_mutants(device, runtime_names or None, jobs=args.jobs, timeout_s=args.timeout)
+    from lockstep.contracts.layer_runner import CheckoutNotFound, run_layers
+
+    rc = 0
+    if runtime_names:
+        rc |= run_mutants(device, runtime_names, jobs=args.jobs, timeout_s=args.timeout)
+    try:
+        rc |= run_layers(layers or None if not source_names else [], source_names or None, device=device,
+                         ci_only=args.ci, jobs=args.jobs, timeout_s=args.timeout,
+                         json_path=args.json)
+    except CheckoutNotFound as exc:
+        raise CliError(str(exc)) from None
+    return rc
 
 
 def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -289,11 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("audit", help="static audit of capture-unsafe synchronisation: "
                    "`lockstep audit [PATHS...] [--format text|json|sarif] [--explain]`", add_help=False)
 
-    m = sub.add_parser("mutants", help="run the contract tests against the catalogue of broken runtimes")
+    m = sub.add_parser("mutants", help="prove the tests can fail: run them against catalogues of broken code "
+                       "(default: the runtime's contract tests against broken runtimes)")
     m.add_argument("--device", default="sim", help="device to run on (sim, cupy); default sim")
+    m.add_argument("--layer", action="append",
+                   help="run this layer's source mutants (repeatable or comma-separated; `all` for every layer "
+                        "with its score): runtime, sim, executor, capture_plan, segments, golden, pager, audit, "
+                        "sync_debug, kernels. Source layers run the tests of a lockstep checkout")
     m.add_argument("--mutant", action="append",
-                   help="only this mutant (repeatable): each named mutant must be killed; the rule that every "
-                        "contract test kills some mutant needs the full catalogue and is not applied")
+                   help="only this mutant (repeatable; `--list` names them): each named mutant must be killed; the "
+                        "rule that every contract test kills some mutant needs the full runtime catalogue")
+    m.add_argument("--ci", action="store_true", help="only the mutants of the CI subset")
+    m.add_argument("--list", action="store_true", help="list the mutants and the guarantee each breaks")
+    m.add_argument("--json", type=Path, default=None, help="write every mutant's outcome and the scores here")
     m.add_argument("--jobs", type=int, default=None, help="parallel pytest processes (default: CPU count)")
     m.add_argument("--timeout", type=float, default=600, help="seconds allowed per pytest process (default 600)")
     m.set_defaults(func=_mutants)
