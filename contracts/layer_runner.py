@@ -188,6 +188,11 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     root = root or find_checkout()
     source_layers = [la for la in layers if la != "runtime"]
     mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
+    elsewhere = [m.key for m in mutants if device not in m.devices]
+    if elsewhere:
+        print(f"not judged on device {device} (their edits matter on other devices): {', '.join(elsewhere)}",
+              file=out)
+    mutants = [m for m in mutants if device in m.devices]
     jobs = jobs or max(1, os.cpu_count() or 1)
     t0 = time.perf_counter()
     scores: dict[str, dict] = {}

@@ -36,7 +36,8 @@ class Mutant:
     ``tests`` are pytest arguments relative to the checkout root (paths or node ids); ``select`` is
     a ``-k`` expression, ``marks`` a ``-m`` expression. ``equivalent`` holds the argument when the
     edit cannot change behaviour the tests can observe (such a mutant is expected to survive).
-    ``ci`` puts the mutant in the subset CI runs on every submission.
+    ``ci`` puts the mutant in the subset CI runs on every submission. ``devices`` are the devices
+the edit can matter on (an edit of a CUDA kernel's source: ``("cupy",)``).
     """
 
     layer: str
@@ -50,7 +51,8 @@ class Mutant:
     marks: str | None = None
     ci: bool = False
     equivalent: str | None = None
-    extra: tuple[str, ...] = field(default=())  # more pytest arguments (e.g. "--engines=ref-sim")
+    extra: tuple[str, ...] = field(default=())  # more pytest arguments
+    devices: tuple[str, ...] = ("sim", "cupy")  # where the edit can matter (a CUDA source: cupy only)
 
     @property
     def key(self) -> str:
