@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .layers import LAYERS, SOURCE_LAYERS, catalogue
-from .mutation import Mutant, StaleMutant, mutated_source
+from .mutation import Mutant, StaleMutant, mutated_source, to_json
 
 __all__ = ["find_checkout", "run_layers", "select_mutants", "Outcome"]
 
@@ -138,8 +138,9 @@ def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
         out.status, out.detail = "STALE", str(exc)
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        report, result = Path(tmp) / "r.json", Path(tmp) / "applied.json"
-        cmd = [sys.executable, "-m", "lockstep.contracts.mutation", m.key, str(result), "--",
+        report, result, spec = Path(tmp) / "r.json", Path(tmp) / "applied.json", Path(tmp) / "mutant.json"
+        spec.write_text(to_json(m))
+        cmd = [sys.executable, "-m", "lockstep.contracts.mutation", str(spec), str(result), "--",
                *_pytest_cmd(m.pytest_args(), device, report)]
         rc, tail, out.seconds = _run(cmd, root, timeout_s)
         outcomes = _outcomes(report)
@@ -183,11 +184,14 @@ def _runtime_layer(device: str, jobs: int | None, timeout_s: float, out) -> tupl
 
 def run_layers(layers: list[str] | None = None, names: list[str] | None = None, *, device: str = "sim",
                ci_only: bool = False, jobs: int | None = None, timeout_s: float = 300,
-               root: Path | None = None, json_path: Path | None = None, out=sys.stdout) -> int:
+               root: Path | None = None, json_path: Path | None = None, out=sys.stdout,
+               mutants: list[Mutant] | None = None) -> int:
+    """Run the selected layers (``mutants`` overrides the catalogue: the runner's own tests)."""
     layers = list(layers or LAYERS)
     root = root or find_checkout()
     source_layers = [la for la in layers if la != "runtime"]
-    mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
+    if mutants is None:
+        mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
     elsewhere = [m.key for m in mutants if device not in m.devices]
     if elsewhere:
         print(f"not judged on device {device} (their edits matter on other devices): {', '.join(elsewhere)}",
@@ -226,7 +230,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
             current = r.layer
             print(f"\n[{current}]", file=out)
         n = len(r.killed_by)
-        how = f"{n} test(s): {r.killed_by[0].split('::')[-1]}{' ...' if n > 1 else ''}" if n else r.detail[:120]
+        how = f"{n} test(s): {r.killed_by[0].split('::')[-1]}{' ...' if n > 1 else ''}" if n and r.status == "killed" else r.detail[:160]
         print(f"  {r.key:<{width}}  {r.status:13} {how}", file=out)
         if r.status not in ("killed",):
             print(f"  {'':<{width}}  breaks: {r.breaks}", file=out)
@@ -236,7 +240,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
         s["killed"] += r.status == "killed"
         s["equivalent"] += r.status == "equivalent"
     print("\nlayer          killed  equivalent  mutants  score", file=out)
-    for layer in LAYERS:
+    for layer in sorted(scores, key=lambda la: (LAYERS.index(la) if la in LAYERS else len(LAYERS), la)):
         if layer in scores:
             s = scores[layer]
             denom = s["total"] - s["equivalent"]

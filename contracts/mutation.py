@@ -19,10 +19,10 @@ import importlib.machinery
 import importlib.util
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Mutant", "StaleMutant", "install", "mutated_source"]
+__all__ = ["Mutant", "StaleMutant", "install", "mutated_source", "to_json", "from_json"]
 
 
 class StaleMutant(LookupError):
@@ -145,13 +145,20 @@ def install(mutants: list[Mutant]) -> _Finder:
     return finder
 
 
-def _child(argv: list[str]) -> int:
-    """``python -m lockstep.contracts.mutation KEY RESULT.json -- PYTEST-ARGS``."""
-    key, result_path = argv[0], argv[1]
-    pytest_args = argv[argv.index("--") + 1:]
-    from lockstep.contracts.layers import catalogue
+def to_json(m: Mutant) -> str:
+    return json.dumps(asdict(m))
 
-    mutant = catalogue()[key]
+
+def from_json(text: str) -> Mutant:
+    d = json.loads(text)
+    return Mutant(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _child(argv: list[str]) -> int:
+    """``python -m lockstep.contracts.mutation MUTANT.json RESULT.json -- PYTEST-ARGS``."""
+    spec_path, result_path = argv[0], argv[1]
+    pytest_args = argv[argv.index("--") + 1:]
+    mutant = from_json(Path(spec_path).read_text())
     finder = install([mutant])
     # Import the mutated module now: pytest's assertion-rewriting hook goes to the front of
     # sys.meta_path and would load lockstep's modules (a pytest plugin's package) itself.
