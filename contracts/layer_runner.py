@@ -189,7 +189,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     """Run the selected layers (``mutants`` overrides the catalogue: the runner's own tests)."""
     layers = list(layers or LAYERS)
     root = root or find_checkout()
-    source_layers = [la for la in layers if la != "runtime"]
+    source_layers = [la for la in layers if la in SOURCE_LAYERS]
     if mutants is None:
         mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
     elsewhere = [m.key for m in mutants if device not in m.devices]
@@ -201,7 +201,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     t0 = time.perf_counter()
     scores: dict[str, dict] = {}
     rc_all = 0
-    if "runtime" in layers and not names:
+    if "runtime" in layers and not names and not ci_only:  # the class-based Runtime catalogue
         killed, total, rc = _runtime_layer(device, jobs, timeout_s, out)
         scores["runtime"] = {"killed": killed, "equivalent": 0, "total": total}
         rc_all |= rc

@@ -72,7 +72,20 @@ the edit can matter on (an edit of a CUDA kernel's source: ``("cupy",)``).
 
 
 def _module_path(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    """The module's source file, found without importing it or its parent packages (a package's
+    ``__init__`` often imports the very module a mutant must later load mutated)."""
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            break
+        name, locations, spec = ".".join(parts[:i + 1]), list(spec.submodule_search_locations), None
+        for finder in sys.meta_path:
+            if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, locations)
+            if spec is not None:
+                break
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise StaleMutant(f"module {module!r} has no Python source")
     return Path(spec.origin)
