@@ -24,6 +24,9 @@ MUTANTS = [
         new="",
         breaks="a freed buffer is reusable only after queued readers on the copy stream ran too",
         tests=_T,
+        equivalent="every copy-stream enqueue (write, eager copy) is already followed by compute waiting on an "
+                   "event recorded after it, so the compute-side free event is ordered after every copy-stream "
+                   "reader without this wait; it is defence in depth for a future copy-stream op",
     ),
     Mutant(
         "runtime", "reap_during_capture", _R,
@@ -35,6 +38,9 @@ MUTANTS = [
 """,
         breaks="pending frees are not reaped (no event query reaches the stream) while a capture is open",
         tests=_T,
+        equivalent="what the guard avoids is querying events recorded before the capture, which relaxed-mode "
+                   "capture allows (only stream queries/synchronisation invalidate it, shared/notes/cuda-semantics.md); "
+                   "a buffer whose readers ran may be handed out inside the capture like any other allocation",
     ),
     Mutant(
         "runtime", "free_in_capture_released_at_once", _R,
