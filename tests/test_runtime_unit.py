@@ -231,3 +231,20 @@ def test_resetting_the_capturing_slot_is_refused_and_the_capture_completes(devic
     rt.launch(P.fill, x, value=0.0)
     rt.replay("primary")
     assert rt.download(x).tolist() == [3.0, 3.0]
+
+
+def test_a_download_inside_a_capture_is_refused_and_the_capture_stays_valid(device_name, make_runtime):
+    """Guarantee (Runtime.download): inside a capture a download is CaptureD2HRefused, raised by the
+    runtime before any synchronisation reaches the capturing stream; the capture stays valid and
+    its graph replays what it recorded."""
+    from lockstep.reference_runtime.errors import CaptureD2HRefused
+
+    rt = make_runtime()
+    x = rt.upload(np.zeros(3, np.float32))
+    rt.begin_capture("primary")
+    rt.launch(P.fill, x, value=4.0)
+    with pytest.raises(CaptureD2HRefused, match="capturing"):
+        rt.download(x)
+    rt.end_capture("primary")
+    rt.replay("primary")
+    assert rt.download(x).tolist() == [4.0, 4.0, 4.0]

@@ -134,4 +134,55 @@ MUTANTS = [
         breaks="captures are counted per slot (capture statistics name the slot that captured)",
         tests=_T,
     ),
+    Mutant(
+        "runtime", "download_in_capture_reaches_the_stream", _R,
+        old="""        if self._capturing is not None:
+            raise CaptureD2HRefused(""",
+        new="""        if False:
+            raise CaptureD2HRefused(""",
+        breaks="a download inside a capture is refused as CaptureD2HRefused without invalidating the capture",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "budget_off_by_one", _R,
+        old="if in_use + nbytes > self.memory_limit:",
+        new="if in_use + nbytes >= self.memory_limit:",
+        breaks="an allocation that exactly fills the device memory budget is allowed",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "budget_ignores_pending_frees", _R,
+        old="""        if self._res.pending and self._capturing is None:
+            self.drain_for_unmap()""",
+        new="""        if False:
+            self.drain_for_unmap()""",
+        breaks="memory held only by pending frees is given back before an allocation is refused for the budget",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "negative_dim_allocates", _R,
+        old="if any(d < 0 for d in shape):",
+        new="if all(d < 0 for d in shape):",
+        breaks="a shape with a negative dim is refused as MemoryAllocation before anything is allocated",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "real_sync_skips_latch", _R,
+        old="""        self._reap()
+        self._raise_if_latched()
+
+    def _force_sync""",
+        new="""        self._reap()
+
+    def _force_sync""",
+        breaks="a real synchronize() (deferral off) reads the error latch and raises DeviceAssert",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "upload_flattens_scalars", _R,
+        old='arr = np.asarray(host, order="C")',
+        new="arr = np.ascontiguousarray(host)",
+        breaks="upload keeps a 0-d array 0-d (its tensor's shape is ())",
+        tests=_T + ("tests/test_executor.py",),
+    ),
 ]
