@@ -144,10 +144,10 @@ MUTANTS = [
         tests=_T,
     ),
     Mutant(
-        "runtime", "budget_off_by_one", _R,
+        "runtime", "budget_forgets_the_request", _R,
         old="if in_use + nbytes > self.memory_limit:",
-        new="if in_use + nbytes >= self.memory_limit:",
-        breaks="an allocation that exactly fills the device memory budget is allowed",
+        new="if in_use > self.memory_limit:",
+        breaks="an allocation is refused when the bytes in use plus the request would pass the budget",
         tests=("tests/test_memory_budget.py",),
     ),
     Mutant(
