@@ -184,7 +184,8 @@ def _runtime_layer(device: str, jobs: int | None, timeout_s: float, out) -> tupl
 
 def run_layers(layers: list[str] | None = None, names: list[str] | None = None, *, device: str = "sim",
                ci_only: bool = False, jobs: int | None = None, timeout_s: float = 300,
-               root: Path | None = None, json_path: Path | None = None, out=sys.stdout,
+               root: Path | None = None, json_path: Path | None = None, markdown_path: Path | None = None,
+               out=sys.stdout,
                mutants: list[Mutant] | None = None) -> int:
     """Run the selected layers (``mutants`` overrides the catalogue: the runner's own tests)."""
     layers = list(layers or LAYERS)
@@ -251,9 +252,30 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     print(f"\n{'PASS' if verdict else 'FAIL'}: {sum(r.status == 'killed' for r in results)} killed, "
           f"{sum(r.status == 'equivalent' for r in results)} equivalent, {len(failing)} not ok "
           f"(device {device}, {jobs} jobs, {time.perf_counter() - t0:.0f} s)", file=out)
+    payload = {"device": device, "scores": scores, "mutants": [asdict(r) for r in results]}
     if json_path:
         from lockstep.paths import atomic_write
 
-        payload = {"device": device, "scores": scores, "mutants": [asdict(r) for r in results]}
         atomic_write(Path(json_path), json.dumps(payload, indent=1))
+    if markdown_path:
+        from lockstep.paths import atomic_write
+
+        atomic_write(Path(markdown_path), markdown(payload))
     return 0 if verdict else 1
+
+
+def markdown(payload: dict) -> str:
+    """The scores and every source mutant's outcome as Markdown tables (for docs and CI summaries)."""
+    lines = [f"Device `{payload['device']}`.", "", "| layer | killed | equivalent | mutants | score |",
+             "|---|---:|---:|---:|---:|"]
+    for layer, s in payload["scores"].items():
+        denom = s["total"] - s["equivalent"]
+        score = f"{s['killed'] / denom:.0%}" if denom else "-"
+        lines.append(f"| {layer} | {s['killed']} | {s['equivalent']} | {s['total']} | {score} |")
+    lines += ["", "| mutant | breaks | outcome | killed by |", "|---|---|---|---|"]
+    for m in payload["mutants"]:
+        by = m["killed_by"]
+        first = by[0].split("::")[-1] if by else ""
+        how = f"`{first}`" + (f" (+{len(by) - 1})" if len(by) > 1 else "") if by else m["detail"][:120]
+        lines.append(f"| `{m['key']}` | {m['breaks']} | {m['status']} | {how.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
