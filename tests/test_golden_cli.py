@@ -52,6 +52,17 @@ def test_a_corrupt_snapshot_names_the_file(tmp_path, monkeypatch):
         anchors.load_snapshot("tiny-fp32-standard")
 
 
+@pytest.mark.parametrize("text", ['{"model": "tiny-fp32-standard", "positions": []}', "null", "3", "[]"])
+def test_a_json_file_that_is_not_a_snapshot_names_the_file(tmp_path, monkeypatch, text):
+    """Contract (anchors.read_snapshot): valid JSON that is not a lockstep snapshot (a dict missing
+    its keys, or no dict at all) is a ValueError naming the file, which regenerate treats as no
+    snapshot. Found on the way: a JSON null or number raised a bare TypeError instead."""
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    (tmp_path / "tiny-fp32-standard.json").write_text(text)
+    with pytest.raises(ValueError, match="tiny-fp32-standard.json is not a lockstep snapshot"):
+        anchors.load_snapshot("tiny-fp32-standard")
+
+
 def test_snapshot_comparison_ignores_only_the_oracle_version():
     from lockstep.golden.syrupy_ext import same_anchors
 
@@ -63,3 +74,8 @@ def test_snapshot_comparison_ignores_only_the_oracle_version():
     nudged = {**snap, "positions": [{**snap["positions"][0], "margin": snap["positions"][0]["margin"] + 1e-2}]
               + snap["positions"][1:]}
     assert not same_anchors(snap, nudged)
+    # a provenance field gained or lost is a change, whichever side has it
+    grown = {**snap, "provenance": {**snap["provenance"], "twin_sha256": "0" * 64}}
+    assert not same_anchors(snap, grown) and not same_anchors(grown, snap)
+    generator = {**snap, "provenance": {**snap["provenance"], "generator_version": -1}}
+    assert not same_anchors(snap, generator), "only the oracle's version is informational"
