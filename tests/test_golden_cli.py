@@ -64,6 +64,9 @@ def test_a_json_file_that_is_not_a_snapshot_names_the_file(tmp_path, monkeypatch
 
 
 def test_snapshot_comparison_ignores_only_the_oracle_version():
+    """Contract (anchors.same_anchors, syrupy_ext): golden data compares exactly for tokens, keys
+    and provenance (the oracle's version alone is informational), and floats within 1e-4 relative:
+    a margin moved by 4e-4 relative is a change, one moved by 2e-5 is not."""
     from lockstep.golden.syrupy_ext import same_anchors
 
     snap = anchors.load_snapshot("tiny-fp32-standard")
@@ -74,8 +77,22 @@ def test_snapshot_comparison_ignores_only_the_oracle_version():
     nudged = {**snap, "positions": [{**snap["positions"][0], "margin": snap["positions"][0]["margin"] + 1e-2}]
               + snap["positions"][1:]}
     assert not same_anchors(snap, nudged)
+    first = snap["positions"][0]
+    for rel, same in ((4e-4, False), (2e-5, True)):
+        moved = {**snap, "positions": [{**first, "margin": first["margin"] * (1 + rel)}] + snap["positions"][1:]}
+        assert same_anchors(snap, moved) is same, rel
     # a provenance field gained or lost is a change, whichever side has it
     grown = {**snap, "provenance": {**snap["provenance"], "twin_sha256": "0" * 64}}
     assert not same_anchors(snap, grown) and not same_anchors(grown, snap)
     generator = {**snap, "provenance": {**snap["provenance"], "generator_version": -1}}
     assert not same_anchors(snap, generator), "only the oracle's version is informational"
+
+
+def test_a_precision_finer_than_the_model_has_no_band():
+    """Contract (anchors.band_for, precisions_for): an fp16 model's snapshot holds no band for fp32
+    or tf32 (an engine cannot compute it in a finer precision than its own); asking is a clear
+    error naming the precisions it has, never a silent default."""
+    snap = anchors.load_snapshot("tiny-fp16-standard")
+    assert sorted(snap["band"]) == ["bf16", "fp16", "fp16-acc16"]
+    with pytest.raises(ValueError, match=r"no near-tie band for precision 'fp32' .*'fp16'"):
+        anchors.band_for(snap, "fp32")
