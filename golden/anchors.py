@@ -238,7 +238,9 @@ def read_snapshot(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"golden snapshot {path} is corrupt ({exc}); regenerate it") from exc
-    missing = [k for k in ("model", "provenance", "prompt", "prefix", "band", "positions") if k not in data]
+    # a dict first: `k not in data` of a JSON null or number is a TypeError, not this error
+    missing = [k for k in ("model", "provenance", "prompt", "prefix", "band", "positions")
+               if not isinstance(data, dict) or k not in data]
     if not isinstance(data, dict) or missing:
         raise ValueError(f"golden snapshot {path} is not a lockstep snapshot (missing {missing}); regenerate it")
     return data

@@ -52,7 +52,21 @@ def test_a_corrupt_snapshot_names_the_file(tmp_path, monkeypatch):
         anchors.load_snapshot("tiny-fp32-standard")
 
 
+@pytest.mark.parametrize("text", ['{"model": "tiny-fp32-standard", "positions": []}', "null", "3", "[]"])
+def test_a_json_file_that_is_not_a_snapshot_names_the_file(tmp_path, monkeypatch, text):
+    """Contract (anchors.read_snapshot): valid JSON that is not a lockstep snapshot (a dict missing
+    its keys, or no dict at all) is a ValueError naming the file, which regenerate treats as no
+    snapshot. Found on the way: a JSON null or number raised a bare TypeError instead."""
+    monkeypatch.setattr(anchors, "SNAPSHOT_DIR", tmp_path)
+    (tmp_path / "tiny-fp32-standard.json").write_text(text)
+    with pytest.raises(ValueError, match="tiny-fp32-standard.json is not a lockstep snapshot"):
+        anchors.load_snapshot("tiny-fp32-standard")
+
+
 def test_snapshot_comparison_ignores_only_the_oracle_version():
+    """Contract (anchors.same_anchors, syrupy_ext): golden data compares exactly for tokens, keys
+    and provenance (the oracle's version alone is informational), and floats within 1e-4 relative:
+    a margin moved by 4e-4 relative is a change, one moved by 2e-5 is not."""
     from lockstep.golden.syrupy_ext import same_anchors
 
     snap = anchors.load_snapshot("tiny-fp32-standard")
@@ -63,3 +77,22 @@ def test_snapshot_comparison_ignores_only_the_oracle_version():
     nudged = {**snap, "positions": [{**snap["positions"][0], "margin": snap["positions"][0]["margin"] + 1e-2}]
               + snap["positions"][1:]}
     assert not same_anchors(snap, nudged)
+    first = snap["positions"][0]
+    for rel, same in ((4e-4, False), (2e-5, True)):
+        moved = {**snap, "positions": [{**first, "margin": first["margin"] * (1 + rel)}] + snap["positions"][1:]}
+        assert same_anchors(snap, moved) is same, rel
+    # a provenance field gained or lost is a change, whichever side has it
+    grown = {**snap, "provenance": {**snap["provenance"], "twin_sha256": "0" * 64}}
+    assert not same_anchors(snap, grown) and not same_anchors(grown, snap)
+    generator = {**snap, "provenance": {**snap["provenance"], "generator_version": -1}}
+    assert not same_anchors(snap, generator), "only the oracle's version is informational"
+
+
+def test_a_precision_finer_than_the_model_has_no_band():
+    """Contract (anchors.band_for, precisions_for): an fp16 model's snapshot holds no band for fp32
+    or tf32 (an engine cannot compute it in a finer precision than its own); asking is a clear
+    error naming the precisions it has, never a silent default."""
+    snap = anchors.load_snapshot("tiny-fp16-standard")
+    assert sorted(snap["band"]) == ["bf16", "fp16", "fp16-acc16"]
+    with pytest.raises(ValueError, match=r"no near-tie band for precision 'fp32' .*'fp16'"):
+        anchors.band_for(snap, "fp32")

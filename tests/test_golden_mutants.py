@@ -68,6 +68,27 @@ class Perturbed:
         return self.inner.capture_stats()
 
 
+class Nudged(Perturbed):
+    """Adds ``delta`` to one logit (``rank`` 0: the top-1, 1: the runner-up) at one absolute position
+    ``pos`` only, in every mode (prefill, stepwise, greedy): exactly one anchored position moves."""
+
+    def __init__(self, inner, pos, delta, rank=1):
+        super().__init__(inner, delta)
+        self.pos, self.rank, self.at = pos, rank, 0
+
+    def reset(self):
+        self.inner.reset()
+        self.at = 0
+
+    def forward(self, ids):
+        logits = np.array(self.inner.forward(ids), np.float64)
+        if 0 <= self.pos - self.at < len(logits):
+            row = logits[self.pos - self.at]
+            row[np.argsort(-row)[self.rank]] += self.delta
+        self.at += len(ids)
+        return logits
+
+
 @pytest.mark.parametrize("mutant", [RotaryOffByOne, KvWrongSlot])
 def test_decode_path_mutants_fail_the_fatal_lock(mutant):
     snap = load_snapshot(FP32)
@@ -87,6 +108,67 @@ def test_the_real_decoder_passes_both_modes():
     for stepwise in (False, True):
         res = teacher_forced_lock(dec, snap, "fp32", stepwise=stepwise)
         assert res.ok and res.checked == len(snap["positions"]) - res.near_ties
+
+
+def test_the_lock_checks_the_last_anchored_position():
+    """Contract (teacher_forced_lock): every anchored position outside the band is checked, the
+    last one included, in both modes. Independent of the position count asserted in
+    test_the_real_decoder_passes_both_modes: here a divergence planted at the last position only
+    must be the one violation."""
+    snap = load_snapshot(FP32)
+    last = snap["positions"][-1]
+    assert last["margin"] > snap["band"]["fp32"], "the last position is checked, not a near-tie"
+    dec = Nudged(ref_decoder(FP32), last["pos"], 2 * last["margin"])  # the runner-up overtakes
+    for stepwise in (False, True):
+        res = teacher_forced_lock(dec, snap, "fp32", stepwise=stepwise)
+        assert [(v["pos"], v["kind"]) for v in res.violations] == [(last["pos"], "argmax")], res.describe()
+
+
+def test_the_tripwire_compares_the_last_recorded_token():
+    """Contract (tripwire): the greedy stream is compared over the whole recorded prefix; a
+    divergence at its last token, outside the band, is fatal."""
+    snap = load_snapshot(FP32)
+    last = snap["positions"][-1]
+    trip = tripwire(Nudged(ref_decoder(FP32), last["pos"], 2 * last["margin"]), snap, "fp32")
+    assert trip.fatal and trip.divergence["pos"] == last["pos"], trip.divergence
+
+
+def test_a_margin_moved_beyond_twice_the_band_either_way_is_a_violation():
+    """Contract (teacher_forced_lock): where the engine keeps the anchor, a margin off the oracle's
+    by more than twice the band is a violation, whether the engine shrank it or grew it."""
+    snap = load_snapshot(FP32)
+    band = snap["band"]["fp32"]
+    entry = max(snap["positions"], key=lambda p: p["margin"])
+    assert entry["margin"] > 10 * band
+    # 5 bands: the honest decoder is within 2 of the oracle, so the moved margin is at least 3 off
+    for rank, change in ((1, "shrunk"), (0, "grown")):
+        res = teacher_forced_lock(Nudged(ref_decoder(FP32), entry["pos"], 5 * band, rank), snap, "fp32",
+                                  stepwise=False)
+        assert [(v["pos"], v["kind"]) for v in res.violations] == [(entry["pos"], "margin")], (change, res.violations)
+
+
+def test_a_flipped_argmax_is_a_violation_never_a_near_tie():
+    """Contract (teacher_forced_lock): near-ties are the positions whose *oracle* margin lies in the
+    band; an engine whose own error collapses or flips a margin does not make that position a
+    near-tie (its error cannot excuse itself)."""
+    snap = load_snapshot(FP32)
+    band = snap["band"]["fp32"]
+    entry = max(snap["positions"], key=lambda p: p["margin"])
+    res = teacher_forced_lock(Nudged(ref_decoder(FP32), entry["pos"], 2 * entry["margin"]), snap, "fp32",
+                              stepwise=False)
+    assert res.near_ties == sum(p["margin"] <= band for p in snap["positions"])
+    assert [(v["pos"], v["kind"]) for v in res.violations] == [(entry["pos"], "argmax")], res.violations
+    assert res.violations[0]["engine_margin"] < 0
+
+
+def test_a_lock_that_checked_no_position_is_not_a_pass():
+    """Contract (LockResult.ok): a lock where every position is a near-tie checked nothing and is
+    not a pass, however clean the engine."""
+    snap = copy.deepcopy(load_snapshot(FP32))
+    snap["band"]["fp32"] = 1e9
+    res = teacher_forced_lock(ref_decoder(FP32), snap, "fp32", stepwise=False)
+    assert res.checked == 0 and res.near_ties == len(snap["positions"]) and not res.violations
+    assert not res.ok
 
 
 def test_fp16_accumulation_declared_as_fp32_fails_the_lock():
@@ -109,6 +191,39 @@ def test_a_snapshot_not_from_the_oracle_or_for_another_model_fails():
     moved["provenance"]["model_sha256"] = "0" * 64
     with pytest.raises(ModelChanged, match="model changed: regenerate"):
         check_provenance(moved)
+
+
+def test_provenance_of_another_generator_version_is_model_changed():
+    """Contract (check_provenance): the snapshot records the generator version; a snapshot from
+    another one fails with "model changed: regenerate" even where the model's sha256 agrees."""
+    from lockstep.golden.models.spec import GENERATOR_VERSION
+
+    snap = copy.deepcopy(load_snapshot(FP32))
+    snap["provenance"]["generator_version"] = str(int(GENERATOR_VERSION) + 1)
+    with pytest.raises(ModelChanged, match="model changed: regenerate"):
+        check_provenance(snap)
+
+
+def test_provenance_of_a_user_model_follows_its_file(tmp_path):
+    """Contract (GoldenModel.check_provenance, a user's model): the snapshot belongs to the model
+    file's sha256 and came from the oracle; one byte more in the file is "model changed"."""
+    import shutil
+
+    from lockstep.golden.catalog import GoldenModel
+
+    path = tmp_path / "mine.onnx"
+    shutil.copy(MODEL_DIR / f"{FP32}.onnx", path)
+    gm = GoldenModel("mine", "user", tmp_path / "mine.json", path)
+    snap = load_snapshot(FP32)  # from the oracle, for this very file
+    gm.check_provenance(snap)
+    engine_made = copy.deepcopy(snap)
+    engine_made["provenance"]["oracle"] = "ref-sim"
+    with pytest.raises(NotFromOracle):
+        gm.check_provenance(engine_made)
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ModelChanged, match="model changed: regenerate"):
+        gm.check_provenance(snap)
 
 
 def test_missing_model_or_snapshot_is_an_error_not_a_pass():
@@ -193,14 +308,8 @@ def test_oracle_and_cross_check_disagreeing_refuses_regeneration():
     guard is not simply always refusing. Both assertions encode the contract."""
     from lockstep.golden.anchors import OracleDisagreement, anchors_from_oracle
 
-    snap = load_snapshot(FP32)
-    model = onnx.load(str(MODEL_DIR / f"{FP32}.onnx"))
-    prompt, prefix = snap["prompt"], snap["prefix"]
+    snap, model, (prompt, prefix, logits) = _planted_oracle()
     context = prompt + prefix
-    rng = np.random.default_rng(0)
-    logits = rng.normal(0.0, 4.0, (len(context), max(context) + 8)).astype(np.float32)
-    for i in range(len(context) - 1):
-        logits[i, context[i + 1]] = logits[i].max() + 1.0  # the oracle's greedy token, margin >= 1
     cross = logits.astype(np.float64) + 1e-9
     kwargs = dict(provenance={}, prefix_tokens=len(prefix))
     agreed = anchors_from_oracle(FP32, model, model, model, prompt, run=(prefix, logits, cross), **kwargs)
@@ -211,3 +320,45 @@ def test_oracle_and_cross_check_disagreeing_refuses_regeneration():
     planted[second, 1] -= 0.05
     with pytest.raises(OracleDisagreement, match=rf"position {first}: oracle and float64 cross-check differ"):
         anchors_from_oracle(FP32, model, model, model, prompt, run=(prefix, logits, planted), **kwargs)
+
+
+def _planted_oracle():
+    """The snapshot, model and a made-up oracle run (prompt, prefix, logits) whose argmax is the
+    recorded greedy token everywhere with a margin of at least 1."""
+    snap = load_snapshot(FP32)
+    model = onnx.load(str(MODEL_DIR / f"{FP32}.onnx"))
+    prompt, prefix = snap["prompt"], snap["prefix"]
+    context = prompt + prefix
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0.0, 4.0, (len(context), max(context) + 8)).astype(np.float32)
+    for i in range(len(context) - 1):
+        logits[i, context[i + 1]] = logits[i].max() + 1.0
+    return snap, model, (prompt, prefix, logits)
+
+
+def test_an_oracle_argmax_that_is_not_its_recorded_token_refuses_regeneration():
+    """Contract (anchors_from_oracle): every anchor's top-1 is the oracle's own recorded greedy
+    token; logits whose argmax at a position is another token refuse to write, naming it (no
+    cross-check involved)."""
+    from lockstep.golden.anchors import OracleDisagreement, anchors_from_oracle
+
+    _, model, (prompt, prefix, logits) = _planted_oracle()
+    at = len(prompt) + 3
+    logits[at, (prompt + prefix)[at + 1] ^ 1] = logits[at].max() + 1.0
+    with pytest.raises(OracleDisagreement, match=rf"position {at}: the oracle's argmax .* is not its own greedy token"):
+        anchors_from_oracle(FP32, model, model, None, prompt, run=(prefix, logits, None), provenance={},
+                            prefix_tokens=len(prefix))
+
+
+def test_the_cross_check_is_float64():
+    """Result: the cross-check (the reference runtime in float64 on the decomposed twin) agrees
+    with the generator's independent float64 numpy forward to 1e-9, where the fp32 oracle is about
+    1e-5 off: a float64 computation, fine enough to judge the fp32 band (1e-4 here)."""
+    from lockstep.golden.models import PROMPT, VARIANTS, build, prompt_ids, reference_forward, weights_from_model
+    from lockstep.golden.oracle import decomposed_twin, float64_logits
+
+    spec = VARIANTS[FP32]
+    ids = prompt_ids(PROMPT)
+    want, _ = reference_forward(spec, weights_from_model(build(spec)), ids, np.arange(ids.shape[1])[None])
+    got = float64_logits(decomposed_twin(spec), [int(t) for t in ids[0]])
+    assert got.dtype == np.float64 and np.abs(got - want[0]).max() < 1e-9
