@@ -17,6 +17,7 @@ from lockstep.reference_runtime.errors import (
     IllegalAddress,
     IllegalState,
     InvalidValue,
+    MemoryAllocation,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
     StreamOrderRace,
@@ -515,3 +516,62 @@ def test_the_default_budget_is_the_smaller_of_the_cap_and_a_quarter_of_the_host(
     host does not say."""
     monkeypatch.setattr(sim_backend, "_host_memory", lambda: host)
     assert SimDevice().default_memory_limit() == limit
+
+
+def test_a_held_host_error_is_raised_at_the_next_launch():
+    """Guarantee (sim.py: kernel host errors): a body that raised is held and raised once at the
+    next launch *or* synchronising call after it ran. Here the queue bound runs the body, so the
+    next launch is the first call after it."""
+    boom = Kernel("boom_kernel", lambda xp, out: 1 // 0, writes=(0,))
+    dev = SimDevice(queue_bound=1)
+    s = dev.stream()
+    x = arr(dev)
+    s.launch(boom, [x])
+    s.launch(P.fill, [x], {"value": 2.0})  # the bound executes boom's body
+    with pytest.raises(KernelHostError, match="boom_kernel"):
+        s.launch(P.fill, [x], {"value": 3.0})
+    assert s.pending == 1  # the refused launch queued nothing
+    s.synchronize()  # raised once: the sync is clean
+    assert get(dev, x, s) == [2.0] * 4 and dev.sticky_error is None
+
+
+def test_a_body_the_host_cannot_back_is_memory_allocation_not_sticky():
+    """Guarantee (sim.py): a kernel temporary the host cannot allocate is MemoryAllocation (CUDA's
+    out-of-memory), raised once like any host error; the device stays usable."""
+
+    def _oom(xp, out):
+        xp.empty(1 << 62, dtype=np.uint8)  # numpy's own MemoryError subclass, as a real body raises
+
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    s.launch(Kernel("big_temp", _oom, writes=(0,)), [x])
+    with pytest.raises(MemoryAllocation, match="kernel 'big_temp': a temporary could not be allocated") as err:
+        s.synchronize()
+    assert isinstance(err.value.__cause__, MemoryError) and dev.sticky_error is None
+    s.launch(P.fill, [x], {"value": 1.0})
+    assert get(dev, x, s) == [1.0] * 4
+
+
+@pytest.mark.parametrize("nbytes", [1 << 62, 1 << 64])
+def test_an_allocation_the_host_cannot_back_is_memory_allocation_and_changes_nothing(nbytes):
+    """Guarantee (sim.py): a host that cannot back an allocation (numpy's MemoryError, or its
+    ValueError past the largest array) is MemoryAllocation, and the refusal changes nothing."""
+    dev = SimDevice()
+    before = dev.malloc(16)
+    with pytest.raises(MemoryAllocation, match="malloc of .* bytes: the host cannot back it"):
+        dev.malloc(nbytes)
+    assert dev.allocated_bytes == 512 and dev.malloc(16).addr == before.addr + 512
+
+
+def test_a_device_synchronize_executes_in_global_enqueue_order():
+    """Guarantee: with nothing ordering two streams, a device synchronize executes their work in
+    the order it was enqueued across streams (the one deterministic interleaving)."""
+    dev = SimDevice(race_check=False)
+    a, b = dev.stream(), dev.stream()
+    x = arr(dev)
+    a.launch(P.fill, [x], {"value": 1.0})
+    b.launch(P.fill, [x], {"value": 2.0})
+    a.launch(P.accumulate, [x, x])
+    dev.synchronize()
+    assert get(dev, x, a) == [4.0] * 4  # 1, then 2, then doubled

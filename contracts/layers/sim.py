@@ -151,6 +151,13 @@ MUTANTS = [
         breaks="work after a wait executes only after the recorded work on the other stream executed",
         tests=_DEV_TESTS,
     ),
+    Mutant(
+        "sim", "device_sync_in_stream_order", _S,
+        old="self._run_through(min(heads, key=lambda op: op.seq))",
+        new="self._run_through(heads[0])",
+        breaks="a device synchronize executes unordered streams' work in global enqueue order",
+        tests=_DEV_TESTS,
+    ),
     # -- events
     Mutant(
         "sim", "unrecorded_event_not_done", _S,
@@ -236,6 +243,21 @@ MUTANTS = [
         old="err, self._host_error = self._host_error, None",
         new="err = self._host_error",
         breaks="a kernel body's exception is raised once and the device stays usable (not sticky)",
+        tests=_DEV_TESTS,
+    ),
+    Mutant(
+        "sim", "host_error_not_raised_at_launch", _S,
+        old="""        self.device._raise_host_error()
+        scalars = dict(scalars or {})""",
+        new="""        scalars = dict(scalars or {})""",
+        breaks="a held kernel host error is raised at the next launch, not only at a synchronising call",
+        tests=_DEV_TESTS,
+    ),
+    Mutant(
+        "sim", "body_oom_not_translated", _S,
+        old="if isinstance(exc, MemoryError):",
+        new="if type(exc) is MemoryError:",
+        breaks="a kernel temporary the host cannot allocate (numpy's MemoryError) is MemoryAllocation",
         tests=_DEV_TESTS,
     ),
     # -- capture and replay
@@ -362,6 +384,13 @@ MUTANTS = [
         old="min(DEFAULT_MEMORY_CAP, host // 4)",
         new="max(DEFAULT_MEMORY_CAP, host // 4)",
         breaks="the default budget is the smaller of 16 GiB and a quarter of the host's memory",
+        tests=_MEM_TESTS,
+    ),
+    Mutant(
+        "sim", "backing_value_error_escapes", _S,
+        old="except (MemoryError, ValueError) as exc:",
+        new="except MemoryError as exc:",
+        breaks="an allocation past numpy's largest array (ValueError) is MemoryAllocation, like any the host cannot back",
         tests=_MEM_TESTS,
     ),
     # _base.py cannot be mutated by the import hook: importlib's find_spec imports the parent package
