@@ -268,3 +268,20 @@ def test_a_later_access_to_other_bytes_does_not_hide_an_earlier_one(first, secon
             dev.memcpy_dtoh(lo, b)  # reads what the first op writes
         else:
             b.launch(P.fill, [lo], {"value": 3.0})  # writes what the first op reads
+
+
+def test_a_wait_on_an_event_whose_record_already_executed_still_orders():
+    """Guarantee: a wait orders the waiting stream after the record whether or not the record has
+    executed yet; executing is not observing (no host call saw it complete), so the wait is the
+    only ordering here. The queue bound executes the fill and the record, as a busy GPU would."""
+    dev = SimDevice(queue_bound=1)
+    a, b = dev.stream(), dev.stream()
+    x, y, z = (ArrayRef(dev.malloc(16), (4,), F32) for _ in range(3))
+    ev = dev.event()
+    a.launch(P.fill, [x], {"value": 1.0})
+    a.record(ev)  # the bound executes the fill
+    a.launch(P.fill, [z], {"value": 0.0})  # ... and the record
+    assert a.pending == 1 and dev.executed == ["fill"]
+    b.wait(ev)
+    dev.memcpy_dtod_async(y, x, b)  # ordered by the wait alone
+    assert dev.memcpy_dtoh(y, b).tolist() == [1.0] * 4

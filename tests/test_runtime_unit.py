@@ -248,3 +248,31 @@ def test_a_download_inside_a_capture_is_refused_and_the_capture_stays_valid(devi
     rt.end_capture("primary")
     rt.replay("primary")
     assert rt.download(x).tolist() == [4.0, 4.0, 4.0]
+
+def test_frees_with_no_work_between_share_one_event_that_waits_for_both_streams():
+    """Guarantee (Runtime._release_after_queued_work): frees with no device work enqueued between
+    them are one batch on one "queued readers done" event, which waits for the readers queued on
+    the copy stream as well as on compute; a free after more work gets a later event. Executing
+    up to the batch's event (and nothing after it) gives back the batch, and only the batch."""
+    dev = SimDevice()
+    rt = Runtime(dev, RuntimeConfig())
+    a, c, late = (rt.upload(np.full(4, v, np.float32)) for v in (2.0, 3.0, 4.0))
+    acc, b = rt.upload(np.zeros(4, np.float32)), rt.empty(4)
+    rt.copy(b, a)  # a reader of a, queued on the copy stream
+    rt.launch(P.accumulate, acc, c)  # a reader of c, queued on compute
+    rt.free(a)
+    rt.free(c)  # nothing enqueued since the last free: the same batch
+    rt.launch(P.accumulate, acc, late)
+    rt.free(late)  # after more work: a batch of its own
+    pending = list(rt._res.pending)
+    assert [buf for buf, _ in pending] == [a.ref.buffer, c.ref.buffer, late.ref.buffer]
+    batch = pending[0][1]
+    assert pending[1][1] is batch and pending[2][1] is not batch
+    assert not batch.query()  # nothing has executed: no reader ran
+    batch.synchronize()  # executes what the batch's event waits for, and nothing after it
+    rt.empty(4)  # reaps
+    assert (rt.pending_frees, rt.counters.frees_released) == (1, 2)
+    assert a.ref.buffer.freed and c.ref.buffer.freed and not late.ref.buffer.freed
+    assert rt.download(b).tolist() == [2.0] * 4  # the copy read a before a went back
+    assert rt.download(acc).tolist() == [7.0] * 4
+    assert rt.pending_frees == 0

@@ -7,16 +7,20 @@ import pytest
 from lockstep.kernels import primitives as P
 from lockstep.kernels._kernel import Kernel, KernelHostError
 from lockstep.reference_runtime.backends import ArrayRef
-from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.backends import sim as sim_backend
+from lockstep.reference_runtime.backends.sim import DEFAULT_MEMORY_CAP, SimDevice
 from lockstep.reference_runtime.errors import (
     CaptureD2HRefused,
     CaptureOnLegacyStream,
+    CaptureUnmodelled,
     CublasDuringCapture,
     IllegalAddress,
     IllegalState,
     InvalidValue,
+    MemoryAllocation,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
+    StreamOrderRace,
 )
 
 F32 = np.dtype(np.float32)
@@ -133,6 +137,10 @@ def test_mem_map_outside_reservation_or_overlapping_is_refused():
     dev.mem_map(va, g, dev.mem_create(g))
     with pytest.raises(InvalidValue, match=f"overlaps the mapping at 0x{va:x}"):
         dev.mem_map(va, g, dev.mem_create(g))
+    wide = dev.reserve(2 * g)
+    dev.mem_map(wide, 2 * g, dev.mem_create(2 * g))
+    with pytest.raises(InvalidValue, match=f"overlaps the mapping at 0x{wide:x}"):
+        dev.mem_map(wide + g, g, dev.mem_create(g))  # inside the tail of the lower mapping
 
 
 def test_kernel_after_free_is_a_sticky_illegal_address():
@@ -254,6 +262,13 @@ def test_bad_frees_and_mismatched_copies_are_invalid_values():
     x = ArrayRef(dev.malloc(16), (2, 2), F32)
     with pytest.raises(InvalidValue, match=r"shape \(4,\) does not fit <ArrayRef .* float32\[2, 2\]>"):
         dev.memcpy_htod_async(x, np.zeros(4, np.float32), s)
+    small, big = arr(dev, 2), arr(dev, 8)
+    with pytest.raises(InvalidValue, match="D2D copy of 32 bytes into 8 bytes"):
+        dev.memcpy_dtod_async(small, big, s)
+    with pytest.raises(InvalidValue, match="D2D copy of 8 bytes into 32 bytes"):
+        dev.memcpy_dtod_async(big, small, s)
+    with pytest.raises(InvalidValue, match=f"mem_unmap 0x{x.addr:x}\\+512: no mapping of that range"):
+        dev.mem_unmap(x.addr, 512)  # pool memory is not a VMM mapping
     assert s.pending == 0
 
 
@@ -333,3 +348,230 @@ def test_a_dtod_copy_captured_from_an_unmapped_range_is_refused_at_the_call():
     with pytest.raises(InvalidValue, match="memcpy DtoD .* not mapped at the call"):
         dev.memcpy_dtod_async(out, nowhere, s)
     assert s.end_capture().nodes == []
+
+
+def test_a_re_recorded_event_stands_for_its_latest_record():
+    """Guarantee (cudaEventRecord on a used event): recording an event again replaces what it
+    stands for; query, wait and synchronize follow the latest record, not the first."""
+    dev = SimDevice()
+    a, b = dev.stream(), dev.stream()
+    x, y, z = arr(dev), arr(dev), arr(dev)
+    ev = dev.event()
+    a.launch(P.fill, [x], {"value": 1.0})
+    a.record(ev)
+    ev.synchronize()
+    assert ev.query() is True
+    a.launch(P.fill, [y], {"value": 2.0})
+    a.record(ev)  # reused: now it stands for the fill of y
+    assert ev.query() is False
+    b.wait(ev)
+    b.launch(P.copy, [z, y])  # ordered after the fill of y by the wait: no race
+    assert get(dev, z, b) == [2.0] * 4
+    assert ev.query() is True and a.pending == 0
+
+
+def test_an_event_recorded_into_a_capture_queues_nothing_and_can_be_recorded_again():
+    """Guarantee (sim.py: event records are fine in a capture): a record during capture is a graph
+    node; nothing is queued, so after end_capture the stream is idle; the event keeps its eager
+    record until it is recorded again outside the capture, and then orders as usual."""
+    dev = SimDevice()
+    s, other = dev.stream(), dev.stream()
+    x, out = arr(dev), arr(dev)
+    ev = dev.event()
+    s.launch(P.fill, [x], {"value": 1.0})
+    s.record(ev)
+    s.synchronize()
+    s.begin_capture()
+    s.launch(P.accumulate, [x, x])
+    s.record(ev)
+    g = s.end_capture()
+    assert s.pending == 0 and s.query() is True and ev.query() is True
+    assert [kind for kind, _ in g.nodes] == ["kernel", "record"]
+    g.launch(s)
+    s.record(ev)  # an eager record after the replay: waiting on it orders the replay's write
+    other.wait(ev)
+    other.launch(P.copy, [out, x])
+    assert get(dev, out, other) == [2.0] * 4
+
+
+def test_a_dtod_copy_in_a_capture_is_a_graph_node_run_by_each_replay():
+    """Guarantee (cuda-semantics.md: memcpyAsync D2D is capturable): the copy is recorded, not
+    executed or queued; each replay copies the bytes its source holds at that replay, in stream
+    order with the graph's kernels; the replayed copy's write is seen by the race checker."""
+    dev = SimDevice()
+    s = dev.stream()
+    src, dst = arr(dev), arr(dev)
+    s.launch(P.fill, [src], {"value": 1.0})
+    s.launch(P.fill, [dst], {"value": 0.0})
+    s.synchronize()
+    s.begin_capture()
+    dev.memcpy_dtod_async(dst, src, s)
+    s.launch(P.accumulate, [src, src])  # after the copy: the copy reads src before it doubles
+    assert s.pending == 0
+    g = s.end_capture()
+    assert s.query() is True and get(dev, dst, s) == [0.0] * 4  # the capture executed nothing
+    g.launch(s)
+    assert get(dev, dst, s) == [1.0] * 4 and get(dev, src, s) == [2.0] * 4
+    dev.memcpy_htod_async(src, np.full(4, 5.0, np.float32), s)
+    g.launch(s)
+    assert get(dev, dst, s) == [5.0] * 4  # the replay reads src as it is now
+    g.launch(s)
+    with pytest.raises(StreamOrderRace, match=f"memcpy DtoH on .* reads 0x{dst.addr:x}.*graph memcpy DtoD on {s.label} writes"):
+        dev.memcpy_dtoh(dst, dev.stream())
+
+
+def test_unmodelled_calls_in_a_capture_are_refused_and_queue_nothing():
+    """Guarantee (sim.py): what the simulator does not model during capture (an HtoD copy, a wait
+    on an event, launching a graph into the capturing stream) is CaptureUnmodelled at the call,
+    never silently queued on the capturing stream."""
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    ev = dev.event()
+    s.record(ev)
+    s.begin_capture()
+    s.launch(P.fill, [x], {"value": 1.0})
+    with pytest.raises(CaptureUnmodelled, match="host-to-device copy during capture"):
+        dev.memcpy_htod_async(x, np.ones(4, np.float32), s)
+    with pytest.raises(CaptureUnmodelled, match="waiting on an event during capture"):
+        s.wait(ev)
+    s2 = dev.stream()
+    s2.begin_capture()
+    g = s2.end_capture()
+    with pytest.raises(CaptureUnmodelled, match="launching a graph into a capturing stream"):
+        g.launch(s)
+    assert s.pending == 1  # the record before the capture, nothing after it
+    assert [kind for kind, _ in s.end_capture().nodes] == ["kernel"]
+
+
+def test_a_range_running_past_its_mapping_is_not_mapped():
+    """Guarantee: an access is inside a mapping only when all its bytes are: a copy whose range
+    starts in a mapping and runs past its end is refused at the call (InvalidValue), a kernel
+    doing so faults at execution (IllegalAddress)."""
+    dev = SimDevice()
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(g)
+    dev.mem_map(va, g, dev.mem_create(g))
+    straddle = ArrayRef(dev.buffer_at(va + g - 8, 16), (4,), F32)  # 8 bytes in, 8 in the guard granule
+    with pytest.raises(InvalidValue, match="memcpy HtoD .* is not mapped at the call"):
+        dev.memcpy_htod_async(straddle, np.ones(4, np.float32), s)
+    with pytest.raises(InvalidValue, match="memcpy DtoH .* is not mapped at the call"):
+        dev.memcpy_dtoh(straddle, s)
+    assert dev.sticky_error is None
+    s.launch(P.fill, [straddle], {"value": 1.0})
+    with pytest.raises(IllegalAddress, match=f"kernel 'fill' on {s.label} touched 0x{va + g - 8:x}"):
+        s.synchronize()
+
+
+def test_a_replay_stops_at_its_first_fault():
+    """Guarantee: a fault is latched when the faulting work executes and nothing executes after it;
+    in a replay, the later nodes do not run, and the sticky error names the first faulting kernel."""
+    dev = SimDevice()
+    s = dev.stream()
+    g = dev.granularity
+    va = dev.reserve(g)
+    acc = arr(dev)
+    nowhere = ArrayRef(dev.buffer_at(va, 16), (4,), F32)
+    first = Kernel("first_reader", lambda xp, o, x: xp.add(o, x, out=o), writes=(0,))
+    second = Kernel("second_reader", lambda xp, o, x: xp.add(o, x, out=o), writes=(0,))
+    s.begin_capture()
+    s.launch(first, [acc, nowhere])
+    s.launch(P.fill, [acc], {"value": 1.0})
+    s.launch(second, [acc, nowhere])
+    graph = s.end_capture()
+    graph.launch(s)
+    with pytest.raises(IllegalAddress, match="kernel 'first_reader'"):
+        s.synchronize()
+    assert dev.executed == [] and "first_reader" in str(dev.sticky_error)
+
+
+def test_allocated_bytes_counts_pool_and_physical_memory():
+    """Guarantee (_base.Device.allocated_bytes): pool allocations at their rounded size plus
+    physical VMM memory created and not yet released; a free or a release gives its bytes back
+    once; mapping and unmapping change nothing (the backing is counted where it is created)."""
+    dev = SimDevice()
+    g = dev.granularity
+    assert dev.allocated_bytes == 0
+    a, b = dev.malloc(100), dev.malloc(1024)
+    assert dev.allocated_bytes == 512 + 1024  # pool allocations are rounded to 512 bytes
+    dev.free(a)
+    assert dev.allocated_bytes == 1024
+    h = dev.mem_create(g)
+    assert dev.allocated_bytes == 1024 + g
+    va = dev.reserve(g)
+    dev.mem_map(va, g, h)
+    assert dev.allocated_bytes == 1024 + g
+    dev.mem_release(h)  # the backing lives on while mapped, but it is no longer counted
+    dev.mem_release(h)
+    assert dev.allocated_bytes == 1024
+    dev.mem_unmap(va, g)
+    dev.free(b)
+    assert dev.allocated_bytes == 0
+
+
+@pytest.mark.parametrize("host, limit", [(8 << 30, 2 << 30), (512 << 30, DEFAULT_MEMORY_CAP), (None, DEFAULT_MEMORY_CAP)])
+def test_the_default_budget_is_the_smaller_of_the_cap_and_a_quarter_of_the_host(monkeypatch, host, limit):
+    """Guarantee (SimDevice.default_memory_limit): min(16 GiB, host memory / 4); 16 GiB where the
+    host does not say."""
+    monkeypatch.setattr(sim_backend, "_host_memory", lambda: host)
+    assert SimDevice().default_memory_limit() == limit
+
+
+def test_a_held_host_error_is_raised_at_the_next_launch():
+    """Guarantee (sim.py: kernel host errors): a body that raised is held and raised once at the
+    next launch *or* synchronising call after it ran. Here the queue bound runs the body, so the
+    next launch is the first call after it."""
+    boom = Kernel("boom_kernel", lambda xp, out: 1 // 0, writes=(0,))
+    dev = SimDevice(queue_bound=1)
+    s = dev.stream()
+    x = arr(dev)
+    s.launch(boom, [x])
+    s.launch(P.fill, [x], {"value": 2.0})  # the bound executes boom's body
+    with pytest.raises(KernelHostError, match="boom_kernel"):
+        s.launch(P.fill, [x], {"value": 3.0})
+    assert s.pending == 1  # the refused launch queued nothing
+    s.synchronize()  # raised once: the sync is clean
+    assert get(dev, x, s) == [2.0] * 4 and dev.sticky_error is None
+
+
+def test_a_body_the_host_cannot_back_is_memory_allocation_not_sticky():
+    """Guarantee (sim.py): a kernel temporary the host cannot allocate is MemoryAllocation (CUDA's
+    out-of-memory), raised once like any host error; the device stays usable."""
+
+    def _oom(xp, out):
+        xp.empty(1 << 62, dtype=np.uint8)  # numpy's own MemoryError subclass, as a real body raises
+
+    dev = SimDevice()
+    s = dev.stream()
+    x = arr(dev)
+    s.launch(Kernel("big_temp", _oom, writes=(0,)), [x])
+    with pytest.raises(MemoryAllocation, match="kernel 'big_temp': a temporary could not be allocated") as err:
+        s.synchronize()
+    assert isinstance(err.value.__cause__, MemoryError) and dev.sticky_error is None
+    s.launch(P.fill, [x], {"value": 1.0})
+    assert get(dev, x, s) == [1.0] * 4
+
+
+@pytest.mark.parametrize("nbytes", [1 << 62, 1 << 64])
+def test_an_allocation_the_host_cannot_back_is_memory_allocation_and_changes_nothing(nbytes):
+    """Guarantee (sim.py): a host that cannot back an allocation (numpy's MemoryError, or its
+    ValueError past the largest array) is MemoryAllocation, and the refusal changes nothing."""
+    dev = SimDevice()
+    before = dev.malloc(16)
+    with pytest.raises(MemoryAllocation, match="malloc of .* bytes: the host cannot back it"):
+        dev.malloc(nbytes)
+    assert dev.allocated_bytes == 512 and dev.malloc(16).addr == before.addr + 512
+
+
+def test_a_device_synchronize_executes_in_global_enqueue_order():
+    """Guarantee: with nothing ordering two streams, a device synchronize executes their work in
+    the order it was enqueued across streams (the one deterministic interleaving)."""
+    dev = SimDevice(race_check=False)
+    a, b = dev.stream(), dev.stream()
+    x = arr(dev)
+    a.launch(P.fill, [x], {"value": 1.0})
+    b.launch(P.fill, [x], {"value": 2.0})
+    a.launch(P.accumulate, [x, x])
+    dev.synchronize()
+    assert get(dev, x, a) == [4.0] * 4  # 1, then 2, then doubled
