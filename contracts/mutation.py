@@ -72,7 +72,17 @@ the edit can matter on (an edit of a CUDA kernel's source: ``("cupy",)``).
 
 
 def _module_path(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    # Walk the packages' search paths instead of importlib.util.find_spec(module), which imports
+    # the parent packages: reference_runtime/__init__ imports runtime and sync_debug, which then
+    # could no longer be mutated.
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            raise StaleMutant(f"module {module!r} is not found")
+        name, path = ".".join(parts[:i + 1]), list(spec.submodule_search_locations)
+        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(name, path)] if found is not None), None)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise StaleMutant(f"module {module!r} has no Python source")
     return Path(spec.origin)
