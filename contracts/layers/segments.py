@@ -147,6 +147,6 @@ MUTANTS = [
         new="reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) - 1 and node.input[i]]",
         breaks="a node whose host input (TopK's k, the last input) holds device data is a host-read seam, never recorded",
         tests=("tests/test_capture_plan.py::test_a_host_read_is_a_seam_before_the_classifier", *_SEG),
-        select="host_read",
+        select="host_read", ci=True,
     ),
 ]
