@@ -12,6 +12,7 @@ import pytest
 from lockstep.golden.anchors import MODEL_DIR
 from lockstep.golden.models.spec import PROMPT
 from lockstep.kernels._kernel import Kernel
+from lockstep.kernels.primitives import fill as P_fill
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.engine import RefDecoder
@@ -47,6 +48,7 @@ def test_growing_cache_decode_replays_segments_and_matches_eager():
     assert c["eager_steps"] == 2 and c["captured_steps"] == TOKENS - 2
     assert c["segments"] > 1 and c["captures"] == c["segments"] and c["replays"] == c["segments"] * (TOKENS - 2)
     assert c["fallbacks"] == 0 and c["invalidations"] == 0 and c["seams_by_reason"].get("classifier", 0) > 0
+    assert "kernel not warmed" not in c["seams_by_reason"], "contract: the warm-up step warmed every node"
     assert on.counters["segment_replays"] == c["replays"], "result: the runtime launched exactly those graphs"
     assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager), "result: byte-identical to eager"
     assert eager.counters["capture"]["captures"] == 0 and eager.counters["segment_replays"] == 0
@@ -57,10 +59,16 @@ def test_persistent_bindings_keep_their_addresses_and_replays_allocate_nothing_n
     dec.reset()
     dec.forward(PROMPT_IDS)
     allocs = []
+    uploads: list[str] = []
+    upload = dec.rt.upload
+    dec.rt.upload = lambda host, *, name="": uploads.append(name) or upload(host, name=name)
     for tok in [65, 66, 67, 68, 69]:
         before = dec.rt.counters.allocations
+        uploads.clear()
         dec.forward([tok])
         allocs.append(dec.rt.counters.allocations - before)
+    assert "input_ids" not in uploads and "position_ids" not in uploads, \
+        "contract: a replayed step writes its host feeds into their persistent buffers (no upload and copy)"
     (sig,) = [s for s in dec.session._sigs.values() if s.items is not None]
     addrs = {k: t.addr for k, t in sig.persist.items()}
     assert "input_ids" in addrs and "position_ids" in addrs, "contract: host feeds a segment reads are persistent"
@@ -109,7 +117,12 @@ def test_an_invalidated_recording_quarantines_its_segment_and_is_counted():
     on = greedy(dec, PROMPT_IDS, TOKENS)
     c = on.counters["capture"]
     assert queried and c["invalidations"] == 1 and c["fallbacks"] == 1
-    assert c["quarantined"], "contract: found only at end_capture, so the segment's op types are quarantined"
+    from lockstep.reference_runtime.capture_plan import plan_capture
+
+    (segment,) = [seg for seg in plan_capture(dec.ex).segments if queried[0] in seg]
+    op_type = {st.info.name: st.info.op_type for st in dec.ex.steps}
+    assert c["quarantined"] == sorted({op_type[n] for n in segment}), \
+        "contract: found only at end_capture, so every op type of the segment is quarantined"
     assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager)
 
 
@@ -223,3 +236,128 @@ def test_a_data_dependent_shape_beside_a_growing_cache_is_a_seam_and_byte_identi
     c = session.counters
     assert c.captured_steps == 5 and c.fallbacks == 0 and c.replays > 0
     assert captured == eager, "result: byte-identical to eager"
+
+
+def _host_read_model():
+    """Relu -> TopK(k) -> Mul: TopK's ``k`` is a feed (device data once uploaded), so TopK reads it
+    back on the host: a host-read seam between two captured nodes."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"], name="relu"),
+        h.make_node("TopK", ["r", "k"], ["v", "i"], name="topk", axis=-1),
+        h.make_node("Mul", ["v", "two"], ["y"], name="mul"),
+    ]
+    g = h.make_graph(
+        nodes, "host_read",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("k", T.INT64, [1])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, "kk"])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
+
+
+def _drive_host_read(runner, steps=6):
+    rng = np.random.default_rng(2)
+    out = []
+    for s in range(steps):
+        x = rng.normal(size=(1, 8)).astype(np.float32)
+        out.append(runner.run({"x": x, "k": np.asarray([1 + s % 3], np.int64)})["y"].tobytes())
+    return out
+
+
+def test_a_host_read_runs_as_an_eager_seam_every_step_and_is_byte_identical(make_runtime):
+    """Guarantee (capture_plan docstring, rule 1): a node whose host input holds device data
+    (TopK's ``k``) is a "host read" seam, decided before any recording, so a session never tries to
+    record it (no fallback) and re-reads ``k`` eagerly every step: ``k`` changes value per step and
+    the bytes still equal eager (a recorded TopK would bake the first step's ``k``). The plan-level
+    test is tests/test_capture_plan.py; this one holds it through a session."""
+    from lockstep.reference_runtime.executor import Executor
+
+    eager = _drive_host_read(Executor(_host_read_model(), make_runtime()))
+    session = CaptureSession(Executor(_host_read_model(), make_runtime()))
+    captured = _drive_host_read(session)
+    assert dict(session.plan.decisions)["topk"] == "host read: k", "contract: the reason is the host read"
+    c = session.counters
+    assert c.fallbacks == 0 and c.quarantined == [], "contract: planned as a seam, never a failed recording"
+    assert c.captured_steps == 5 and c.replays > 0, "contract: the rest of the step was captured and replayed"
+    assert captured == eager, "result: byte-identical to eager with k changing every step"
+
+
+def test_a_device_feed_a_segment_reads_is_staged_every_step(make_runtime):
+    """Contract (module docstring, persistent bindings): a device feed a segment reads is copied
+    into the persistent buffer the graph baked, on every step, not only the capture step; the
+    replay reads this step's ``x`` (the result, byte identity with eager, shows it)."""
+    from lockstep.reference_runtime.executor import Executor
+
+    def drive(rt, runner):
+        rng = np.random.default_rng(3)
+        out = []
+        for _ in range(5):
+            x = rt.upload(rng.normal(size=(1, 8)).astype(np.float32))
+            out.append(runner.run({"x": x, "k": np.asarray([3], np.int64)})["y"].tobytes())
+            rt.free(x)
+        return out
+
+    rt_eager = make_runtime()
+    eager = drive(rt_eager, Executor(_host_read_model(), rt_eager))
+    rt = make_runtime()
+    session = CaptureSession(Executor(_host_read_model(), rt))
+    captured = drive(rt, session)
+    assert session.counters.replays == 4 and "x" in next(iter(session._sigs.values())).persist
+    assert captured == eager, "result: every replay read its own step's device feed"
+
+
+def _decode_feeds(ex, tok=65):
+    feeds = {"input_ids": np.asarray([[tok]], np.int64), "position_ids": np.asarray([[0]], np.int64)}
+    for p in [vi.name for vi in ex.inputs if vi.name.startswith("past_key_values.")]:
+        feeds[p] = np.zeros((1, 2, 0, 16), np.float32)
+    return feeds
+
+
+def test_a_feed_of_another_dtype_is_refused_after_capture_as_eagerly():
+    """Contract (``run`` has ``Executor.run``'s contract; a signature holds each feed's dtype): once
+    a signature is captured, a feed of another dtype is another signature, checked like an eager
+    run (FeedError), never written into the int64 buffer the graphs baked."""
+    from lockstep.reference_runtime.executor import FeedError
+
+    ex = load_engine("ref-sim").decoder(_model("tiny-fp32-standard")).ex
+    session = CaptureSession(ex)
+    feeds = _decode_feeds(ex)
+    session.run(feeds)
+    session.run(feeds)
+    assert session.counters.captures > 0
+    with pytest.raises(FeedError, match="dtype int32 given"):
+        session.run({**feeds, "input_ids": feeds["input_ids"].astype(np.int32)})
+
+
+def test_a_bound_output_is_part_of_the_signature_by_identity():
+    """Contract: the graphs write the bound tensor they were recorded with, so binding another
+    tensor is another signature, and that tensor gets this step's logits (not the old one)."""
+    ex = load_engine("ref-sim").decoder(_model("tiny-fp32-standard")).ex
+    session = CaptureSession(ex)
+    rt = ex.runtime
+    feeds = _decode_feeds(ex)
+    first = rt.empty((1, 1, 256), np.float32, name="first")
+    session.run(feeds, bind={"logits": first})
+    session.run(feeds, bind={"logits": first})  # captured: the graph writes into `first`
+    other = rt.upload(np.full((1, 1, 256), np.nan, np.float32), name="other")
+    rt.launch(P_fill, first, value=0.0)
+    session.run(feeds, bind={"logits": other})
+    assert not np.isnan(rt.download(other)).any(), "contract: the newly bound tensor was written"
+    assert not rt.download(first).any(), "contract: the tensor of the other signature was not"
+
+
+def test_close_frees_everything_the_session_allocated():
+    """Contract: ``close`` frees every signature's persistent bindings and every graph's retained
+    intermediates: the runtime's live allocations return to what they were before the session."""
+    from lockstep.reference_runtime.executor import Executor
+
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(_data_dependent_model(), rt)
+    live = rt.counters.allocations - rt.counters.frees
+    session = CaptureSession(ex)
+    _drive_data_dependent(rt, session)
+    assert session.counters.captures > 0 and any(s.persist for s in session._sigs.values())
+    session.close()
+    assert rt.counters.allocations - rt.counters.frees == live, "contract: nothing the session held is left"

@@ -120,6 +120,41 @@ def test_call_site_is_the_first_frame_outside_the_runtime():
     assert ev.function.endswith("Helper.read"), f"contract: the site's qualified name, got {ev.function!r}"
 
 
+def test_call_site_is_found_through_several_runtime_frames():
+    """Contract: a primitive the runtime calls itself (drain_for_unmap from upload -> empty ->
+    check_allocation, when only a pending free makes room) is attributed to the caller's line,
+    past every runtime frame in between."""
+    rt = Runtime(SimDevice(), RuntimeConfig(sync_debug="error", device_memory_limit=1 << 20))
+    x = rt.upload(np.ones(200_000, np.float32))
+    rt.launch(P.fill, x, value=1.0)
+    rt.free(x)
+    assert rt.pending_frees == 1, "the free waits for the queued fill"
+    rt.upload(np.ones(200_000, np.float32)); line = _here()  # noqa: E702
+    assert [(e.primitive, e.file, e.line) for e in rt.sync_log][1:] == [("drain_for_unmap", HERE, line)], \
+        "contract: the site is the upload's caller"
+
+
+def test_executor_sites_are_named_as_the_audit_names_them():
+    """Contract: a call site inside lockstep is named relative to lockstep's root (as the static
+    audit names files: the cross-check in conformance/golden/test_sync_crosscheck.py relies on it),
+    and an event names the node the executor was running. Independent of that cross-check."""
+    import onnx
+    from lockstep.golden.anchors import MODEL_DIR
+    from lockstep.reference_runtime.executor import Executor
+
+    rt = make("error")
+    ex = Executor(onnx.load(str(MODEL_DIR / "tiny-fp32-standard.onnx")), rt)
+    feeds = {"input_ids": np.asarray([[65]], np.int64), "position_ids": np.asarray([[0]], np.int64)}
+    for p in [vi.name for vi in ex.inputs if vi.name.startswith("past_key_values.")]:
+        feeds[p] = np.zeros((1, 2, 0, 16), np.float32)
+    ex.run(feeds)
+    per_op = [e for e in rt.sync_log if e.primitive == "synchronize(deferred)"]
+    assert per_op and {(e.file, e.function) for e in per_op} == {("reference_runtime/executor.py", "Executor._run_step")}, \
+        "contract: sites relative to lockstep's root, with the qualified function name"
+    assert [e.node for e in per_op] == [st.info.name for st in ex.steps if st.kernel is not None], \
+        "contract: each per-op synchronize names the node it follows"
+
+
 def test_forced_sync_called_directly_is_recorded_once():
     rt = make("error")
     rt._force_sync(); line = _here()  # noqa: E702
@@ -135,10 +170,18 @@ def test_summarize_groups_by_site():
     rt.begin_capture("verify")
     rt.free(x); l_free = _here()  # noqa: E702
     rt.end_capture("verify")
+    for capturing in (True, False):  # one site, a capturing event first, then an eager one
+        if capturing:
+            rt.begin_capture("primary")
+        y = rt.empty(4)
+        rt.copy(y, y); l_both = _here()  # noqa: E702
+        if capturing:
+            rt.end_capture("primary")
     fn = "test_summarize_groups_by_site"
     assert summarize(rt.sync_log) == {
         (HERE, l_loop, fn): {"download": 3, "capturing": False},
         (HERE, l_free, fn): {"free": 1, "capturing": True},
+        (HERE, l_both, fn): {"copy": 2, "capturing": True},
     }, "result: counts per primitive per site, capturing if any event was"
 
 
