@@ -25,15 +25,18 @@ def _vi(name, elem=TensorProto.FLOAT, shape=("n",)):
 
 
 def test_unsupported_ops_are_all_reported_before_execution():
+    """Contract (executor docstring): every node without a kernel is reported at load, all of them
+    in one UnsupportedModel (killed mutant: raising at the first one)."""
     m = _model(
         [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy"),
-         helper.make_node("Identity", ["y"], ["z"])],
-        [_vi("x")], [_vi("z")],
+         helper.make_node("Identity", ["y"], ["z"]),
+         helper.make_node("PlainOp", ["z"], ["w"], domain="com.example", name="plain")],
+        [_vi("x")], [_vi("w")],
     )
     m.opset_import.append(helper.make_opsetid("com.example", 3))
     with pytest.raises(UnsupportedModel) as exc:
         Executor(m, _rt())
-    assert exc.value.items == ["fancy: no kernel for com.example::FancyOp"]
+    assert exc.value.items == ["fancy: no kernel for com.example::FancyOp", "plain: no kernel for com.example::PlainOp"]
 
 
 def test_unsupported_reason_names_the_opset():
@@ -102,11 +105,15 @@ def _identity_model():
         ({"a": np.zeros((2, 3), np.float64), "b": np.zeros(2, np.float32)}, r"input 'a': dtype float64 given, float32 declared"),
         ({"a": np.zeros((2, 3, 1), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': rank 3 given"),
         ({"a": np.zeros((2, 4), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': dim 1 is 4, declared 3"),
+        ({"a": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': dim 1 is 2, declared 3"),
+        ({"a": np.zeros((2,), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': rank 1 given"),
         ({"a": np.zeros((2, 3), np.float32), "b": np.zeros(5, np.float32)}, r"input 'b': dim 0 \('n'\) is 5, but 'a' bound it to 2"),
         ({"a": [[0.0] * 3] * 2, "b": np.zeros(2, np.float32)}, r"input 'a': expected a numpy array"),
     ],
 )
 def test_bad_feeds_name_the_input(feeds, match):
+    """Contract (executor docstring): names, dtypes, ranks (lower and higher), fixed dims (smaller
+    and larger) and symbol bindings are checked, FeedError naming the input."""
     ex = Executor(_identity_model(), _rt())
     with pytest.raises(FeedError, match=match):
         ex.run(feeds)
@@ -239,6 +246,45 @@ def test_device_feeds_and_kept_outputs():
     rt.free(a)
     with pytest.raises(FeedError, match="freed or belongs to another runtime"):
         ex.run({"a": a})
+
+
+def test_a_kept_computed_output_is_handed_over_alive():
+    """Contract (Executor.run): an output named in ``keep`` comes back as a live device Tensor the
+    caller owns; the run frees its other temporaries but never that one."""
+    rt = _rt()
+    m = _model([helper.make_node("Neg", ["a"], ["y"])], [_vi("a", shape=(3,))], [_vi("y", shape=(3,))])
+    y = Executor(m, rt).run({"a": np.arange(3, dtype=np.float32)}, keep={"y"})["y"]
+    rt.drain_for_unmap()
+    assert not y.freed and rt.download(y).tolist() == [0.0, -1.0, -2.0]
+    rt.free(y)
+
+
+def test_a_device_tensor_of_another_runtime_is_refused():
+    """Contract (Executor.run: feeds are "this runtime's device Tensors"): a live Tensor of another
+    runtime is a FeedError naming the input, before any launch; never read across devices."""
+    rt, other = _rt(), _rt()
+    ex = Executor(_identity_model(), rt)
+    a = other.upload(np.zeros((2, 3), np.float32))
+    launches = rt.counters.launches
+    with pytest.raises(FeedError, match="input 'a': device tensor .* belongs to another runtime"):
+        ex.run({"a": a, "b": np.zeros(2, np.float32)})
+    assert rt.counters.launches == launches and not a.freed
+
+
+@pytest.mark.parametrize("dtype, shape", [(np.float64, (2,)), (np.float32, (3,))], ids=["dtype", "shape"])
+def test_a_bound_output_of_the_wrong_dtype_or_shape_is_refused(dtype, shape):
+    """Contract (Executor.run, IO binding): an output is written into its bound Tensor only when
+    that Tensor has the output's dtype and shape; otherwise FeedError naming the output, and the
+    bound Tensor is untouched (killed mutant: the dtype compare dropped, a cast write)."""
+    rt = _rt()
+    m = _model([helper.make_node("Neg", ["a"], ["y"])], [_vi("a", shape=(2,))], [_vi("y", shape=(2,))])
+    ex = Executor(m, rt)
+    out = rt.upload(np.full(shape, 7, dtype))
+    with pytest.raises(FeedError, match="output 'y' is bound to .* but is float32\\[2\\]"):
+        ex.run({"a": np.ones(2, np.float32)}, bind={"y": out})
+    assert (rt.download(out) == 7).all()
+    ok = rt.upload(np.zeros(2, np.float32))
+    assert ex.run({"a": np.ones(2, np.float32)}, bind={"y": ok})["y"] is ok and rt.download(ok).tolist() == [-1, -1]
 
 
 def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
