@@ -304,3 +304,56 @@ def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
     before = rt.counters.downloads
     assert ex.run({"x": x})["y"].shape == (2, 6)
     assert rt.counters.downloads - before == 1, "only the graph output is downloaded"
+
+
+def test_string_inputs_and_outputs_are_refused_at_load_by_name():
+    """Contract (Executor.__init__): string tensors cannot live in device memory; every string
+    graph input and output is named in one UnsupportedModel, before anything runs."""
+    m = _model([helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Identity", ["x"], ["y"])],
+               [_vi("s", TensorProto.STRING), _vi("x")], [_vi("t", TensorProto.STRING), _vi("y")])
+    with pytest.raises(UnsupportedModel, match="string tensors cannot live in device memory") as exc:
+        Executor(m, _rt())
+    assert exc.value.items == ["s", "t"]
+
+
+@pytest.mark.parametrize("attr, value, dtype", [
+    ("value_float", 1.5, np.float32), ("value_floats", [1.5, 2.0], np.float32),
+    ("value_int", 3, np.int64), ("value_ints", [3, 4], np.int64),
+], ids=["value_float", "value_floats", "value_int", "value_ints"])
+def test_constant_attribute_forms_have_their_onnx_dtypes(attr, value, dtype):
+    """Contract (ONNX Constant): value_float(s) are float32, value_int(s) int64; the executor's
+    host constant and the graph output have exactly that dtype and value."""
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.INT64
+    shape = [len(value)] if isinstance(value, list) else []
+    m = _model([helper.make_node("Constant", [], ["y"], **{attr: value})], [], [_vi("y", elem, shape)])
+    y = Executor(m, _rt()).run({})["y"]
+    assert y.dtype == dtype and y.tolist() == value
+
+
+def test_a_kernel_whose_compute_breaks_its_shape_promise_is_an_error_naming_the_node():
+    """Contract (executor: outputs are allocated from ``OpKernel.shapes``): a compute result of
+    another shape than promised is an error naming the node, never broadcast into the output."""
+    from lockstep.kernels._op import OpKernel, Spec
+    from lockstep.kernels.registry import Registry
+
+    liar = OpKernel("Neg", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)],
+                    lambda xp, node, x: (-x[:1],), since=1)
+    m = _model([helper.make_node("Neg", ["a"], ["y"], name="neg_liar")], [_vi("a", shape=(3,))], [_vi("y", shape=(3,))])
+    rt = _rt()
+    with pytest.raises(Exception, match=r"neg_liar.*compute gave shape \(1,\), shapes\(\) promised \(3,\)"):
+        Executor(m, rt, registry=Registry([liar])).run({"a": np.ones(3, np.float32)})
+
+
+def test_a_half_precision_cache_fed_to_a_float32_concat_is_refused():
+    """Contract (Executor.run; the decode path feeds its KV cache as device Tensors): a float16
+    device Tensor fed to a float32 cache input is a FeedError before any launch, not a Concat that
+    mixes widths. Independent of test_bad_device_tensor_feeds_name_the_input (another model, another dtype)."""
+    rt = _rt()
+    m = _model([helper.make_node("Concat", ["past", "new"], ["present"], axis=0)],
+               [_vi("past", shape=("p", 2)), _vi("new", shape=(1, 2))], [_vi("present", shape=("t", 2))])
+    ex = Executor(m, rt)
+    past = rt.upload(np.zeros((3, 2), np.float16))
+    launches = rt.counters.launches
+    with pytest.raises(FeedError, match="input 'past': dtype float16 given, float32 declared"):
+        ex.run({"past": past, "new": np.ones((1, 2), np.float32)})
+    assert rt.counters.launches == launches

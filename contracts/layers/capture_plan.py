@@ -13,7 +13,7 @@ MUTANTS = [
         old='if node.op_type in _BROADCASTING or node.op_type == "Expand":',
         new='if node.op_type == "Expand":',
         breaks="elementwise broadcasting unifies aligned dims: a symbol broadcast against the KV length grows",
-        tests=_CP, select="broadcast",
+        tests=_CP, select="broadcast", ci=True,
     ),
     Mutant(
         "capture_plan", "expand_not_unified", _C,

@@ -14,7 +14,7 @@ MUTANTS = [
         old="if value.dtype != want:",
         new="if not isinstance(value, Tensor) and value.dtype != want:",
         breaks="a device Tensor feed of the wrong dtype is a FeedError naming the input, like a host array",
-        tests=_EX, select="device_tensor_feeds", ci=True,
+        tests=_EX, select="device_tensor_feeds or half_precision_cache", ci=True,
     ),
     Mutant(
         "executor", "feed_smaller_dim_accepted", _E,
@@ -35,7 +35,7 @@ MUTANTS = [
         old="prev = symbols.setdefault(d.dim_param, (n, name))",
         new="prev = symbols[d.dim_param] = (n, name)",
         breaks="one symbol, one value: a symbolic dim bound to two values across the feeds is a FeedError",
-        tests=_EX, select="feeds_name_the_input",
+        tests=_EX, select="feeds_name_the_input", ci=True,
     ),
     Mutant(
         "executor", "foreign_runtime_tensor_accepted", _E,
@@ -49,7 +49,7 @@ MUTANTS = [
         old='unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")',
         new='raise UnsupportedModel("model uses operators this runtime cannot run", [f"{name}: {registry.why_not(domain, node.op_type, opset)}"])',
         breaks="every node without a kernel is reported at load, all of them in one UnsupportedModel",
-        tests=_EX, select="unsupported",
+        tests=_EX, select="unsupported", ci=True,
     ),
     Mutant(
         "executor", "attributes_not_validated_at_load", _E,
@@ -91,13 +91,6 @@ MUTANTS = [
         old="FOLD_LIMIT = 1024  # elements",
         new="FOLD_LIMIT = 0  # elements",
         breaks="small shape arithmetic is folded on the host: a Reshape target from Shape->Gather->Concat is not read back",
-        tests=_EX, select="folded",
-    ),
-    Mutant(
-        "executor", "host_known_value_read_back", _E,
-        old="if i < len(values) and values[i] is not None and specs[i].value is None:",
-        new="if i < len(values) and values[i] is not None:",
-        breaks="a host seam reads back only values the host does not already know",
         tests=_EX, select="folded",
     ),
     Mutant(
@@ -153,5 +146,26 @@ MUTANTS = [
         new="parents = frozenset(d for name in node.input[:1] if name in shapes",
         breaks="a derived symbol records every input symbol of its producer (conservative provenance)",
         tests=_EX, select="provenance",
+    ),
+    Mutant(
+        "executor", "string_outputs_unchecked", _E,
+        old="for vi in [*graph.input, *graph.output]",
+        new="for vi in [*graph.input]",
+        breaks="every string graph input and output is refused at load, named in one UnsupportedModel",
+        tests=_EX, select="string",
+    ),
+    Mutant(
+        "executor", "constant_floats_widened", _E,
+        old='(("value_floats", np.float32), ("value_ints", np.int64))',
+        new='(("value_floats", np.float64), ("value_ints", np.int64))',
+        breaks="a Constant's value_floats are float32, as ONNX defines them",
+        tests=_EX, select="constant_attribute",
+    ),
+    Mutant(
+        "executor", "compute_shape_unchecked", _E,
+        old="if tuple(res.shape) != tuple(out.shape):",
+        new="if res.ndim != len(out.shape):",
+        breaks="a compute result of another shape than shapes() promised is an error naming the node, never broadcast",
+        tests=_EX, select="shape_promise",
     ),
 ]
