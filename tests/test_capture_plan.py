@@ -251,3 +251,21 @@ def test_a_conditional_kernel_is_admitted_exactly_when_it_says_yes():
     d = dict(plan_capture(_ex(model)).decisions)
     assert d["plain"] is None and d["inference"] is None
     assert d["training"] == "kernel: training mode uploads a host-drawn mask"
+
+
+def test_a_reshape_to_a_length_computed_from_the_kv_shape_grows():
+    """Contract (capture_plan docstring: a dim decided by values that depend on a growing symbol
+    grows, derived or not): Reshape(x, [2 * past_len, -1]) gets dims onnx derives from x's own
+    symbols (b, seq), not from 'past'; only the value-level provenance of its target makes them
+    growing, so Relu over the result is vetoed."""
+    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["s"], start=2, end=3, name="shape"),
+             helper.make_node("Mul", ["s", "two"], ["s2"], name="twice"),
+             helper.make_node("Concat", ["s2", "m1"], ["tgt"], axis=0, name="tgt"),
+             helper.make_node("Reshape", ["x", "tgt"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["rr"], name="relu"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "two"),
+             numpy_helper.from_array(np.array([-1], np.int64), "m1")]
+    ex = _ex(_kv_model(nodes, [_vi("x", ["b", "seq", 4])], [_vi("rr", [None, None])], inits))
+    assert not ex.symbolic_shapes["r"][0].is_root, "the premise: onnx derived the dim from x's symbols"
+    assert _grows(dict(plan_capture(ex).decisions)["relu"])

@@ -146,4 +146,11 @@ MUTANTS = [
         breaks="the admitted nodes after the last seam form a segment too",
         tests=_CP, select="fixed_shapes",
     ),
+    Mutant(
+        "capture_plan", "value_shaped_growth_ignored", _C,
+        old="if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):",
+        new="if all(r in deps for r in reads):",
+        breaks="a derived dim decided by host-known values that depend on a growing symbol (a Reshape to 2*past_len) grows",
+        tests=_CP, select="reshape",
+    ),
 ]
