@@ -254,7 +254,11 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
             decisions.append((name, f"kernel: {k.reason}"))
             continue
         if k.capture == "conditional":
-            specs = [Spec(tuple(), np.dtype(np.float32)) if i else None for i in node.input]
+            # constants keep their values (Dropout's training_mode=False is inference mode); the
+            # rest are placeholders: a kernel's capture_ok must not rely on their shapes
+            consts = executor._constants
+            specs = [None if not i else Spec(np.shape(consts[i]), np.asarray(consts[i]).dtype, np.asarray(consts[i]))
+                     if i in consts else Spec(tuple(), np.dtype(np.float32)) for i in node.input]
             if not k.capture_ok(step.info, specs):  # type: ignore[misc]
                 decisions.append((name, f"kernel: {k.reason}"))
                 continue

@@ -124,3 +124,148 @@ def test_control_flow_is_a_host_seam():
     model = _kv_model(nodes)
     ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()), registry=registry)
     assert dict(plan_capture(ex).decisions)["seq"] == "host control flow: SequenceEmpty"
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def _grows(decision):
+    return decision is not None and decision.startswith("classifier: grows with")
+
+
+def test_growing_symbol_behind_an_expand_is_caught():
+    """Contract (capture_plan docstring: Expand alignment unifies): y's own symbol 'n' expanded to
+    the KV cache's shape is the KV length, so Neg(y) grows."""
+    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["s"], name="shape"),
+             helper.make_node("Expand", ["y", "s"], ["e"], name="expand"),
+             helper.make_node("Neg", ["y"], ["ny"], name="neg_y"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    plan = dict(plan_capture(_ex(_kv_model(nodes, [_vi("y", ["b", 2, "n", 4])],
+                                           [_vi("e", ["b", 2, "past", 4]), _vi("ny", ["b", 2, "n", 4])]))).decisions)
+    assert _grows(plan["neg_y"]), plan
+
+
+def test_growing_symbol_behind_matmul_batch_dims_is_caught():
+    """Contract (capture_plan docstring: MatMul batch dims unify): the KV length in a batch
+    position of a MatMul unifies with the other operand's batch dim 'n', so Neg(y) grows."""
+    nodes = [helper.make_node("Transpose", ["past_key_values.0.key"], ["t"], perm=[0, 2, 1, 3], name="tr"),
+             helper.make_node("MatMul", ["t", "y"], ["m"], name="matmul"),
+             helper.make_node("Neg", ["y"], ["ny"], name="neg_y"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    plan = dict(plan_capture(_ex(_kv_model(nodes, [_vi("y", ["b", "n", 4, 3])],
+                                           [_vi("m", ["b", "past", 2, 3]), _vi("ny", ["b", "n", 4, 3])]))).decisions)
+    assert _grows(plan["neg_y"]), plan
+
+
+def test_concat_unifies_the_non_axis_dims_and_never_the_axis():
+    """Contract (capture_plan docstring: Concat alignment): the axis dim of a Concat is a sum, not
+    a unification, also for a negative axis (the new tokens concatenated onto the cache on axis -2
+    do not grow); every other dim unifies (z concatenated on axis -1 shares the KV length)."""
+    nodes = [helper.make_node("Concat", ["past_key_values.0.key", "x"], ["present.0.key"], axis=-2, name="cat"),
+             helper.make_node("Neg", ["x"], ["nx"], name="neg_x"),
+             helper.make_node("Concat", ["past_key_values.0.key", "z"], ["pz"], axis=-1, name="cat_z"),
+             helper.make_node("Neg", ["z"], ["nz"], name="neg_z")]
+    model = _kv_model(nodes, [_vi("x", ["b", 2, "seq", 4]), _vi("z", ["b", 2, "m", 3])],
+                      [_vi("nx", ["b", 2, "seq", 4]), _vi("pz", ["b", 2, "past", 7]), _vi("nz", ["b", 2, "m", 3])])
+    plan = dict(plan_capture(_ex(model)).decisions)
+    assert plan["neg_x"] is None, plan
+    assert _grows(plan["neg_z"]), plan
+
+
+def test_a_present_output_seeds_growth_without_a_past_input():
+    """Contract (capture_plan docstring): the sequence axis of a declared present.* output is
+    growing by itself, as a past_key_values.* input's is."""
+    nodes = [helper.make_node("Neg", ["x"], ["present.0.key"], name="neg")]
+    g = helper.make_graph(nodes, "g", [_vi("x", ["b", 2, "seq", 4])], [_vi("present.0.key", ["b", 2, "seq", 4])])
+    plan = plan_capture(_ex(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)))
+    assert _grows(dict(plan.decisions)["neg"]) and plan.growing == {"seq"}
+
+
+def test_unification_is_transitive_along_a_chain():
+    """Contract: unification is an equivalence (union-find): past ~ n through one Add and n ~ m
+    through another make m grow too, whichever order the unions come in."""
+    nodes = [helper.make_node("Add", ["y", "past_key_values.0.key"], ["s1"], name="add1"),
+             helper.make_node("Add", ["y", "w"], ["s2"], name="add2"),
+             helper.make_node("Neg", ["w"], ["nw"], name="neg_w"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    model = _kv_model(nodes, [_vi("y", ["b", 2, "n", 4]), _vi("w", ["b", 2, "m", 4])],
+                      [_vi("s1", ["b", 2, "past", 4]), _vi("s2", ["b", 2, "n", 4]), _vi("nw", ["b", 2, "m", 4])])
+    plan = dict(plan_capture(_ex(model)).decisions)
+    assert _grows(plan["neg_w"]), plan
+
+
+def _nonzero_model():
+    """A growing KV cache beside NonZero(x > 0), whose count is decided by x's values."""
+    nodes = [helper.make_node("Concat", ["past_key_values.0.key", "x"], ["present.0.key"], axis=2, name="cat"),
+             helper.make_node("Greater", ["x", "zero"], ["mask"], name="greater"),
+             helper.make_node("NonZero", ["mask"], ["nz"], name="nonzero"),
+             helper.make_node("Cast", ["nz"], ["nzf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("ReduceSum", ["nzf"], ["count"], keepdims=0, name="count"),
+             helper.make_node("Mul", ["x", "count"], ["y0"], name="mul"),
+             helper.make_node("Relu", ["y0"], ["y"], name="relu")]
+    return _kv_model(nodes, [_vi("x", ["b", 2, "seq", 4])], [_vi("y", ["b", 2, "seq", 4])],
+                     [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+
+
+def test_a_nonzero_count_beside_a_growing_cache_is_growing():
+    """Contract (capture_plan docstring): a dim device data decides (NonZero's count) is growing
+    even when onnx derives it from a feed symbol, so its consumers are seams; the scalar count a
+    segment reads is fine. Segments are maximal runs of admitted nodes, split at every seam. (The
+    session-level twin, with byte identity, is tests/test_segments.py's data-dependent test.)"""
+    plan = plan_capture(_ex(_nonzero_model()))
+    d = dict(plan.decisions)
+    assert d["nonzero"] == "host read: mask"
+    assert _grows(d["cast"]) and _grows(d["count"]), d
+    assert d["greater"] is None and d["mul"] is None and d["relu"] is None
+    assert plan.segments == [["greater"], ["mul", "relu"]]
+
+
+def test_values_of_a_capture_unsafe_kernel_are_not_host_known():
+    """Contract (capture_plan docstring: host-known is what the executor folds): the executor
+    folds only capture-safe kernels, so TopK's k computed from NonZero over a constant is a host
+    read, and NonZero itself is a 'kernel:' seam (it declares itself unsupported)."""
+    nodes = [helper.make_node("NonZero", ["c"], ["nz"], name="nonzero"),
+             helper.make_node("ReduceSum", ["nz", "axes"], ["k"], keepdims=0, name="sum"),
+             helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=-1, name="topk"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    inits = [numpy_helper.from_array(np.array([1, 0, 1], np.int64), "c"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    model = _kv_model(nodes, [_vi("x", [3, 4])], [_vi("v", [3, "kk"]), _vi("i", [3, "kk"], TensorProto.INT64)], inits)
+    d = dict(plan_capture(_ex(model)).decisions)
+    assert d["nonzero"] == "kernel: data-dependent output shape"
+    assert d["topk"] == "host read: k"
+
+
+def test_a_conditional_kernel_is_admitted_exactly_when_it_says_yes():
+    """Contract (capture_plan docstring, step 3): a ``conditional`` kernel is asked with the node's
+    specs, constant values included: Dropout in inference mode (no training_mode, or a constant
+    False) is admitted; with a constant True it is a 'kernel:' seam."""
+    nodes = [helper.make_node("Dropout", ["x"], ["d0"], name="plain"),
+             helper.make_node("Dropout", ["x", "ratio", "off"], ["d1"], name="inference"),
+             helper.make_node("Dropout", ["x", "ratio", "on"], ["d2"], name="training"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    inits = [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+             numpy_helper.from_array(np.array(False), "off"), numpy_helper.from_array(np.array(True), "on")]
+    model = _kv_model(nodes, [_vi("x", [2, 3])], [_vi(n, [2, 3]) for n in ("d0", "d1", "d2")], inits)
+    d = dict(plan_capture(_ex(model)).decisions)
+    assert d["plain"] is None and d["inference"] is None
+    assert d["training"] == "kernel: training mode uploads a host-drawn mask"
+
+
+def test_a_reshape_to_a_length_computed_from_the_kv_shape_grows():
+    """Contract (capture_plan docstring: a dim decided by values that depend on a growing symbol
+    grows, derived or not): Reshape(x, [2 * past_len, -1]) gets dims onnx derives from x's own
+    symbols (b, seq), not from 'past'; only the value-level provenance of its target makes them
+    growing, so Relu over the result is vetoed."""
+    nodes = [helper.make_node("Shape", ["past_key_values.0.key"], ["s"], start=2, end=3, name="shape"),
+             helper.make_node("Mul", ["s", "two"], ["s2"], name="twice"),
+             helper.make_node("Concat", ["s2", "m1"], ["tgt"], axis=0, name="tgt"),
+             helper.make_node("Reshape", ["x", "tgt"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["rr"], name="relu"),
+             helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "two"),
+             numpy_helper.from_array(np.array([-1], np.int64), "m1")]
+    ex = _ex(_kv_model(nodes, [_vi("x", ["b", "seq", 4])], [_vi("rr", [None, None])], inits))
+    assert not ex.symbolic_shapes["r"][0].is_root, "the premise: onnx derived the dim from x's symbols"
+    assert _grows(dict(plan_capture(ex).decisions)["relu"])

@@ -25,15 +25,18 @@ def _vi(name, elem=TensorProto.FLOAT, shape=("n",)):
 
 
 def test_unsupported_ops_are_all_reported_before_execution():
+    """Contract (executor docstring): every node without a kernel is reported at load, all of them
+    in one UnsupportedModel (killed mutant: raising at the first one)."""
     m = _model(
         [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy"),
-         helper.make_node("Identity", ["y"], ["z"])],
-        [_vi("x")], [_vi("z")],
+         helper.make_node("Identity", ["y"], ["z"]),
+         helper.make_node("PlainOp", ["z"], ["w"], domain="com.example", name="plain")],
+        [_vi("x")], [_vi("w")],
     )
     m.opset_import.append(helper.make_opsetid("com.example", 3))
     with pytest.raises(UnsupportedModel) as exc:
         Executor(m, _rt())
-    assert exc.value.items == ["fancy: no kernel for com.example::FancyOp"]
+    assert exc.value.items == ["fancy: no kernel for com.example::FancyOp", "plain: no kernel for com.example::PlainOp"]
 
 
 def test_unsupported_reason_names_the_opset():
@@ -102,11 +105,15 @@ def _identity_model():
         ({"a": np.zeros((2, 3), np.float64), "b": np.zeros(2, np.float32)}, r"input 'a': dtype float64 given, float32 declared"),
         ({"a": np.zeros((2, 3, 1), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': rank 3 given"),
         ({"a": np.zeros((2, 4), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': dim 1 is 4, declared 3"),
+        ({"a": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': dim 1 is 2, declared 3"),
+        ({"a": np.zeros((2,), np.float32), "b": np.zeros(2, np.float32)}, r"input 'a': rank 1 given"),
         ({"a": np.zeros((2, 3), np.float32), "b": np.zeros(5, np.float32)}, r"input 'b': dim 0 \('n'\) is 5, but 'a' bound it to 2"),
         ({"a": [[0.0] * 3] * 2, "b": np.zeros(2, np.float32)}, r"input 'a': expected a numpy array"),
     ],
 )
 def test_bad_feeds_name_the_input(feeds, match):
+    """Contract (executor docstring): names, dtypes, ranks (lower and higher), fixed dims (smaller
+    and larger) and symbol bindings are checked, FeedError naming the input."""
     ex = Executor(_identity_model(), _rt())
     with pytest.raises(FeedError, match=match):
         ex.run(feeds)
@@ -241,6 +248,45 @@ def test_device_feeds_and_kept_outputs():
         ex.run({"a": a})
 
 
+def test_a_kept_computed_output_is_handed_over_alive():
+    """Contract (Executor.run): an output named in ``keep`` comes back as a live device Tensor the
+    caller owns; the run frees its other temporaries but never that one."""
+    rt = _rt()
+    m = _model([helper.make_node("Neg", ["a"], ["y"])], [_vi("a", shape=(3,))], [_vi("y", shape=(3,))])
+    y = Executor(m, rt).run({"a": np.arange(3, dtype=np.float32)}, keep={"y"})["y"]
+    rt.drain_for_unmap()
+    assert not y.freed and rt.download(y).tolist() == [0.0, -1.0, -2.0]
+    rt.free(y)
+
+
+def test_a_device_tensor_of_another_runtime_is_refused():
+    """Contract (Executor.run: feeds are "this runtime's device Tensors"): a live Tensor of another
+    runtime is a FeedError naming the input, before any launch; never read across devices."""
+    rt, other = _rt(), _rt()
+    ex = Executor(_identity_model(), rt)
+    a = other.upload(np.zeros((2, 3), np.float32))
+    launches = rt.counters.launches
+    with pytest.raises(FeedError, match="input 'a': device tensor .* belongs to another runtime"):
+        ex.run({"a": a, "b": np.zeros(2, np.float32)})
+    assert rt.counters.launches == launches and not a.freed
+
+
+@pytest.mark.parametrize("dtype, shape", [(np.float64, (2,)), (np.float32, (3,))], ids=["dtype", "shape"])
+def test_a_bound_output_of_the_wrong_dtype_or_shape_is_refused(dtype, shape):
+    """Contract (Executor.run, IO binding): an output is written into its bound Tensor only when
+    that Tensor has the output's dtype and shape; otherwise FeedError naming the output, and the
+    bound Tensor is untouched (killed mutant: the dtype compare dropped, a cast write)."""
+    rt = _rt()
+    m = _model([helper.make_node("Neg", ["a"], ["y"])], [_vi("a", shape=(2,))], [_vi("y", shape=(2,))])
+    ex = Executor(m, rt)
+    out = rt.upload(np.full(shape, 7, dtype))
+    with pytest.raises(FeedError, match="output 'y' is bound to .* but is float32\\[2\\]"):
+        ex.run({"a": np.ones(2, np.float32)}, bind={"y": out})
+    assert (rt.download(out) == 7).all()
+    ok = rt.upload(np.zeros(2, np.float32))
+    assert ex.run({"a": np.ones(2, np.float32)}, bind={"y": ok})["y"] is ok and rt.download(ok).tolist() == [-1, -1]
+
+
 def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
     # Reshape's target shape comes from Shape -> Gather -> Concat: no device readback needed
     m = _model(
@@ -258,3 +304,56 @@ def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
     before = rt.counters.downloads
     assert ex.run({"x": x})["y"].shape == (2, 6)
     assert rt.counters.downloads - before == 1, "only the graph output is downloaded"
+
+
+def test_string_inputs_and_outputs_are_refused_at_load_by_name():
+    """Contract (Executor.__init__): string tensors cannot live in device memory; every string
+    graph input and output is named in one UnsupportedModel, before anything runs."""
+    m = _model([helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Identity", ["x"], ["y"])],
+               [_vi("s", TensorProto.STRING), _vi("x")], [_vi("t", TensorProto.STRING), _vi("y")])
+    with pytest.raises(UnsupportedModel, match="string tensors cannot live in device memory") as exc:
+        Executor(m, _rt())
+    assert exc.value.items == ["s", "t"]
+
+
+@pytest.mark.parametrize("attr, value, dtype", [
+    ("value_float", 1.5, np.float32), ("value_floats", [1.5, 2.0], np.float32),
+    ("value_int", 3, np.int64), ("value_ints", [3, 4], np.int64),
+], ids=["value_float", "value_floats", "value_int", "value_ints"])
+def test_constant_attribute_forms_have_their_onnx_dtypes(attr, value, dtype):
+    """Contract (ONNX Constant): value_float(s) are float32, value_int(s) int64; the executor's
+    host constant and the graph output have exactly that dtype and value."""
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.INT64
+    shape = [len(value)] if isinstance(value, list) else []
+    m = _model([helper.make_node("Constant", [], ["y"], **{attr: value})], [], [_vi("y", elem, shape)])
+    y = Executor(m, _rt()).run({})["y"]
+    assert y.dtype == dtype and y.tolist() == value
+
+
+def test_a_kernel_whose_compute_breaks_its_shape_promise_is_an_error_naming_the_node():
+    """Contract (executor: outputs are allocated from ``OpKernel.shapes``): a compute result of
+    another shape than promised is an error naming the node, never broadcast into the output."""
+    from lockstep.kernels._op import OpKernel, Spec
+    from lockstep.kernels.registry import Registry
+
+    liar = OpKernel("Neg", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)],
+                    lambda xp, node, x: (-x[:1],), since=1)
+    m = _model([helper.make_node("Neg", ["a"], ["y"], name="neg_liar")], [_vi("a", shape=(3,))], [_vi("y", shape=(3,))])
+    rt = _rt()
+    with pytest.raises(Exception, match=r"neg_liar.*compute gave shape \(1,\), shapes\(\) promised \(3,\)"):
+        Executor(m, rt, registry=Registry([liar])).run({"a": np.ones(3, np.float32)})
+
+
+def test_a_half_precision_cache_fed_to_a_float32_concat_is_refused():
+    """Contract (Executor.run; the decode path feeds its KV cache as device Tensors): a float16
+    device Tensor fed to a float32 cache input is a FeedError before any launch, not a Concat that
+    mixes widths. Independent of test_bad_device_tensor_feeds_name_the_input (another model, another dtype)."""
+    rt = _rt()
+    m = _model([helper.make_node("Concat", ["past", "new"], ["present"], axis=0)],
+               [_vi("past", shape=("p", 2)), _vi("new", shape=(1, 2))], [_vi("present", shape=("t", 2))])
+    ex = Executor(m, rt)
+    past = rt.upload(np.zeros((3, 2), np.float16))
+    launches = rt.counters.launches
+    with pytest.raises(FeedError, match="input 'past': dtype float16 given, float32 declared"):
+        ex.run({"past": past, "new": np.ones((1, 2), np.float32)})
+    assert rt.counters.launches == launches

@@ -1,5 +1,171 @@
-"""Source mutants of the executor layer."""
+"""Source mutants of the executor layer: feed checks (host arrays and device tensors), load-time
+refusals, symbols and their provenance, host folding, IO binding, the memory budget before a
+launch and index checks into the latch (reference_runtime/executor.py, model.py, symbols.py)."""
 
-from lockstep.contracts.mutation import Mutant  # noqa: F401
+from lockstep.contracts.mutation import Mutant
 
-MUTANTS: list = []
+_E = "lockstep.reference_runtime.executor"
+_S = "lockstep.reference_runtime.symbols"
+_EX = ("tests/test_executor.py",)
+
+MUTANTS = [
+    Mutant(
+        "executor", "device_feed_dtype_unchecked", _E,
+        old="if value.dtype != want:",
+        new="if not isinstance(value, Tensor) and value.dtype != want:",
+        breaks="a device Tensor feed of the wrong dtype is a FeedError naming the input, like a host array",
+        tests=_EX, select="device_tensor_feeds or half_precision_cache", ci=True,
+    ),
+    Mutant(
+        "executor", "feed_smaller_dim_accepted", _E,
+        old='if d.HasField("dim_value") and d.dim_value != n:',
+        new='if d.HasField("dim_value") and d.dim_value < n:',
+        breaks="a feed dim that differs from the declared fixed dim (smaller too) is a FeedError",
+        tests=_EX, select="feeds_name_the_input",
+    ),
+    Mutant(
+        "executor", "feed_lower_rank_accepted", _E,
+        old="if len(dims) != len(value.shape):",
+        new="if len(dims) < len(value.shape):",
+        breaks="a feed of a lower rank than declared is a FeedError (not a silently truncated dim check)",
+        tests=_EX, select="feeds_name_the_input",
+    ),
+    Mutant(
+        "executor", "symbol_rebound_per_use", _E,
+        old="prev = symbols.setdefault(d.dim_param, (n, name))",
+        new="prev = symbols[d.dim_param] = (n, name)",
+        breaks="one symbol, one value: a symbolic dim bound to two values across the feeds is a FeedError",
+        tests=_EX, select="feeds_name_the_input", ci=True,
+    ),
+    Mutant(
+        "executor", "foreign_runtime_tensor_accepted", _E,
+        old="if value.runtime is not self.runtime or value.freed:",
+        new="if value.freed:",
+        breaks="a device Tensor of another runtime is refused as a feed (FeedError), not read across devices",
+        tests=_EX, select="device",
+    ),
+    Mutant(
+        "executor", "unsupported_reported_one_at_a_time", _E,
+        old='unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")',
+        new='raise UnsupportedModel("model uses operators this runtime cannot run", [f"{name}: {registry.why_not(domain, node.op_type, opset)}"])',
+        breaks="every node without a kernel is reported at load, all of them in one UnsupportedModel",
+        tests=_EX, select="unsupported", ci=True,
+    ),
+    Mutant(
+        "executor", "attributes_not_validated_at_load", _E,
+        old="kernel.validate(info)  # attributes",
+        new="pass  # attributes",
+        breaks="a node's attributes are validated at load (OpError naming node and attribute), before anything runs",
+        tests=("tests/test_kernel_errors.py",), select="op_error_at_load",
+    ),
+    Mutant(
+        "executor", "kept_feed_aliased", _E,
+        old="elif id(t) in temp_ids and id(t) not in handed:",
+        new="elif id(t) not in handed:",
+        breaks="a kept output that is a feed or a constant comes back as the caller's own copy, never the feed itself",
+        tests=_EX, select="kept_outputs",
+    ),
+    Mutant(
+        "executor", "kept_output_freed", _E,
+        old="if not t.freed and id(t) not in handed:",
+        new="if not t.freed:",
+        breaks="a kept output is handed to the caller alive; run never frees it",
+        tests=(*_EX, "tests/test_decode.py"), select="kept or greedy_matches",
+    ),
+    Mutant(
+        "executor", "in_place_bind_off_by_one", _E,
+        old="if any(i > producer for i in readers):",
+        new="if any(i > producer + 1 for i in readers):",
+        breaks="binding an output in place over a feed is refused when any later node reads that feed",
+        tests=("tests/test_decode.py",), select="binding_an_output",
+    ),
+    Mutant(
+        "executor", "bound_output_dtype_unchecked", _E,
+        old="if tuple(bound.shape) != tuple(spec.shape) or bound.dtype != spec.dtype:",
+        new="if tuple(bound.shape) != tuple(spec.shape):",
+        breaks="an output bound to a Tensor of the wrong dtype (or shape) is a FeedError, never a cast write",
+        tests=(*_EX, "tests/test_decode.py"), select="bound_output or binding",
+    ),
+    Mutant(
+        "executor", "nothing_folded", _E,
+        old="FOLD_LIMIT = 1024  # elements",
+        new="FOLD_LIMIT = 0  # elements",
+        breaks="small shape arithmetic is folded on the host: a Reshape target from Shape->Gather->Concat is not read back",
+        tests=_EX, select="folded",
+    ),
+    Mutant(
+        "executor", "feed_refusal_names_last_node", _E,
+        old="rt.current_node = None  # feeds are no node's",
+        new="pass  # feeds are no node's",
+        breaks="a refused feed upload names the input, not the last node of the previous run",
+        tests=("tests/test_memory_budget.py",), select="large_feed",
+    ),
+    Mutant(
+        "executor", "workspace_checked_after_launch", _E,
+        old="""        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
+            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
+        if checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
+        else:
+            rt.launch(step.launch, *outs, *ins, node=call)
+""",
+        new="""        if checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
+        else:
+            rt.launch(step.launch, *outs, *ins, node=call)
+        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
+            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
+""",
+        breaks="a kernel's declared workspace is checked against the memory budget before its launch",
+        tests=("tests/test_memory_budget.py",), select="DFT-matrix or Resize-up-then-down",
+    ),
+    Mutant(
+        "executor", "index_checks_dropped", _E,
+        old="checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()",
+        new="checks = ()",
+        breaks="an out-of-range index sets the error latch (DeviceAssert naming the node) without a readback",
+        tests=(*_EX, "tests/test_index_checks.py"), select="latch or flags_out_of_range or Gather", ci=True,
+    ),
+    Mutant(
+        "executor", "latch_site_fixed", _E,
+        old="site=rt.latch_site(info.name))",
+        new="site=1)",
+        breaks="the DeviceAssert names the node whose index was out of range, not the first node that registered a site",
+        tests=("tests/test_index_checks.py",), select="golden_model_past",
+    ),
+    Mutant(
+        "executor", "symbols_not_interned", _S,
+        old="if name not in symbols:",
+        new="if name not in shapes:",
+        breaks="one name, one Symbol object: every use of a dim_param is the same symbol",
+        tests=_EX, select="interned",
+    ),
+    Mutant(
+        "executor", "provenance_first_input_only", _S,
+        old="parents = frozenset(d for name in node.input if name in shapes",
+        new="parents = frozenset(d for name in node.input[:1] if name in shapes",
+        breaks="a derived symbol records every input symbol of its producer (conservative provenance)",
+        tests=_EX, select="provenance",
+    ),
+    Mutant(
+        "executor", "string_outputs_unchecked", _E,
+        old="for vi in [*graph.input, *graph.output]",
+        new="for vi in [*graph.input]",
+        breaks="every string graph input and output is refused at load, named in one UnsupportedModel",
+        tests=_EX, select="string",
+    ),
+    Mutant(
+        "executor", "constant_floats_widened", _E,
+        old='(("value_floats", np.float32), ("value_ints", np.int64))',
+        new='(("value_floats", np.float64), ("value_ints", np.int64))',
+        breaks="a Constant's value_floats are float32, as ONNX defines them",
+        tests=_EX, select="constant_attribute",
+    ),
+    Mutant(
+        "executor", "compute_shape_unchecked", _E,
+        old="if tuple(res.shape) != tuple(out.shape):",
+        new="if res.ndim != len(out.shape):",
+        breaks="a compute result of another shape than shapes() promised is an error naming the node, never broadcast",
+        tests=_EX, select="shape_promise",
+    ),
+]
