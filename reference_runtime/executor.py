@@ -294,6 +294,7 @@ class Executor:
                  bind: dict[str, Tensor], handed: set[int]) -> dict[str, Any]:
         """The graph outputs: bound tensors, kept device tensors (the caller owns them), or numpy."""
         rt = self.runtime
+        rt.current_node = None  # the run's own downloads and frees: no node's (not the last node's)
         missing = [o for o in self.outputs if o not in env]
         if missing:
             raise ModelError(f"graph outputs {missing} were never produced")
@@ -316,6 +317,7 @@ class Executor:
 
     def _release(self, temps: list[Tensor], handed: set[int], retain: "list[Tensor] | None") -> None:
         rt = self.runtime
+        rt.current_node = None  # the run's frees are no node's, after a node that raised too
         for t in temps:
             if not t.freed and id(t) not in handed:
                 if retain is not None:

@@ -153,6 +153,9 @@ def test_executor_sites_are_named_as_the_audit_names_them():
         "contract: sites relative to lockstep's root, with the qualified function name"
     assert [e.node for e in per_op] == [st.info.name for st in ex.steps if st.kernel is not None], \
         "contract: each per-op synchronize names the node it follows"
+    tail = rt.sync_log[rt.sync_log.index(per_op[-1]) + 1:]
+    assert {e.primitive for e in tail} >= {"download", "free"} and {e.node for e in tail} == {None}, \
+        "contract: the run's output downloads and frees are no node's (not the last node's)"
 
 
 def test_forced_sync_called_directly_is_recorded_once():
