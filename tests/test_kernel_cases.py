@@ -113,6 +113,25 @@ def test_softmax_before_opset_13_runs_over_the_flattened_trailing_block(make_run
     np.testing.assert_allclose(_run(make_runtime, model, {"x": x}), want, rtol=1e-5, atol=1e-6)
 
 
+# -- half-precision reductions accumulate in float32 -------------------------------------------------
+
+@pytest.mark.parametrize("op,x,want", [
+    ("ReduceMean", [[60000.0, 60000.0]], 60000.0),   # the float16 sum (120000) would overflow to inf
+    ("ReduceL2", [[300.0, 400.0]], 500.0),           # the float16 sum of squares (250000) too
+    ("ReduceSumSquare", [[100.0, 100.0, 0.5]], 20000.25),
+])
+def test_float16_reductions_accumulate_in_float32(make_runtime, op, x, want):
+    """Result: a float16 Reduce* accumulates in float32 and casts the result back (ops_reduce's
+    docstring), so a total past float16's range that ends in range is finite. The definition in
+    float64, not onnx's reference, which accumulates ReduceL2/SumSquare in float16 and overflows."""
+    feeds = {"x": np.array(x, np.float16), "axes": np.array([1], I)}
+    model = _model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)],
+                   {"x": (np.float16, [1, len(x[0])]), "axes": (I, [1])}, {"y": (np.float16, [1])}, opset=18)
+    got = _run(make_runtime, model, feeds)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), [np.float16(want)], rtol=1e-3)
+
+
 # -- Conv / pooling: begin and end pads differ on an axis ---------------------------------------------
 
 @pytest.mark.parametrize("op,attrs", [

@@ -50,6 +50,13 @@ MUTANTS = [
         breaks="a negative reduction axis counts from the end (axis + rank)",
         tests=_NODE, select=_node("test_reduce_sum_negative_axes", "test_reduce_max_negative_axes"),
     ),
+    Mutant(
+        "kernels", "reduce_half_accumulates_in_half", _K + "_reduce_util",
+        old="if dt.itemsize < 4 and is_float(dt):",
+        new="if dt.itemsize < 2 and is_float(dt):",
+        breaks="float16/bfloat16 sum-like reductions accumulate in float32 (a total past float16's range is no inf)",
+        tests=_CASES, select="float16_reductions",
+    ),
     # -- MatMul / Gemm ----------------------------------------------------------------------------
     Mutant(
         "kernels", "gemm_beta_is_alpha", _K + "ops_linalg",
