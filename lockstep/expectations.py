@@ -28,6 +28,7 @@ built-in ONNX Runtime entries are recorded for the ONNX Runtime versions the ``o
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tomllib
@@ -60,6 +61,7 @@ class Entry:
         return engine == self.engine and any(match(key, p) for p in self.patterns)
 
 
+@functools.lru_cache(maxsize=None)  # every collected case is matched against every pattern
 def _regex(pattern: str) -> re.Pattern:
     return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z")
 
