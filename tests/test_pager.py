@@ -48,6 +48,7 @@ def test_a_graph_replayed_after_evict_and_repage_reads_the_repaged_bytes():
     assert np.array_equal(rt.download(out), a * 10), "result: the replay reads the re-paged bytes"
     c = pager.counters
     assert (c.page_ins, c.evictions, c.drains) == (4, 2, 2) and c.bytes_moved == 4 * a.nbytes
+    assert c.drain_seconds > 0, "contract: the wall time of the pre-unmap drains is counted"
 
 
 def test_a_graph_against_another_weight_at_a_reused_address_is_refused():

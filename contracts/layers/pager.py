@@ -98,6 +98,13 @@ MUTANTS = [
         tests=_UNIT,
     ),
     Mutant(
+        "pager", "drain_time_not_counted", _P,
+        old="        self.counters.drain_seconds += time.perf_counter() - t0\n",
+        new="",
+        breaks="the counters report the wall time spent draining before unmaps (drain_seconds)",
+        tests=_UNIT,
+    ),
+    Mutant(
         "pager", "evict_keeps_resident_bytes", _P,
         old="        self.resident_bytes -= w.span\n",
         new="",
