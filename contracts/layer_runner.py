@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .layers import LAYERS, SOURCE_LAYERS, catalogue
-from .mutation import Mutant, StaleMutant, mutated_source
+from .mutation import Mutant, StaleMutant, mutated_source, to_json
 
 __all__ = ["find_checkout", "run_layers", "select_mutants", "Outcome"]
 
@@ -138,8 +138,9 @@ def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
         out.status, out.detail = "STALE", str(exc)
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        report, result = Path(tmp) / "r.json", Path(tmp) / "applied.json"
-        cmd = [sys.executable, "-m", "lockstep.contracts.mutation", m.key, str(result), "--",
+        report, result, spec = Path(tmp) / "r.json", Path(tmp) / "applied.json", Path(tmp) / "mutant.json"
+        spec.write_text(to_json(m))
+        cmd = [sys.executable, "-m", "lockstep.contracts.mutation", str(spec), str(result), "--",
                *_pytest_cmd(m.pytest_args(), device, report)]
         rc, tail, out.seconds = _run(cmd, root, timeout_s)
         outcomes = _outcomes(report)
@@ -183,11 +184,15 @@ def _runtime_layer(device: str, jobs: int | None, timeout_s: float, out) -> tupl
 
 def run_layers(layers: list[str] | None = None, names: list[str] | None = None, *, device: str = "sim",
                ci_only: bool = False, jobs: int | None = None, timeout_s: float = 300,
-               root: Path | None = None, json_path: Path | None = None, out=sys.stdout) -> int:
+               root: Path | None = None, json_path: Path | None = None, markdown_path: Path | None = None,
+               out=sys.stdout,
+               mutants: list[Mutant] | None = None) -> int:
+    """Run the selected layers (``mutants`` overrides the catalogue: the runner's own tests)."""
     layers = list(layers or LAYERS)
     root = root or find_checkout()
-    source_layers = [la for la in layers if la != "runtime"]
-    mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
+    source_layers = [la for la in layers if la in SOURCE_LAYERS]
+    if mutants is None:
+        mutants = select_mutants(source_layers, names, ci_only) if (source_layers or names) else []
     elsewhere = [m.key for m in mutants if device not in m.devices]
     if elsewhere:
         print(f"not judged on device {device} (their edits matter on other devices): {', '.join(elsewhere)}",
@@ -197,7 +202,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     t0 = time.perf_counter()
     scores: dict[str, dict] = {}
     rc_all = 0
-    if "runtime" in layers and not names:
+    if "runtime" in layers and not names and not ci_only:  # the class-based Runtime catalogue
         killed, total, rc = _runtime_layer(device, jobs, timeout_s, out)
         scores["runtime"] = {"killed": killed, "equivalent": 0, "total": total}
         rc_all |= rc
@@ -226,7 +231,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
             current = r.layer
             print(f"\n[{current}]", file=out)
         n = len(r.killed_by)
-        how = f"{n} test(s): {r.killed_by[0].split('::')[-1]}{' ...' if n > 1 else ''}" if n else r.detail[:120]
+        how = f"{n} test(s): {r.killed_by[0].split('::')[-1]}{' ...' if n > 1 else ''}" if n and r.status == "killed" else r.detail[:160]
         print(f"  {r.key:<{width}}  {r.status:13} {how}", file=out)
         if r.status not in ("killed",):
             print(f"  {'':<{width}}  breaks: {r.breaks}", file=out)
@@ -236,7 +241,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
         s["killed"] += r.status == "killed"
         s["equivalent"] += r.status == "equivalent"
     print("\nlayer          killed  equivalent  mutants  score", file=out)
-    for layer in LAYERS:
+    for layer in sorted(scores, key=lambda la: (LAYERS.index(la) if la in LAYERS else len(LAYERS), la)):
         if layer in scores:
             s = scores[layer]
             denom = s["total"] - s["equivalent"]
@@ -247,9 +252,30 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
     print(f"\n{'PASS' if verdict else 'FAIL'}: {sum(r.status == 'killed' for r in results)} killed, "
           f"{sum(r.status == 'equivalent' for r in results)} equivalent, {len(failing)} not ok "
           f"(device {device}, {jobs} jobs, {time.perf_counter() - t0:.0f} s)", file=out)
+    payload = {"device": device, "scores": scores, "mutants": [asdict(r) for r in results]}
     if json_path:
         from lockstep.paths import atomic_write
 
-        payload = {"device": device, "scores": scores, "mutants": [asdict(r) for r in results]}
         atomic_write(Path(json_path), json.dumps(payload, indent=1))
+    if markdown_path:
+        from lockstep.paths import atomic_write
+
+        atomic_write(Path(markdown_path), markdown(payload))
     return 0 if verdict else 1
+
+
+def markdown(payload: dict) -> str:
+    """The scores and every source mutant's outcome as Markdown tables (for docs and CI summaries)."""
+    lines = [f"Device `{payload['device']}`.", "", "| layer | killed | equivalent | mutants | score |",
+             "|---|---:|---:|---:|---:|"]
+    for layer, s in payload["scores"].items():
+        denom = s["total"] - s["equivalent"]
+        score = f"{s['killed'] / denom:.0%}" if denom else "-"
+        lines.append(f"| {layer} | {s['killed']} | {s['equivalent']} | {s['total']} | {score} |")
+    lines += ["", "| mutant | breaks | outcome | killed by |", "|---|---|---|---|"]
+    for m in payload["mutants"]:
+        by = m["killed_by"]
+        first = by[0].split("::")[-1] if by else ""
+        how = f"`{first}`" + (f" (+{len(by) - 1})" if len(by) > 1 else "") if by else m["detail"][:120]
+        lines.append(f"| `{m['key']}` | {m['breaks']} | {m['status']} | {how.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

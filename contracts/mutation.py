@@ -19,10 +19,10 @@ import importlib.machinery
 import importlib.util
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Mutant", "StaleMutant", "install", "mutated_source"]
+__all__ = ["Mutant", "StaleMutant", "install", "mutated_source", "to_json", "from_json"]
 
 
 class StaleMutant(LookupError):
@@ -72,7 +72,20 @@ the edit can matter on (an edit of a CUDA kernel's source: ``("cupy",)``).
 
 
 def _module_path(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    """The module's source file, found without importing it or its parent packages (a package's
+    ``__init__`` often imports the very module a mutant must later load mutated)."""
+    parts = module.split(".")
+    spec = importlib.util.find_spec(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            break
+        name, locations, spec = ".".join(parts[:i + 1]), list(spec.submodule_search_locations), None
+        for finder in sys.meta_path:
+            if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, locations)
+            if spec is not None:
+                break
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise StaleMutant(f"module {module!r} has no Python source")
     return Path(spec.origin)
@@ -145,13 +158,20 @@ def install(mutants: list[Mutant]) -> _Finder:
     return finder
 
 
-def _child(argv: list[str]) -> int:
-    """``python -m lockstep.contracts.mutation KEY RESULT.json -- PYTEST-ARGS``."""
-    key, result_path = argv[0], argv[1]
-    pytest_args = argv[argv.index("--") + 1:]
-    from lockstep.contracts.layers import catalogue
+def to_json(m: Mutant) -> str:
+    return json.dumps(asdict(m))
 
-    mutant = catalogue()[key]
+
+def from_json(text: str) -> Mutant:
+    d = json.loads(text)
+    return Mutant(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _child(argv: list[str]) -> int:
+    """``python -m lockstep.contracts.mutation MUTANT.json RESULT.json -- PYTEST-ARGS``."""
+    spec_path, result_path = argv[0], argv[1]
+    pytest_args = argv[argv.index("--") + 1:]
+    mutant = from_json(Path(spec_path).read_text())
     finder = install([mutant])
     # Import the mutated module now: pytest's assertion-rewriting hook goes to the front of
     # sys.meta_path and would load lockstep's modules (a pytest plugin's package) itself.

@@ -46,8 +46,9 @@ def _mutants(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in MUTANTS and n not in source]
     if unknown:
         raise CliError(f"--mutant: unknown mutant(s) {unknown}; `lockstep mutants --list` lists them")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise CliError(f"--json {args.json}: folder {args.json.parent} does not exist")
+    for opt, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path is not None and not path.parent.is_dir():
+            raise CliError(f"{opt} {path}: folder {path.parent} does not exist")
     device = _device(args.device)
     runtime_names = [n for n in names if n in MUTANTS]
     source_names = [n for n in names if n in source]
@@ -61,7 +62,7 @@ def _mutants(args: argparse.Namespace) -> int:
     try:
         rc |= run_layers(layers or None if not source_names else [], source_names or None, device=device,
                          ci_only=args.ci, jobs=args.jobs, timeout_s=args.timeout,
-                         json_path=args.json)
+                         json_path=args.json, markdown_path=args.markdown)
     except CheckoutNotFound as exc:
         raise CliError(str(exc)) from None
     return rc
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--ci", action="store_true", help="only the mutants of the CI subset")
     m.add_argument("--list", action="store_true", help="list the mutants and the guarantee each breaks")
     m.add_argument("--json", type=Path, default=None, help="write every mutant's outcome and the scores here")
+    m.add_argument("--markdown", type=Path, default=None, help="write the scores and outcomes as Markdown tables")
     m.add_argument("--jobs", type=int, default=None, help="parallel pytest processes (default: CPU count)")
     m.add_argument("--timeout", type=float, default=600, help="seconds allowed per pytest process (default 600)")
     m.set_defaults(func=_mutants)

@@ -5,7 +5,8 @@
 # Runs (each step's full log in LOGDIR/<step>.log):
 #   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
 #   parity      the sim-vs-CUDA parity scenarios on both devices, plus observations as JSON
-#   mutants     `lockstep mutants` on sim (must have no survivor) and on cupy (recorded)
+#   mutants     `lockstep mutants` on sim (must have no survivor) and on cupy (recorded);
+#               mutants-layers: every layer's source mutants on cupy, with scores (JSON)
 #   all-tests   the whole test suite but the node suite, both devices (ONNX Runtime here is another
 #               version than CI's, whose expectations the node suite's ort entries record)
 #   node-suite  ONNX's node cases on ref-sim and ref-cuda (and ort-cuda, ort-cuda-tf32), with a report
@@ -122,6 +123,8 @@ step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
 step parity-json   timeout 150 python3 -m lockstep parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m lockstep mutants --device sim
 step mutants-cupy  timeout 300 python3 -m lockstep mutants --device cupy --jobs 6 --timeout 150
+# the source-mutant layers on cupy: their tests run on the GPU (the kernels' CUDA-source mutants are judged only here)
+step mutants-layers timeout 420 python3 -m lockstep mutants --layer all --device cupy --jobs 12 --timeout 240 --json "$out/mutants-layers-cupy.json"
 
 echo
 echo "== lockstep GPU lane =="

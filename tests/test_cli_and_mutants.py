@@ -238,3 +238,33 @@ def test_a_named_error_from_any_command_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_parity", bug)
     with pytest.raises(KeyError):
         cli.main(["parity"])
+
+
+def test_cli_mutants_layers_usage_errors(capsys, tmp_path):
+    """Contract: bad --layer/--mutant/--json values are one usage line, exit 2."""
+    assert main(["mutants", "--layer", "nope"]) == 2
+    assert "unknown layer(s) ['nope']" in capsys.readouterr().err
+    assert main(["mutants", "--mutant", "sim.nope"]) == 2
+    assert "unknown mutant(s) ['sim.nope']" in capsys.readouterr().err
+    assert main(["mutants", "--layer", "sim", "--json", str(tmp_path / "missing" / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_mutants_list_names_every_layer(capsys):
+    """Contract: --list names each mutant with the guarantee it breaks, the runtime's included."""
+    from lockstep.contracts.layers import catalogue
+
+    assert main(["mutants", "--list"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"runtime.{n} " in text for n in MUTANTS)
+    assert all(f"{k}" in text for k in catalogue())
+
+
+def test_cli_mutants_one_source_mutant(capsys, tmp_path):
+    """Result: a named source mutant runs against its tests and is killed; --json records it."""
+    out = tmp_path / "m.json"
+    assert main(["mutants", "--mutant", "sim.race_read_read_conflicts", "--json", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    assert [m["status"] for m in data["mutants"]] == ["killed"] and data["scores"]["sim"]["killed"] == 1

@@ -234,3 +234,15 @@ def test_a_large_feed_is_refused_naming_the_input_not_the_last_node(make_runtime
         ex.run({"a": big, "b": big})
     assert exc.value.node is None
     np.testing.assert_array_equal(ex.run({"a": small, "b": small})["y"], 2 * small)
+
+
+def test_an_allocation_that_exactly_fills_the_budget_is_allowed(make_runtime):
+    """Guarantee (Runtime.empty): the budget is inclusive: an allocation bringing the bytes in use
+    to exactly ``memory_limit`` is allowed, one byte more is refused."""
+    rt = _rt(make_runtime)
+    room = rt.memory_limit - rt.device.allocated_bytes
+    with pytest.raises(MemoryAllocation):
+        rt.empty(room + 1, np.uint8, name="one_byte_too_many")
+    t = rt.empty(room, np.uint8, name="exact")
+    assert rt.device.allocated_bytes == rt.memory_limit
+    rt.free(t)

@@ -210,3 +210,41 @@ def test_a_replay_while_a_capture_is_open_is_refused_and_the_capture_stays_valid
     rt.replay_segment(seg)
     rt.replay("verify")
     assert rt.download(x).tolist() == [14.0, 14.0]
+
+
+def test_resetting_the_capturing_slot_is_refused_and_the_capture_completes(device_name, make_runtime):
+    """Guarantee (Runtime.reset): resetting the slot that is capturing is IllegalState (abort_capture
+    is the way to drop it); the open capture is untouched and, once ended, replays what it recorded.
+    Resetting another slot during the capture is allowed and drops only that slot's graph."""
+    rt = make_runtime()
+    x = rt.upload(np.zeros(2, np.float32))
+    rt.begin_capture("verify")
+    rt.launch(P.fill, x, value=1.0)
+    rt.end_capture("verify")
+    rt.begin_capture("primary")
+    rt.launch(P.fill, x, value=3.0)
+    with pytest.raises(IllegalState, match=r"reset\(primary\) while it is capturing"):
+        rt.reset("primary")
+    rt.reset("verify")  # another slot: allowed, even now
+    rt.end_capture("primary")
+    assert rt.has_graph("primary") and not rt.has_graph("verify")
+    rt.launch(P.fill, x, value=0.0)
+    rt.replay("primary")
+    assert rt.download(x).tolist() == [3.0, 3.0]
+
+
+def test_a_download_inside_a_capture_is_refused_and_the_capture_stays_valid(device_name, make_runtime):
+    """Guarantee (Runtime.download): inside a capture a download is CaptureD2HRefused, raised by the
+    runtime before any synchronisation reaches the capturing stream; the capture stays valid and
+    its graph replays what it recorded."""
+    from lockstep.reference_runtime.errors import CaptureD2HRefused
+
+    rt = make_runtime()
+    x = rt.upload(np.zeros(3, np.float32))
+    rt.begin_capture("primary")
+    rt.launch(P.fill, x, value=4.0)
+    with pytest.raises(CaptureD2HRefused, match="capturing"):
+        rt.download(x)
+    rt.end_capture("primary")
+    rt.replay("primary")
+    assert rt.download(x).tolist() == [4.0, 4.0, 4.0]

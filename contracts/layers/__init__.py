@@ -1,9 +1,9 @@
 """The source-mutant catalogue, one module per layer of the reference runtime and the suite.
 
-Each module holds ``MUTANTS``, a list of :class:`lockstep.contracts.mutation.Mutant`. The layer
-``runtime`` is the class-based catalogue of ``lockstep.contracts.mutants`` (killed by the packaged
-contract tests); every other layer is a list of one-edit source mutants killed by the tests that
-claim the guarantee each breaks (``lockstep mutants --layer NAME``).
+Each module holds ``MUTANTS``, a list of :class:`lockstep.contracts.mutation.Mutant`: one-edit
+source mutants killed by the tests that claim the guarantee each breaks (``lockstep mutants
+--layer NAME``). The layer ``runtime`` also holds the class-based catalogue of
+``lockstep.contracts.mutants`` (whole primitives overridden, killed by the packaged contract tests).
 
 Adding a mutant: append a ``Mutant`` to the layer's module with the exact snippet it replaces
 (it must occur once in the module), the guarantee it breaks in one sentence and the tests that
@@ -19,10 +19,10 @@ from lockstep.contracts.mutation import Mutant
 
 __all__ = ["LAYERS", "SOURCE_LAYERS", "catalogue", "layer_of"]
 
-# Order is the report's order. "runtime" is lockstep.contracts.mutants (Runtime subclasses).
-SOURCE_LAYERS = ("sim", "executor", "capture_plan", "segments", "golden", "pager", "audit",
+# Order is the report's order.
+SOURCE_LAYERS = ("runtime", "sim", "executor", "capture_plan", "segments", "golden", "pager", "audit",
                  "sync_debug", "kernels")
-LAYERS = ("runtime", *SOURCE_LAYERS)
+LAYERS = SOURCE_LAYERS  # "runtime" also runs the class-based catalogue
 
 
 def _layer_mutants(layer: str) -> list[Mutant]:

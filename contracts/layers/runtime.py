@@ -1,0 +1,188 @@
+"""Source mutants of the runtime (reference_runtime/runtime.py), beside the class-based catalogue.
+
+``lockstep.contracts.mutants`` overrides whole primitives (killed by the packaged contract tests);
+these are one-line edits inside the primitives' bodies, killed by the contract tests and the
+runtime's unit tests.
+"""
+
+from lockstep.contracts.mutation import Mutant
+
+_R = "lockstep.reference_runtime.runtime"
+_T = ("tests/test_runtime_unit.py", "tests/test_sim_device.py", "tests/test_hazards.py", "conformance/contracts")
+
+MUTANTS = [
+    Mutant(
+        "runtime", "batched_free_ignores_work_between", _R,
+        old="if self._free_event is None or self._free_mark != self._enqueued:",
+        new="if self._free_event is None:",
+        breaks="frees share one 'queued readers done' event only when no device work was enqueued between them",
+        tests=_T, ci=True,
+    ),
+    Mutant(
+        "runtime", "free_ignores_copy_stream_readers", _R,
+        old="            self.compute.wait(done_copy)\n",
+        new="",
+        breaks="a freed buffer is reusable only after queued readers on the copy stream ran too",
+        tests=_T,
+        equivalent="every copy-stream enqueue (write, eager copy) is already followed by compute waiting on an "
+                   "event recorded after it, so the compute-side free event is ordered after every copy-stream "
+                   "reader without this wait; it is defence in depth for a future copy-stream op",
+    ),
+    Mutant(
+        "runtime", "reap_during_capture", _R,
+        old="""        call in the steady state, not one per pending free).\"\"\"
+        if self._capturing is not None:
+            return
+""",
+        new="""        call in the steady state, not one per pending free).\"\"\"
+""",
+        breaks="pending frees are not reaped (no event query reaches the stream) while a capture is open",
+        tests=_T,
+        equivalent="what the guard avoids is querying events recorded before the capture, which relaxed-mode "
+                   "capture allows (only stream queries/synchronisation invalidate it, shared/notes/cuda-semantics.md); "
+                   "a buffer whose readers ran may be handed out inside the capture like any other allocation",
+    ),
+    Mutant(
+        "runtime", "free_in_capture_released_at_once", _R,
+        old="""        if self._capturing is not None:
+            self._frees_after_capture.append(buf)
+            return
+        self._release_after_queued_work(buf)""",
+        new="""        self._release_after_queued_work(buf)""",
+        breaks="a free issued during a capture is released after the capture closes, not recorded into it",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "write_overtakes_queued_readers", _R,
+        old="        self.copy_stream.wait(after_compute)\n",
+        new="",
+        breaks="a host-to-device write is ordered after queued compute work that may read the tensor",
+        tests=_T, ci=True,
+    ),
+    Mutant(
+        "runtime", "compute_overtakes_write", _R,
+        old="""        self.copy_stream.record(written)
+        self.compute.wait(written)""",
+        new="""        self.copy_stream.record(written)""",
+        breaks="compute work enqueued after a host-to-device write sees the written data",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "copy_in_capture_on_copy_stream", _R,
+        old="""            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.compute)
+            return""",
+        new="""            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.copy)
+            return""",
+        breaks="a device-to-device copy in a capture is a node of the captured (compute) stream",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "copy_eager_without_compute_wait", _R,
+        old="""        copied = self.device.event()
+        self.copy_stream.record(copied)
+        self.compute.wait(copied)""",
+        new="""        copied = self.device.event()
+        self.copy_stream.record(copied)""",
+        breaks="compute work enqueued after an eager device-to-device copy sees the copied data",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "replay_while_capturing", _R,
+        old="""            raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)""",
+        new="""            pass""",
+        breaks="replaying a slot's graph while a capture is open is refused (IllegalState), the capture stays valid",
+        tests=_T, ci=True,
+    ),
+    Mutant(
+        "runtime", "replay_segment_while_capturing", _R,
+        old="""            raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)""",
+        new="""            pass""",
+        breaks="replaying a segment's graph while a capture is open is refused (IllegalState)",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "reset_while_capturing", _R,
+        old="if self._capturing is slot:\n            raise IllegalState(f\"reset(",
+        new="if False:\n            raise IllegalState(f\"reset(",
+        breaks="resetting the slot that is capturing is refused (abort_capture first)",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "download_skips_latch", _R,
+        old="""        self._reap()
+        self._raise_if_latched()
+        self.counters.downloads += 1""",
+        new="""        self._reap()
+        self.counters.downloads += 1""",
+        breaks="a device-to-host download raises DeviceAssert when the error latch is set",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "aborted_capture_keeps_frees", _R,
+        old="""        finally:
+            self._flush_frees_after_capture()""",
+        new="""        finally:
+            if not abort:
+                self._flush_frees_after_capture()""",
+        breaks="frees issued during a capture are released after it even when the capture is aborted",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "capture_counted_on_wrong_slot", _R,
+        old="self.counters.captures_by_slot[slot.value] += 1",
+        new="self.counters.captures_by_slot['primary'] += 1",
+        breaks="captures are counted per slot (capture statistics name the slot that captured)",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "download_in_capture_reaches_the_stream", _R,
+        old="""        if self._capturing is not None:
+            raise CaptureD2HRefused(""",
+        new="""        if False:
+            raise CaptureD2HRefused(""",
+        breaks="a download inside a capture is refused as CaptureD2HRefused without invalidating the capture",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "budget_forgets_the_request", _R,
+        old="if in_use + nbytes > self.memory_limit:",
+        new="if in_use > self.memory_limit:",
+        breaks="an allocation is refused when the bytes in use plus the request would pass the budget",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "budget_ignores_pending_frees", _R,
+        old="""        if self._res.pending and self._capturing is None:
+            self.drain_for_unmap()""",
+        new="""        if False:
+            self.drain_for_unmap()""",
+        breaks="memory held only by pending frees is given back before an allocation is refused for the budget",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "negative_dim_allocates", _R,
+        old="if any(d < 0 for d in shape):",
+        new="if all(d < 0 for d in shape):",
+        breaks="a shape with a negative dim is refused as MemoryAllocation before anything is allocated",
+        tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "real_sync_skips_latch", _R,
+        old="""        self._reap()
+        self._raise_if_latched()
+
+    def _force_sync""",
+        new="""        self._reap()
+
+    def _force_sync""",
+        breaks="a real synchronize() (deferral off) reads the error latch and raises DeviceAssert",
+        tests=_T,
+    ),
+    Mutant(
+        "runtime", "upload_flattens_scalars", _R,
+        old='arr = np.asarray(host, order="C")',
+        new="arr = np.ascontiguousarray(host)",
+        breaks="upload keeps a 0-d array 0-d (its tensor's shape is ())",
+        tests=_T + ("tests/test_executor.py",),
+    ),
+]
