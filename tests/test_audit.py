@@ -138,6 +138,19 @@ def test_a_stale_allowlist_entry_alone_fails_the_audit(tmp_path, capsys):
     assert "stale-allowlist" in capsys.readouterr().out
 
 
+def test_a_capture_entry_naming_no_function_and_an_unresolvable_kernel_body_are_findings(tmp_path):
+    """Contract: a [capture] entry whose function does not exist is a stale-allowlist finding; a
+    kernel whose body the audit cannot resolve is an unresolved-entry finding (never silently
+    skipped)."""
+    kernel = tmp_path / "opaque.py"
+    kernel.write_text("import registry\nfrom lockstep.kernels._op import OpKernel\n"
+                      "OPS = [OpKernel('Opaque', None, registry.table['opaque'])]\n")
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[capture]\nentries = [{ file = "opaque.py", function = "gone", reason = "a test" }]\n')
+    res = audit([str(kernel)], allowlist=allow)
+    assert sorted((f.rule, f.entry) for f in res.findings) == [("stale-allowlist", "gone"), ("unresolved-entry", "'Opaque'")]
+
+
 def test_a_malformed_allowlist_is_a_usage_error(tmp_path):
     allow = tmp_path / "allow.toml"
     allow.write_text('[[allow]]\nfile = "x.py"\n')
