@@ -111,6 +111,44 @@ def test_exit_codes_and_formats(tmp_path, capsys):
     (result,) = sarif["runs"][0]["results"]
     region = result["locations"][0]["physicalLocation"]["region"]
     assert result["ruleId"] == "capture-unsafe-sync" and region["startLine"] == 11
+    assert region["startColumn"] == 5, "contract: SARIF columns are 1-based (`s()` is at offset 4)"
+
+
+def test_an_allowlist_entry_matches_its_function_and_a_substring_of_its_call(tmp_path):
+    """Contract (contracts/sync_allowlist.toml: "matched by file, function and a substring of the
+    call"): a part of the call text excuses it; the same call named under another function does
+    not, and that entry is stale."""
+    allow = tmp_path / "allow.toml"
+    entry = ('[[allow]]\nfile = "tests/fixtures/audit/bad_float_of_device_scalar.py"\n'
+             'function = "{}"\ncall = "x.sum()"\nreason = "a test"\n')
+    allow.write_text(entry.format("_compute"))
+    res = audit([str(FIXTURES / "bad_float_of_device_scalar.py")], allowlist=allow)
+    assert res.findings == [] and [s.status for s in res.sites] == ["allowlisted"]
+    allow.write_text(entry.format("_shapes"))
+    res = audit([str(FIXTURES / "bad_float_of_device_scalar.py")], allowlist=allow)
+    assert sorted(f.rule for f in res.findings) == ["capture-unsafe-sync", "stale-allowlist"], res.findings
+
+
+def test_a_stale_allowlist_entry_alone_fails_the_audit(tmp_path, capsys):
+    """Contract: exit status 1 on any finding, a stale allowlist entry included (no unsafe call)."""
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[[allow]]\nfile = "tests/fixtures/audit/ok_guarded.py"\nfunction = "_compute"\n'
+                     'call = "stream.synchronize()"\nreason = "guarded already: matches nothing"\n')
+    assert main([str(FIXTURES / "ok_guarded.py"), "--allowlist", str(allow)]) == 1
+    assert "stale-allowlist" in capsys.readouterr().out
+
+
+def test_a_capture_entry_naming_no_function_and_an_unresolvable_kernel_body_are_findings(tmp_path):
+    """Contract: a [capture] entry whose function does not exist is a stale-allowlist finding; a
+    kernel whose body the audit cannot resolve is an unresolved-entry finding (never silently
+    skipped)."""
+    kernel = tmp_path / "opaque.py"
+    kernel.write_text("import registry\nfrom lockstep.kernels._op import OpKernel\n"
+                      "OPS = [OpKernel('Opaque', None, registry.table['opaque'])]\n")
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[capture]\nentries = [{ file = "opaque.py", function = "gone", reason = "a test" }]\n')
+    res = audit([str(kernel)], allowlist=allow)
+    assert sorted((f.rule, f.entry) for f in res.findings) == [("stale-allowlist", "gone"), ("unresolved-entry", "'Opaque'")]
 
 
 def test_a_malformed_allowlist_is_a_usage_error(tmp_path):

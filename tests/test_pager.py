@@ -48,6 +48,7 @@ def test_a_graph_replayed_after_evict_and_repage_reads_the_repaged_bytes():
     assert np.array_equal(rt.download(out), a * 10), "result: the replay reads the re-paged bytes"
     c = pager.counters
     assert (c.page_ins, c.evictions, c.drains) == (4, 2, 2) and c.bytes_moved == 4 * a.nbytes
+    assert c.drain_seconds > 0, "contract: the wall time of the pre-unmap drains is counted"
 
 
 def test_a_graph_against_another_weight_at_a_reused_address_is_refused():
@@ -111,3 +112,37 @@ def test_close_unmaps_and_frees_every_range():
     pager.ensure(["A", "B"])
     pager.close()
     assert pager.resident_bytes == 0 and not rt.device._reserved
+
+
+def test_a_weight_over_a_granule_maps_every_byte_and_its_range_is_reused_only_at_its_span():
+    """Contract: a weight's span is its bytes rounded *up* to the granularity (all of it is mapped
+    and reads back), and a dropped range is recycled only for a weight of the same span."""
+    rt, pager = _pager(granules=3)
+    assert pager.span_of(G + 1) == 2 * G and pager.span_of(1) == G
+    small = pager.register("small", np.zeros(16, np.float32))
+    pager.drop("small")
+    big = np.arange(G // 4 + 1, dtype=np.float32)  # one element past the first granule
+    tb = pager.register("big", big)
+    assert tb.addr != small.addr, "a one-granule range must not hold a two-granule weight"
+    pager.ensure(["big"])
+    assert pager.resident_bytes == 2 * G
+    assert np.array_equal(rt.download(tb), big), "the last element, past the first granule, is mapped"
+
+
+def test_closing_during_a_capture_and_registering_twice_are_refused():
+    """Contract: close() inside a capture raises IllegalState and leaves the pager intact; a key
+    registered twice raises PagerError and keeps its first address."""
+    from lockstep.reference_runtime.errors import IllegalState
+
+    rt, pager = _pager(granules=1)
+    ta = pager.register("A", np.ones(16, np.float32))
+    with pytest.raises(PagerError, match="already registered"):
+        pager.register("A", np.zeros(16, np.float32))
+    assert pager.tensor("A") is ta
+    pager.ensure(["A"])
+    seg = rt.begin_segment("x")
+    with pytest.raises(IllegalState, match="during a capture"):
+        pager.close()
+    rt.abort_segment(seg)
+    assert pager.is_resident("A") and rt.device._reserved
+    assert np.array_equal(rt.download(ta), np.ones(16, np.float32))
