@@ -27,7 +27,8 @@ from lockstep.kernels import primitives as P
 from lockstep.reference_runtime import GraphSlot, Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends import ArrayRef, Device, make_device
 
-__all__ = ["SCENARIOS", "EXPECTED", "DIVERGENCES", "POISONS", "ROW", "expected_for", "run_scenario", "run_all"]
+__all__ = ["SCENARIOS", "EXPECTED", "DIVERGENCES", "POISONS", "ROW", "accepted", "expected_for", "run_scenario",
+           "run_all"]
 
 F32 = np.dtype(np.float32)
 I32 = np.dtype(np.int32)
@@ -452,14 +453,26 @@ DIVERGENCES: dict[str, dict[str, Any]] = {
             "pre-unmap bytes (physical handle not yet released). The seeds measured "
             "CUDA_ERROR_ILLEGAL_ADDRESS in 11/11 runs of the same bug on an RTX 4060 (unmap and release). "
             "CUDA leaves an access to an unmapped range undefined, so the simulated device reports it as "
-            "the fault: CI catches the bug class whatever a given GPU and driver happen to do."
+            "the fault: CI catches the bug class whatever a given GPU and driver happen to do. The same H200 "
+            "gave that fault too (IllegalAddress at the synchronize, as on the simulated device) when twelve "
+            "processes shared it (the GPU lane's mutant run, 2026-12-01): either outcome is the H200's."
         ),
+        # undefined behaviour: the device may also give EXPECTED's outcome
+        "or_expected": True,
     },
 }
 
 
 def expected_for(name: str, device: str) -> list[tuple[str, str]]:
     return DIVERGENCES.get(name, {}).get(device, EXPECTED[name])
+
+
+def accepted(name: str, device: str) -> list[list[tuple[str, str]]]:
+    """Every outcome the device may give: the expected one, or for an undefined behaviour where the
+    device was seen to do either, the documented divergence and the expected outcome."""
+    first = expected_for(name, device)
+    d = DIVERGENCES.get(name, {})
+    return [first, EXPECTED[name]] if d.get("or_expected") and device in d else [first]
 
 
 def run_scenario(name: str, device: str = "sim", *, isolate: bool | None = None) -> list[tuple[str, str]]:
@@ -518,10 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         exp = expected_for(n, args.device)
         got = obs[n]
-        ok = got == exp and (other is None or other.get(n) == got)
+        ok = got in accepted(n, args.device) and (other is None or other.get(n) == got)
         bad += not ok
         tag = "MATCH" if ok else "DIFF "
-        if ok and n in DIVERGENCES and args.device in DIVERGENCES[n]:
+        if ok and n in DIVERGENCES and args.device in DIVERGENCES[n] and got == exp:
             tag = "KNOWN"  # matches the documented divergence
         print(f"{tag}  {n:28s} {ROW[n]}")
         if not ok:

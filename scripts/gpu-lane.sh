@@ -123,8 +123,9 @@ step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
 step parity-json   timeout 150 python3 -m lockstep parity --device cupy --json "$out/parity-cupy.json"
 step mutants-sim   timeout 120 python3 -m lockstep mutants --device sim
 step mutants-cupy  timeout 300 python3 -m lockstep mutants --device cupy --jobs 6 --timeout 150
-# the source-mutant layers on cupy: their tests run on the GPU (the kernels' CUDA-source mutants are judged only here)
-step mutants-layers timeout 420 python3 -m lockstep mutants --layer all --device cupy --jobs 12 --timeout 240 --json "$out/mutants-layers-cupy.json"
+# the source-mutant layers whose tests run on the device, on cupy (the kernels' CUDA-source mutants are judged only
+# here); sim, golden and audit are device-independent (the simulated device itself, host-side oracle, static audit)
+step mutants-layers timeout 420 python3 -m lockstep mutants --layer runtime,executor,capture_plan,segments,sync_debug,pager,kernels --device cupy --jobs 12 --timeout 240 --json "$out/mutants-layers-cupy.json" --markdown "$out/mutants-layers-cupy.md"
 
 echo
 echo "== lockstep GPU lane =="

@@ -9,15 +9,18 @@ process.
 from __future__ import annotations
 
 import pytest
-from lockstep.contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, expected_for, run_scenario
+from lockstep.contracts.parity import DIVERGENCES, EXPECTED, ROW, SCENARIOS, accepted, run_scenario
 
 
 @pytest.mark.parity
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_scenario_outcomes(device_available, scenario):
     got = run_scenario(scenario, device_available)
-    expected = expected_for(scenario, device_available)
-    assert got == expected, f"{device_available} diverges on '{ROW[scenario]}'"
+    ok = accepted(scenario, device_available)
+    if len(ok) == 1:
+        assert got == ok[0], f"{device_available} diverges on '{ROW[scenario]}'"
+    else:  # undefined behaviour the device was seen to resolve either way (DIVERGENCES' or_expected)
+        assert got in ok, f"{device_available} diverges on '{ROW[scenario]}': {got} is none of {ok}"
 
 
 def test_every_scenario_has_expectations():
