@@ -213,9 +213,11 @@ def test_huge_outputs_are_refused_by_name_and_the_runtime_stays_usable(make_runt
     ex = Executor(model, rt)
     held = rt.device.allocated_bytes
     node = model.graph.node[0].name
+    launches = rt.counters.launches
     with pytest.raises(MemoryAllocation, match=rf"^cudaErrorMemoryAllocation: node '{node}': value .*") as exc:
         ex.run(feeds)
     assert exc.value.node == node
+    assert rt.counters.launches == launches, "contract: refused before its launch (a GPU with room would run it)"
     assert names in str(exc.value)
     rt.drain_for_unmap()
     assert rt.device.allocated_bytes == held  # the failed run's temporaries went back
@@ -229,6 +231,7 @@ def test_a_large_feed_is_refused_naming_the_input_not_the_last_node(make_runtime
     ex = Executor(_add_model(), rt)
     small = np.ones(4, np.float32)
     ex.run({"a": small, "b": small})
+    rt.current_node = "Add_of_another_executor"  # prefill and decode executors share one runtime
     big = np.ones(4 * MiB, np.float32)  # 16 MiB
     with pytest.raises(MemoryAllocation, match=r"^cudaErrorMemoryAllocation: value 'a' float32\[4194304\]") as exc:
         ex.run({"a": big, "b": big})

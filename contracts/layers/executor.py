@@ -120,6 +120,13 @@ MUTANTS = [
         tests=("tests/test_memory_budget.py",), select="DFT-matrix or Resize-up-then-down",
     ),
     Mutant(
+        "executor", "outputs_attributed_to_last_node", _E,
+        old="rt.current_node = None  # the run's own downloads and frees",
+        new="pass  # the run's own downloads and frees",
+        breaks="a run's output downloads are attributed to no node in the sync-debug log, not to its last node",
+        tests=("tests/test_sync_debug.py",), select="executor_sites",
+    ),
+    Mutant(
         "executor", "index_checks_dropped", _E,
         old="checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()",
         new="checks = ()",
