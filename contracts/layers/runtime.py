@@ -9,6 +9,9 @@ from lockstep.contracts.mutation import Mutant
 
 _R = "lockstep.reference_runtime.runtime"
 _T = ("tests/test_runtime_unit.py", "tests/test_sim_device.py", "tests/test_hazards.py", "conformance/contracts")
+# The parity scenario use_after_unmap times an unmap against a spinning kernel on the raw device: on a GPU
+# shared by the runner's parallel children its outcome depends on the load, and it judges no runtime code.
+_SEL = "not use_after_unmap"
 
 MUTANTS = [
     Mutant(
@@ -16,14 +19,14 @@ MUTANTS = [
         old="if self._free_event is None or self._free_mark != self._enqueued:",
         new="if self._free_event is None:",
         breaks="frees share one 'queued readers done' event only when no device work was enqueued between them",
-        tests=_T, ci=True,
+        tests=_T, select=_SEL, ci=True,
     ),
     Mutant(
         "runtime", "free_ignores_copy_stream_readers", _R,
         old="            self.compute.wait(done_copy)\n",
         new="",
         breaks="a freed buffer is reusable only after queued readers on the copy stream ran too",
-        tests=_T,
+        tests=_T, select=_SEL,
         equivalent="every copy-stream enqueue (write, eager copy) is already followed by compute waiting on an "
                    "event recorded after it, so the compute-side free event is ordered after every copy-stream "
                    "reader without this wait; it is defence in depth for a future copy-stream op",
@@ -37,7 +40,7 @@ MUTANTS = [
         new="""        call in the steady state, not one per pending free).\"\"\"
 """,
         breaks="pending frees are not reaped (no event query reaches the stream) while a capture is open",
-        tests=_T,
+        tests=_T, select=_SEL,
         equivalent="what the guard avoids is querying events recorded before the capture, which relaxed-mode "
                    "capture allows (only stream queries/synchronisation invalidate it, shared/notes/cuda-semantics.md); "
                    "a buffer whose readers ran may be handed out inside the capture like any other allocation",
@@ -50,14 +53,14 @@ MUTANTS = [
         self._release_after_queued_work(buf)""",
         new="""        self._release_after_queued_work(buf)""",
         breaks="a free issued during a capture is released after the capture closes, not recorded into it",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "write_overtakes_queued_readers", _R,
         old="        self.copy_stream.wait(after_compute)\n",
         new="",
         breaks="a host-to-device write is ordered after queued compute work that may read the tensor",
-        tests=_T, ci=True,
+        tests=_T, select=_SEL, ci=True,
     ),
     Mutant(
         "runtime", "compute_overtakes_write", _R,
@@ -65,7 +68,7 @@ MUTANTS = [
         self.compute.wait(written)""",
         new="""        self.copy_stream.record(written)""",
         breaks="compute work enqueued after a host-to-device write sees the written data",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "copy_in_capture_on_copy_stream", _R,
@@ -74,7 +77,7 @@ MUTANTS = [
         new="""            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.copy)
             return""",
         breaks="a device-to-device copy in a capture is a node of the captured (compute) stream",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "copy_eager_without_compute_wait", _R,
@@ -84,28 +87,28 @@ MUTANTS = [
         new="""        copied = self.device.event()
         self.copy_stream.record(copied)""",
         breaks="compute work enqueued after an eager device-to-device copy sees the copied data",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "replay_while_capturing", _R,
         old="""            raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)""",
         new="""            pass""",
         breaks="replaying a slot's graph while a capture is open is refused (IllegalState), the capture stays valid",
-        tests=_T, ci=True,
+        tests=_T, select=_SEL, ci=True,
     ),
     Mutant(
         "runtime", "replay_segment_while_capturing", _R,
         old="""            raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)""",
         new="""            pass""",
         breaks="replaying a segment's graph while a capture is open is refused (IllegalState)",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "reset_while_capturing", _R,
         old="if self._capturing is slot:\n            raise IllegalState(f\"reset(",
         new="if False:\n            raise IllegalState(f\"reset(",
         breaks="resetting the slot that is capturing is refused (abort_capture first)",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "download_skips_latch", _R,
@@ -115,7 +118,7 @@ MUTANTS = [
         new="""        self._reap()
         self.counters.downloads += 1""",
         breaks="a device-to-host download raises DeviceAssert when the error latch is set",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "aborted_capture_keeps_frees", _R,
@@ -125,14 +128,14 @@ MUTANTS = [
             if not abort:
                 self._flush_frees_after_capture()""",
         breaks="frees issued during a capture are released after it even when the capture is aborted",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "capture_counted_on_wrong_slot", _R,
         old="self.counters.captures_by_slot[slot.value] += 1",
         new="self.counters.captures_by_slot['primary'] += 1",
         breaks="captures are counted per slot (capture statistics name the slot that captured)",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "download_in_capture_reaches_the_stream", _R,
@@ -141,7 +144,7 @@ MUTANTS = [
         new="""        if False:
             raise CaptureD2HRefused(""",
         breaks="a download inside a capture is refused as CaptureD2HRefused without invalidating the capture",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "budget_forgets_the_request", _R,
@@ -176,13 +179,13 @@ MUTANTS = [
 
     def _force_sync""",
         breaks="a real synchronize() (deferral off) reads the error latch and raises DeviceAssert",
-        tests=_T,
+        tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "upload_flattens_scalars", _R,
         old='arr = np.asarray(host, order="C")',
         new="arr = np.ascontiguousarray(host)",
         breaks="upload keeps a 0-d array 0-d (its tensor's shape is ())",
-        tests=_T + ("tests/test_executor.py",),
+        tests=_T + ("tests/test_executor.py",), select=_SEL,
     ),
 ]
