@@ -95,6 +95,9 @@ def test_golden_locks_decode_and_audit_run_from_an_empty_directory(installed):
     assert rc == 0 and "tiny-fp32-standard: unchanged" in out, out[-2000:]
     rc, out = _run([str(bindir / "lockstep"), "mutants"], work, env)
     assert rc == 0 and "PASS: 12/12 mutants killed" in out, out[-3000:]
+    rc, out = _run([str(bindir / "lockstep"), "mutants", "--layer", "sim"], work, env)
+    assert rc == 2 and "run from a checkout or set LOCKSTEP_CHECKOUT" in out, (
+        f"contract: the source layers need the checkout's tests: one usage line from the wheel:\n{out[-2000:]}")
     assert sorted(p.name for p in work.iterdir()) == [".pytest_cache", "reports"], "nothing else left behind"
 
 
