@@ -23,6 +23,7 @@ __all__ = [
     "StreamCaptureUnsupported",
     "StreamCaptureInvalidated",
     "CaptureD2HRefused",
+    "HostReadInCapture",
     "CublasDuringCapture",
     "DeviceAssert",
     "UseAfterFree",
@@ -142,6 +143,27 @@ class CaptureD2HRefused(RuntimeError):
     """
 
     cuda_name = "cupy:D2HDuringCapture"
+
+
+class HostReadInCapture(CaptureD2HRefused):
+    """A kernel body read device values on the host while running from a captured graph (the
+    simulated device's capture guard, ``SimDevice(capture_guard=True)``; ``backends/_capture_guard``).
+
+    On CuPy such a read (``float(x)``, ``bool(x)``, ``.item()``, ``print(x)``, boolean-mask indexing,
+    ``xp.unique``...) is a device-to-host transfer, refused while the stream captures: the kernel's
+    ``capture="safe"`` declaration is wrong. ``kernel`` (the launched kernel's name), ``node`` (the ONNX
+    node's name, or None for a runtime primitive), ``op_type``, ``read`` (what was refused) and
+    ``file``/``line``/``source`` (the first frame outside numpy and the guard: the kernel's line) say
+    where. Raised where the body's other host errors are: at the next launch or synchronising call.
+    """
+
+    cuda_name = "lockstep:HostReadInCapture"
+
+    def __init__(self, message: str, *, kernel: str = "", node: str | None = None, op_type: str | None = None,
+                 read: str = "", file: str = "", line: int = 0, source: str = ""):
+        super().__init__(message)
+        self.kernel, self.node, self.op_type, self.read = kernel, node, op_type, read
+        self.file, self.line, self.source = file, line, source
 
 
 class CaptureOnLegacyStream(RuntimeError):

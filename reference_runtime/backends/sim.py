@@ -31,6 +31,10 @@ in ``contracts.parity``):
   ``StreamCaptureUnsupported`` and invalidate; a stream query invalidates silently; D2H and cuBLAS
   are refused without invalidating; kernels, D2D copies, event records and allocations are fine;
   the legacy stream cannot capture). Graphs bake addresses; a replay resolves them when it executes.
+  With ``capture_guard=True`` each kernel node of a replayed graph runs with arrays and an ``xp``
+  that refuse host reads (``_capture_guard``), raising ``HostReadInCapture`` naming the kernel, node
+  and source line (held and raised like a kernel host error): on CuPy that read is a D2H transfer
+  refused during capture, so the kernel's ``capture="safe"`` declaration is wrong.
 
 Deliberate strictness beyond a GPU: a kernel that reads freed *pool* memory nobody reallocated
 faults here, where CuPy's pool would keep the memory mapped and return stale bytes.
@@ -288,8 +292,12 @@ class SimDevice(Device):
     name = "sim"
     xp = np
 
-    def __init__(self, *, queue_bound: int = 1024, granularity: int = 2 << 20, race_check: bool = True):
+    def __init__(self, *, queue_bound: int = 1024, granularity: int = 2 << 20, race_check: bool = True,
+                 capture_guard: bool = False):
         self.queue_bound = queue_bound
+        # Kernels executing as nodes of a captured graph run with arrays that refuse host reads
+        # (``_capture_guard``: ``HostReadInCapture`` naming kernel, node and line). Read once, here.
+        self.capture_guard = capture_guard
         self.race_check = race_check
         self._hz = HazardTracker()
         self.granularity = granularity
@@ -400,7 +408,8 @@ class SimDevice(Device):
                 if self._sticky is not None:
                     return
                 if kind == "kernel":
-                    self._exec_kernel(node["kernel"], node["refs"], node["scalars"], op.stream)
+                    self._exec_kernel(node["kernel"], node["refs"], node["scalars"], op.stream,
+                                      guarded=self.capture_guard)
                 elif kind == "d2d":
                     self._exec_copy(node["dst"], node["src"], op.stream)
                 # "record" nodes order nothing outside a graph launch in this model.
@@ -436,15 +445,21 @@ class SimDevice(Device):
         if d is not None and s is not None:
             d[...] = s
 
-    def _exec_kernel(self, kernel: Kernel, refs, scalars, stream) -> None:
+    def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
         arrays = []
         for ref in refs:
             view = self._resolve_or_fault(ref, f"kernel {kernel.name!r}", stream)
             if view is None:
                 return
             arrays.append(view)
+        xp: Any = np
+        if guarded:  # a captured kernel: its arrays and xp refuse host reads (HostReadInCapture)
+            from ._capture_guard import GuardContext, GuardedNumpy, guard
+
+            ctx = GuardContext.of_launch(kernel, scalars)
+            xp, arrays = GuardedNumpy(ctx), [guard(a, ctx) for a in arrays]
         try:
-            kernel.run(np, arrays, scalars)
+            kernel.run(xp, arrays, scalars)
         except Exception as exc:  # the body's host code raised: not a device fault, not sticky
             if self._host_error is None:
                 self._host_error = exc
