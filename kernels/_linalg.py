@@ -93,8 +93,9 @@ def _kernel(xp, name: str):
 
 
 def _matmul_numpy(a, b):
-    a = np.asarray(a)
-    b = np.asarray(b)
+    # asanyarray: an ndarray subclass (the capture guard's arrays) stays what it is
+    a = np.asanyarray(a)
+    b = np.asanyarray(b)
     if a.dtype == np.float16 or b.dtype == np.float16:
         dt = np.result_type(a.dtype, b.dtype)
         if dt == np.float16:

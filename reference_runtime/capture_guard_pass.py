@@ -125,7 +125,7 @@ def guard_case(case: NodeCase) -> GuardOutcome:
         return GuardOutcome("recording_failed", f"quarantined {sorted(sess.quarantined)}", census["captured_nodes"])
     if not census["captured_nodes"] or not sess.counters.captures:
         reasons = sorted({r for _, r in plan.decisions if r is not None}) if plan is not None else []
-        return GuardOutcome("skipped", "nothing captured: " + "; ".join(reasons)[:300])
+        return GuardOutcome("skipped", "nothing captured: " + ("; ".join(reasons)[:300] or "no kernel node"))
     bad = [o for o in ex.outputs if not _same_bytes(eager[o], captured[o])]
     if bad:
         return GuardOutcome("mismatch", f"outputs {bad} differ from the eager run's bytes", census["captured_nodes"])
