@@ -51,6 +51,7 @@ MARKERS = (
     "node_suite: ONNX backend node cases per engine",
     "golden: golden token locks",
     "capture: CUDA graph capture checks",
+    "capture_guard: node cases captured on the simulated device with host reads refused (docs/capture-guard.md)",
     "paging: weight paging checks",
     "fuzz: the fuzzer (lockstep.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
 )
