@@ -186,7 +186,7 @@ def test_guarded_xp_keeps_numpy_identity_for_kernels_that_choose_their_path_by_i
 
 _SAMPLE = ("test_add", "test_conv_with_strides_padding", "test_gather_0", "test_reduce_mean_default_axes_keepdims_example",
            "test_layer_normalization_4d_axis0", "test_resize_upsample_scales_linear", "test_cast_FLOAT_to_FLOAT16",
-           "test_instancenorm_example", "test_lrn", "test_attention_3d", "test_softmax_axis_0", "test_topk",
+           "test_instancenorm_example", "test_lrn", "test_attention_3d", "test_softmax_axis_0", "test_top_k",
            "test_einsum_batch_matmul", "test_scatter_elements_with_axis", "test_slice", "test_reshape_extended_dims",
            "test_matmul_3d", "test_dft", "test_quantizelinear", "test_gathernd_example_int32")
 
@@ -230,3 +230,37 @@ def test_a_wrong_capture_declaration_is_found_through_the_executor_and_capture_s
     assert (err.kernel, err.node, err.op_type) == ("BadAny:bad0", "bad0", "BadAny")
     assert err.line == _bad_compute.__code__.co_firstlineno + 1 and "if x.any()" in err.source, str(err)
     assert sess.counters.captures == 1, "contract: the node really was captured (not a seam)"
+
+
+def _fixture_ops():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "capture_guard" / "wrong_kernels.py"
+    spec = importlib.util.spec_from_file_location("capture_guard_wrong_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return path, mod.OPS
+
+
+@pytest.mark.parametrize("op_type", [op.op_type for op in _fixture_ops()[1]])
+def test_each_wrongly_declared_fixture_kernel_is_caught_by_the_dynamic_pass(op_type):
+    """Result: each kernel of tests/fixtures/capture_guard/wrong_kernels.py (declared safe, one class
+    of host read each: print, f-string, str, math.*, builtin max/sorted, __float__, `not x.any()`,
+    mask get/set, unique, extract, reading iteration, __index__, item) is refused under a captured
+    run through the executor, naming its node and a line of the fixture file."""
+    path, ops = _fixture_ops()
+    (op,) = [o for o in ops if o.op_type == op_type]
+    node = helper.make_node(op_type, ["x"], ["y"], name="n", domain="com.example")
+    vi = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], vi,
+                              value_info=vi)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example", 1)],
+                              ir_version=10)
+    ex = Executor(model, Runtime(SimDevice(capture_guard=True), RuntimeConfig()), registry=Registry([op]))
+    sess = CaptureSession(ex)
+    x = np.array([[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]], np.float32)
+    sess.run({"x": x})
+    with pytest.raises(HostReadInCapture) as info:
+        sess.run({"x": x})
+    assert info.value.op_type == op_type and info.value.node == "n" and info.value.file == str(path), str(info.value)
