@@ -1,5 +1,7 @@
 """Source mutants of sync-debug mode (reference_runtime/sync_debug.py, and its hooks in runtime.py:
-which primitives are recorded, where, and what is refused)."""
+which primitives are recorded, where, and what is refused), and of the primitives' declarations
+(the ``@primitive`` markers in runtime.py that sync-debug's tables, the barriers, the audit's sink
+table and the README's primitive table are derived from)."""
 
 from lockstep.contracts.mutation import Mutant
 
@@ -17,16 +19,16 @@ MUTANTS = [
         tests=_T, select="warn", ci=True,
     ),
     Mutant(
-        "sync_debug", "copy_not_capture_safe", _D,
-        old='CAPTURE_SAFE = frozenset({"free", "copy"})',
-        new='CAPTURE_SAFE = frozenset({"free"})',
+        "sync_debug", "copy_not_capture_safe", _R,
+        old='records=("copy",), capture="captured",',
+        new='records=("copy",), capture="refused",',
         breaks="a device-to-device copy inside a capture is recorded, not refused (it becomes a graph node)",
         tests=_T, select="copy_and_free_inside_capture",
     ),
     Mutant(
         "sync_debug", "drain_not_a_barrier", _R,
-        old="_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.drain_for_unmap, Runtime.synchronize,",
-        new="_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.synchronize,",
+        old='records=("drain_for_unmap",), barrier=True,',
+        new='records=("drain_for_unmap",),',
         breaks="drain_for_unmap's own stream drains are part of that primitive, not stray drains on the deferred path",
         tests=_T, select="barriers", ci=True,
     ),
