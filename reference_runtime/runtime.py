@@ -1,38 +1,12 @@
 """The runtime: one per device, the only way executor code touches a device.
 
 Primitives and the guarantee each gives (call the one whose guarantee you need; never rely on a
-side effect of another):
-
-``launch``           enqueue a kernel on the compute stream and return; kernel-to-kernel order on
-                     that stream is guaranteed with no host synchronisation.
-``synchronize()``    *public, may be a no-op*: with eager-sync deferral on (the default) it does
-                     nothing; with it off it drains both streams and reads the error latch. Never
-                     use it as a barrier: inside a capture it is a no-op under deferral and a
-                     capture-invalidating ``StreamCaptureUnsupported`` without.
-``download``         device-to-host: always sees completed data, whatever the deferral setting
-                     (a private forced synchronise drains both streams first), then reads the
-                     error latch. Refused inside a capture without invalidating it.
-``copy``             device-to-device: eager, on the copy stream after a forced synchronise;
-                     inside a capture, a graph node on the compute stream.
-``drain_for_unmap``  THE barrier before freeing or unmapping memory a queued kernel may read:
-                     drains compute and copy streams unconditionally, ignoring deferral. Refused
-                     inside a capture (``StreamCaptureUnsupported``, the capture stays valid). It
-                     does not raise on a set error latch: a barrier must not be blocked by it.
-``free``             stream-ordered release: the memory goes back to the device only once every
-                     queued reader on both streams has executed; until then it cannot be reused.
-``begin/end/abort_capture(slot)``, ``replay(slot)``, ``reset(slot)``: graph slots PRIMARY and
-                     VERIFY with independent lifecycles; one capture at a time on the compute stream;
-                     a replay while any capture is open is ``IllegalState`` (the capture stays valid).
-``begin/end/abort_segment``, ``replay_segment``: graphs outside the two slots, one per captured
-                     segment of a step (segmented capture); each its own handle, same rules.
-``empty``            allocate within the device memory budget (``memory_limit``): a request that
-                     would pass it, or whose size is not one (a negative dim, a byte count past
-                     int64), is refused *before* anything is allocated with ``MemoryAllocation``
-                     naming ``current_node``, the value, the size, the budget and the bytes in use;
-                     not sticky, the runtime stays usable. Pending frees are drained first.
-``error_latch``      a device int32[2] that kernels set ([1, site]) instead of reading values back;
-                     read at synchronising points (``download``, a real ``synchronize``), raised
-                     as ``DeviceAssert`` naming the site, sticky until ``reset_error_latch()``.
+side effect of another): each primitive declares its guarantee, what it does inside a capture,
+whether sync-debug records it, whether it is a barrier and which audit sink it is, once, in its
+``@primitive(...)`` marker (``reference_runtime/primitive.py``). The README's primitive table,
+sync-debug's ``PRIMITIVES``/``CAPTURE_SAFE``, this module's ``_BARRIERS`` and the audit's sink
+tables for the runtime are derived from those markers (``python -m
+lockstep.reference_runtime.primitive_table --markdown`` prints the table).
 
 Sync-debug mode (``RuntimeConfig.sync_debug = warn | error``, see ``reference_runtime.sync_debug``):
 every call of ``synchronize``, the forced synchronise, ``drain_for_unmap``, ``download``, ``copy``,
@@ -55,6 +29,7 @@ import numpy as np
 from lockstep.kernels import primitives
 from lockstep.kernels._kernel import Kernel, KernelHostError
 
+from . import primitive as _primitive
 from . import sync_debug as _sd
 from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 from .config import RuntimeConfig
@@ -70,6 +45,7 @@ from .errors import (
     StreamCaptureUnsupported,
     UseAfterFree,
 )
+from .primitive import primitive
 
 __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 
@@ -176,6 +152,10 @@ class _Resources:
     pending: list[tuple[Buffer, Event]] = field(default_factory=list)
 
 
+@primitive(
+    barrier=True, capture="leaks", label="(finalizer) _release",
+    guarantee="a runtime's finalizer: drains both streams (queued kernels may read its memory), then frees it "
+              "all; with a dead context or an open capture it leaks instead")
 def _release(res: _Resources) -> None:
     """Finalizer: drain both streams (queued kernels may read our memory), then free it all."""
     if res.device.sticky_error is not None or res.compute.is_capturing:
@@ -254,6 +234,12 @@ class Runtime:
         _sd.record(self, primitive, capturing=cap is not None, violation=violation, frame=sys._getframe(2))
 
     # -- memory
+    @primitive(
+        capture="host", entry="outputs and temporaries are allocated while recording",
+        guarantee="allocate within the device memory budget (`memory_limit`): a request that would pass it, or "
+                  "whose size is not one (a negative dim, a byte count past int64), is refused *before* anything is "
+                  "allocated with `MemoryAllocation` naming `current_node`, the value, the size, the budget and the "
+                  "bytes in use; not sticky. Pending frees are drained first (outside a capture)")
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
@@ -283,6 +269,10 @@ class Runtime:
             raise self._refusal(name, what, nbytes, "its byte count overflows int64")
         return nbytes
 
+    @primitive(
+        capture="host",
+        guarantee="refuse (`MemoryAllocation`) an allocation that would pass `memory_limit`; outside a capture, "
+                  "pending frees are drained (`drain_for_unmap`) and given back first")
     def check_allocation(self, nbytes: int, name: str = "", what: str = "") -> None:
         """Refuse (``MemoryAllocation``) an allocation of ``nbytes`` that would take the device past
         ``memory_limit``; outside a capture, pending frees are drained and given back first."""
@@ -310,6 +300,12 @@ class Runtime:
             raise InvalidValue(f"{ref!r} does not fit in {buffer!r}", subject=buffer)
         return Tensor(self, ref, owned=False, name=name)
 
+    @primitive(
+        records=("free",), capture="deferred", kind="free", receiver="runtime",
+        why="a runtime free: stream-ordered release waits on queued readers (deferred in a capture)",
+        entry="a failed recording frees what it allocated",
+        guarantee="stream-ordered release: the memory goes back to the device only once every queued reader on "
+                  "both streams has executed; until then it cannot be reused")
     def free(self, t: Tensor) -> None:
         """Stream-ordered release: reusable only after every queued reader on both streams ran."""
         if self._sync_debug:
@@ -369,6 +365,10 @@ class Runtime:
             raise UseAfterFree(f"{t!r} was freed", subject=t)
 
     # -- launches
+    @primitive(
+        capture="captured", entry="every kernel launch of a recorded step",
+        guarantee="enqueue a kernel on the compute stream and return; kernel-to-kernel order on that stream is "
+                  "guaranteed with no host synchronisation")
     def launch(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> None:
         for t in tensors:
             self._check_live(t)
@@ -387,6 +387,11 @@ class Runtime:
         self._sites[i] = name
         return i
 
+    @primitive(
+        capture="captured", label="error_latch / reset_error_latch()",
+        guarantee="a device int32[2] that kernels set ([1, site]) instead of reading values back; read at "
+                  "synchronising points (`download`, a real `synchronize`), raised as `DeviceAssert` naming the "
+                  "site, sticky until `reset_error_latch()` (a launch that clears it)")
     def reset_error_latch(self) -> None:
         self.launch(primitives.fill, self.error_latch, value=0)
 
@@ -395,6 +400,13 @@ class Runtime:
     def is_capturing(self) -> bool:
         return self._capturing is not None
 
+    @primitive(
+        records=("synchronize", "synchronize(deferred)"), barrier=True, capture="noop-or-invalidates", kind="sync",
+        why="a stream/device synchronise: inside a capture it raises StreamCaptureUnsupported and "
+            "invalidates the capture (under eager-sync deferral a no-op that hides the sync)",
+        guarantee="*public, may be a no-op*: with eager-sync deferral on (the default; "
+                  "`LOCKSTEP_DEFER_EAGER_SYNC=0` turns it off) it does nothing; with it off it drains both "
+                  "streams and reads the error latch. Never use it as a barrier")
     def synchronize(self) -> None:
         """A no-op under eager-sync deferral; otherwise a real drain plus a latch read. Not a barrier."""
         if self._sync_debug:
@@ -408,6 +420,11 @@ class Runtime:
         self._reap()
         self._raise_if_latched()
 
+    @primitive(
+        records=("force_sync",), barrier=True, capture="refused", kind="drain",
+        guarantee="private: drains both streams whatever the deferral setting (`download` and `copy` drain "
+                  "through it; recorded on its own only when called from outside the runtime); "
+                  "`IllegalState` inside a capture")
     def _force_sync(self) -> None:
         """Private: drain both streams whatever the deferral setting (for copies that need it)."""
         if self._sync_debug and not _sd.called_from_runtime(sys._getframe(1)):
@@ -418,6 +435,13 @@ class Runtime:
         self.compute.synchronize()
         self.copy_stream.synchronize()
 
+    @primitive(
+        records=("drain_for_unmap",), barrier=True, capture="refused", kind="drain",
+        why="a drain of the streams (drain_for_unmap / forced synchronise): refused inside a capture",
+        guarantee="THE barrier before freeing or unmapping memory a queued kernel may read: drains compute and "
+                  "copy streams unconditionally, ignoring deferral. Refused inside a capture "
+                  "(`StreamCaptureUnsupported`, the capture stays valid). It does not raise on a set error latch: "
+                  "a barrier must not be blocked by it")
     def drain_for_unmap(self) -> None:
         """Unconditional drain of compute and copy streams; call it before freeing or unmapping
         memory that a queued kernel may read. Ignores deferral; refused inside a capture."""
@@ -435,12 +459,19 @@ class Runtime:
         self._reap()
 
     # -- copies
+    @primitive(
+        capture="refused",
+        guarantee="`empty`, then `write`: a new tensor holding a copy of a host array (0-d stays 0-d)")
     def upload(self, host: Any, *, name: str = "") -> Tensor:
         arr = np.asarray(host, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         t = self.empty(arr.shape, arr.dtype, name=name)
         self.write(t, arr)
         return t
 
+    @primitive(
+        capture="refused",
+        guarantee="host-to-device on the copy stream, ordered after queued compute work that may read the "
+                  "tensor and before compute work enqueued later; refused inside a capture")
     def write(self, t: Tensor, host: Any) -> None:
         """Host-to-device on the copy stream, ordered after queued compute work that may read ``t``
         and before compute work enqueued later."""
@@ -456,6 +487,13 @@ class Runtime:
         self.copy_stream.record(written)
         self.compute.wait(written)
 
+    @primitive(
+        records=("download",), capture="refused", kind="d2h",
+        why="a device-to-host read: CuPy refuses it during capture (CaptureD2HRefused); eagerly it "
+            "waits for the stream",
+        guarantee="device-to-host: always sees completed data, whatever the deferral setting (a private forced "
+                  "synchronise drains both streams first), then reads the error latch (`DeviceAssert`). Refused "
+                  "inside a capture (`CaptureD2HRefused`) without invalidating it")
     def download(self, t: Tensor) -> np.ndarray:
         """Device-to-host; always complete. Raises ``DeviceAssert`` if the error latch is set."""
         if self._sync_debug:
@@ -470,6 +508,12 @@ class Runtime:
         self._enqueued += 1
         return self.device.memcpy_dtoh(t.ref, self._res.copy)
 
+    @primitive(
+        records=("copy",), capture="captured", kind="runtime-copy", receiver="runtime",
+        why="a runtime device-to-device copy: eagerly it forces a synchronise first",
+        entry="a device-to-device copy inside a recorded step",
+        guarantee="device-to-device: eager, on the copy stream after a forced synchronise; inside a capture, a "
+                  "graph node on the compute stream")
     def copy(self, dst: Tensor, src: Tensor) -> None:
         """Device-to-device. Eager: on the copy stream after a forced synchronise (so the source is
         complete), with later compute work ordered after it. In a capture: a graph node on compute."""
@@ -501,6 +545,10 @@ class Runtime:
             )
 
     # -- capture into graph slots
+    @primitive(
+        capture="lifecycle",
+        guarantee="open a capture into graph slot PRIMARY or VERIFY (independent lifecycles); one capture at a "
+                  "time on the compute stream (`IllegalState` otherwise)")
     def begin_capture(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         if self._capturing is not None:
@@ -509,6 +557,10 @@ class Runtime:
         self._slots[slot].graph = None  # re-capturing a slot replaces that slot's graph only
         self._capturing = slot
 
+    @primitive(
+        capture="lifecycle",
+        guarantee="close the slot's capture: its graph replaces the slot's; frees issued during the capture are "
+                  "released after it")
     def end_capture(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         if self._capturing is not slot:
@@ -517,6 +569,10 @@ class Runtime:
         self._slots[slot].graph = self._close_capture(abort=False)
         self.counters.captures_by_slot[slot.value] += 1
 
+    @primitive(
+        capture="lifecycle",
+        guarantee="close the slot's capture without a graph (an invalidated capture is expected); the slot is "
+                  "emptied, frees issued during it are released")
     def abort_capture(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         if self._capturing is not slot:
@@ -547,6 +603,10 @@ class Runtime:
             self._release_after_queued_work(buf)
         self._frees_after_capture.clear()
 
+    @primitive(
+        capture="refused",
+        guarantee="launch the slot's graph on the compute stream (`InvalidResourceHandle` if empty); a replay "
+                  "while any capture is open is `IllegalState` (the capture stays valid)")
     def replay(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         graph = self._slots[slot].graph
@@ -559,6 +619,9 @@ class Runtime:
         self.counters.replays += 1
         self.counters.replays_by_slot[slot.value] += 1
 
+    @primitive(
+        capture="host",
+        guarantee="empty the slot; refused (`IllegalState`) for the slot that is capturing")
     def reset(self, slot: GraphSlot | str) -> None:
         slot = GraphSlot.parse(slot)
         if self._capturing is slot:
@@ -569,6 +632,10 @@ class Runtime:
         return self._slots[GraphSlot.parse(slot)].graph is not None
 
     # -- capture into segment graphs (handles outside the slots)
+    @primitive(
+        capture="lifecycle",
+        guarantee="open a capture into a new segment graph, a handle outside the two slots (segmented capture: "
+                  "one per captured segment of a step); same rules as the slots")
     def begin_segment(self, label: str) -> SegmentGraph:
         if self._capturing is not None:
             raise IllegalState(f"already capturing into {self._capturing.value}", subject=label)
@@ -577,6 +644,9 @@ class Runtime:
         self._capturing = seg
         return seg
 
+    @primitive(
+        capture="lifecycle",
+        guarantee="close the segment's capture into its own graph")
     def end_segment(self, seg: SegmentGraph) -> None:
         if self._capturing is not seg:
             what = "no capture is open" if self._capturing is None else f"{self._capturing.value} is capturing"
@@ -584,12 +654,19 @@ class Runtime:
         seg.graph = self._close_capture(abort=False)
         self.counters.segment_captures += 1
 
+    @primitive(
+        capture="lifecycle",
+        guarantee="close the segment's capture without a graph")
     def abort_segment(self, seg: SegmentGraph) -> None:
         if self._capturing is not seg:
             raise IllegalState(f"abort_segment({seg.label}): it is not capturing", subject=seg)
         self._close_capture(abort=True)
         seg.graph = None
 
+    @primitive(
+        capture="refused",
+        guarantee="launch the segment's graph; never touches a slot or another segment; `IllegalState` while "
+                  "any capture is open")
     def replay_segment(self, seg: SegmentGraph) -> None:
         if seg.graph is None:
             raise InvalidResourceHandle(f"replay_segment({seg.label}): it holds no graph", subject=seg)
@@ -601,6 +678,10 @@ class Runtime:
         self.counters.segment_replays += 1
 
     # -- lifetime
+    @primitive(
+        barrier=True, capture="leaks",
+        guarantee="drain both streams, then free everything this runtime owns; idempotent (also the finalizer of "
+                  "a runtime dropped unclosed)")
     def close(self) -> None:
         """Drain, then free everything this runtime owns. Idempotent."""
         self._finalizer()
@@ -612,8 +693,7 @@ class Runtime:
         self.close()
 
 
-# Known barriers for sync-debug: a stream synchronise issued while one of these runs is that
-# primitive's own drain (download and copy drain through _force_sync; synchronize drains only with
-# deferral off), not a stray drain on the deferred eager path.
-_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.drain_for_unmap, Runtime.synchronize,
-                                           Runtime.close, _release))
+# Known barriers for sync-debug, derived from the declarations (``barrier=True``): a stream synchronise
+# issued while one of these runs is that primitive's own drain (download and copy drain through
+# _force_sync; synchronize drains only with deferral off), not a stray drain on the deferred eager path.
+_BARRIERS = _primitive.barrier_codes(_primitive.collect(Runtime, sys.modules[__name__]))

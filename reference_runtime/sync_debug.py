@@ -30,22 +30,28 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, Callable, Iterable
 
+from . import primitive as _primitive
 from .errors import SyncDebugError
+from .primitive import primitive
 
 __all__ = ["SyncEvent", "SyncDebugWarning", "WatchedStream", "PRIMITIVES", "CAPTURE_SAFE", "summarize", "record"]
 
-PRIMITIVES = (
-    "synchronize",  # Runtime.synchronize() with deferral off: a real drain
-    "synchronize(deferred)",  # Runtime.synchronize() under eager-sync deferral: a no-op
-    "force_sync",  # Runtime._force_sync() called from outside the runtime (download/copy record themselves)
-    "drain_for_unmap",
-    "download",
-    "copy",
-    "free",
-    "stream.synchronize",  # compute.synchronize()/copy_stream.synchronize() outside a known barrier
-)
-# Legal inside a capture: a device-to-device copy becomes a graph node, a free is deferred to end_capture.
-CAPTURE_SAFE = frozenset({"free", "copy"})
+# PRIMITIVES (every name an event can carry) and CAPTURE_SAFE (those legal inside a capture: a
+# device-to-device copy becomes a graph node, a free is deferred to end_capture) are derived from the
+# runtime's @primitive declarations (reference_runtime/primitive.py), computed on first use: the
+# runtime imports this module before it declares them.
+_DERIVED = ("PRIMITIVES", "CAPTURE_SAFE")
+PRIMITIVES: tuple[str, ...]  # annotations only: the module's __getattr__ computes them
+CAPTURE_SAFE: frozenset[str]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DERIVED:
+        prims = _primitive.primitives()
+        globals().update(PRIMITIVES=_primitive.recorded_names(prims),
+                         CAPTURE_SAFE=_primitive.capture_safe_names(prims))
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SyncDebugWarning(UserWarning):
@@ -182,6 +188,10 @@ class WatchedStream:
     def __repr__(self) -> str:
         return f"<watched {self._target!r}>"
 
+    @primitive(
+        records=("stream.synchronize",), capture="invalidates", kind="sync", label="compute/copy_stream.synchronize()",
+        guarantee="a drain of one stream: under sync-debug recorded outside the runtime's known barriers (inside "
+                  "one it is that primitive's own drain)")
     def synchronize(self) -> None:
         rt = self._runtime()
         caller = sys._getframe(1)

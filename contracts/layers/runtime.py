@@ -174,10 +174,12 @@ MUTANTS = [
         old="""        self._reap()
         self._raise_if_latched()
 
-    def _force_sync""",
+    @primitive(
+        records=("force_sync",)""",
         new="""        self._reap()
 
-    def _force_sync""",
+    @primitive(
+        records=("force_sync",)""",
         breaks="a real synchronize() (deferral off) reads the error latch and raises DeviceAssert",
         tests=_T, select=_SEL,
     ),

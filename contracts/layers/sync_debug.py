@@ -1,5 +1,7 @@
 """Source mutants of sync-debug mode (reference_runtime/sync_debug.py, and its hooks in runtime.py:
-which primitives are recorded, where, and what is refused)."""
+which primitives are recorded, where, and what is refused), and of the primitives' declarations
+(the ``@primitive`` markers in runtime.py that sync-debug's tables, the barriers, the audit's sink
+table and the README's primitive table are derived from)."""
 
 from lockstep.contracts.mutation import Mutant
 
@@ -7,6 +9,7 @@ _D = "lockstep.reference_runtime.sync_debug"
 _R = "lockstep.reference_runtime.runtime"
 _T = ("tests/test_sync_debug.py",)
 _CROSS = ("conformance/golden/test_sync_crosscheck.py",)
+_META = ("tests/test_primitive_metadata.py",)
 
 MUTANTS = [
     Mutant(
@@ -17,16 +20,16 @@ MUTANTS = [
         tests=_T, select="warn", ci=True,
     ),
     Mutant(
-        "sync_debug", "copy_not_capture_safe", _D,
-        old='CAPTURE_SAFE = frozenset({"free", "copy"})',
-        new='CAPTURE_SAFE = frozenset({"free"})',
+        "sync_debug", "copy_not_capture_safe", _R,
+        old='records=("copy",), capture="captured",',
+        new='records=("copy",), capture="refused",',
         breaks="a device-to-device copy inside a capture is recorded, not refused (it becomes a graph node)",
         tests=_T, select="copy_and_free_inside_capture",
     ),
     Mutant(
         "sync_debug", "drain_not_a_barrier", _R,
-        old="_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.drain_for_unmap, Runtime.synchronize,",
-        new="_BARRIERS = frozenset(f.__code__ for f in (Runtime._force_sync, Runtime.synchronize,",
+        old='records=("drain_for_unmap",), barrier=True,',
+        new='records=("drain_for_unmap",),',
         breaks="drain_for_unmap's own stream drains are part of that primitive, not stray drains on the deferred path",
         tests=_T, select="barriers", ci=True,
     ),
@@ -122,5 +125,29 @@ MUTANTS = [
         new="    event = SyncEvent(primitive, capturing, None, file, line, function)",
         breaks="an event names the ONNX node executing when the primitive was called",
         tests=_T, select="records_primitive_site or executor_sites",
+    ),
+    # -- the declarations (@primitive markers in runtime.py) everything above is derived from
+    Mutant(
+        "sync_debug", "force_sync_not_a_barrier", _R,
+        old='records=("force_sync",), barrier=True,',
+        new='records=("force_sync",),',
+        breaks="download's and copy's forced synchronise drains the streams as a barrier, not as stray drains "
+               "on the deferred path",
+        tests=_T, select="records_primitive_site_and_node",
+    ),
+    Mutant(
+        "sync_debug", "free_sink_on_any_receiver", _R,
+        old='kind="free", receiver="runtime",',
+        new='kind="free",',
+        breaks="the audit's sink table for runtime primitives is the declared one (free is a sink on a runtime "
+               "receiver only)",
+        tests=_META, select="audit_sink",
+    ),
+    Mutant(
+        "sync_debug", "empty_not_a_capture_entry", _R,
+        old='capture="host", entry="outputs and temporaries are allocated while recording",',
+        new='capture="host",',
+        breaks="the allowlist's [capture] entries for the runtime are the declared ones (empty runs while recording)",
+        tests=_META, select="allowlist",
     ),
 ]
