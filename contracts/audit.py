@@ -129,6 +129,20 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
     for f in _tree_files(targets):
         files.setdefault(f.resolve(), f)
     modules = [_parse(f) for f in files.values()]
+    # helper files beside a kernel outside the tree (the user's own package): parsed so that calls into
+    # them are followed; one that cannot be parsed is skipped (it is not audited, only read)
+    tree_roots = [(ROOT / t).resolve() for t in tree]
+    for t in _tree_files(targets):
+        folder = t.resolve().parent
+        if any(folder.is_relative_to(r) for r in tree_roots):
+            continue
+        for sib in sorted(folder.glob("*.py"))[:200]:
+            if sib.resolve() not in files:
+                try:
+                    modules.append(_parse(sib))
+                except AuditError:
+                    pass
+                files[sib.resolve()] = sib
     au = Audit(modules)
     allows, caps = _load_config(allowlist)
     target_files = {f.resolve() for f in _tree_files(targets)} if targets else None
@@ -158,9 +172,10 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
     sites: dict[tuple[str, int, int, str], Site] = {}
     seen_paths: set[tuple[str, str, tuple[bool, ...]]] = set()
     for entry in entries:
-        stack = [(entry.func, entry.taint, [entry.func.qualname], "")]
+        first = f"{entry.func.qualname} ({entry.func.module.rel}:{getattr(entry.func.node, 'lineno', 1)})"
+        stack = [(entry.func, entry.taint, [entry.func.qualname], "", [first])]
         while stack:
-            fn, taint, chain, guard = stack.pop()
+            fn, taint, chain, guard, steps = stack.pop()
             if (entry.name, fn.key, taint) in seen_paths and not guard:
                 continue
             seen_paths.add((entry.name, fn.key, taint))
@@ -184,11 +199,14 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
                 site.status = "unsafe"
                 guards = [f"{q}: {gs}" for q in chain for gs in _guards_of(au, fn.module, q)]
                 findings.append(Finding("capture-unsafe-sync", fn.module.rel, sink.node.lineno, sink.node.col_offset,
-                                        entry.name, list(chain), sink.call, sink.kind, WHY[sink.kind], guards))
+                                        entry.name, list(chain), sink.call, sink.kind, WHY[sink.kind], guards,
+                                        [*steps, f"line {sink.node.lineno}: `{sink.call}`"]))
             for cs in s.calls:
                 if len(chain) > 40:
                     continue
-                stack.append((cs.callee, cs.taint, chain + [cs.callee.qualname], guard or cs.guard))
+                step = (f"{cs.callee.qualname} ({cs.callee.module.rel}:{getattr(cs.callee.node, 'lineno', 1)}, "
+                        f"called at {fn.module.rel}:{cs.node.lineno})")
+                stack.append((cs.callee, cs.taint, chain + [cs.callee.qualname], guard or cs.guard, [*steps, step]))
     scope = {_rel(p) for p in target_files} if target_files is not None else None
     for a in allows:
         if scope is not None and not any(r.endswith(a.file) for r in scope):
@@ -281,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         where = Locations.of(args.paths, args.root, Path(args.allowlist))
     except AuditError as exc:
         return error(str(exc))
+    if args.paths and not res.entries:  # nothing audited is not a clean result
+        return error(f"no kernel found in {', '.join(args.paths)}: no OpKernel(...)/Kernel(...) or kernel factory "
+                     "call hands a compute function over there (a kernel declared capture=\"unsupported\" is "
+                     "not audited)")
     text = {"text": lambda: format_text(res, args.explain, where), "json": lambda: format_json(res, where),
             "sarif": lambda: format_sarif(res, where)}[args.format]()
     if args.output:

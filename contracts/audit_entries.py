@@ -63,6 +63,29 @@ def _funcs_in(audit: Audit, owner: Func | None, mod: Module, e: ast.AST) -> list
     return out
 
 
+def _ctor(mod: Module, f: ast.AST) -> str | None:
+    """The kernel constructor a call's function names: ``OpKernel``, ``_op.OpKernel``, or a name
+    imported as one (``from lockstep.kernels._op import OpKernel as K``); None otherwise."""
+    if isinstance(f, ast.Attribute):
+        return f.attr if f.attr in KERNEL_CTORS else None
+    if isinstance(f, ast.Name):
+        if f.id in KERNEL_CTORS:
+            return f.id
+        imp = mod.imports.get(f.id)
+        if imp and imp[1] in KERNEL_CTORS:
+            return imp[1]
+    return None
+
+
+def _makes_kernels(f: Func) -> bool:
+    """Whether a function constructs kernels (a kernel factory); cached per function."""
+    got = f.__dict__.get("_makes_kernels")
+    if got is None:
+        got = f.__dict__["_makes_kernels"] = any(
+            isinstance(x, ast.Call) and _ctor(f.module, x.func) is not None for x in ast.walk(f.node))
+    return got
+
+
 def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Finding]]:
     entries: list[Entry] = []
     unresolved: list[Finding] = []
@@ -71,15 +94,18 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
         for n in _own_nodes(f):
             owners[id(n)] = f
     for n in ast.walk(mod.tree):
-        if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Name):
+        if not isinstance(n, ast.Call):
+            continue
+        ctor = _ctor(mod, n.func)
+        if ctor is None and not isinstance(n.func, ast.Name):
             continue
         owner = owners.get(id(n))
-        if n.func.id in KERNEL_CTORS:
+        if ctor is not None:
             if _capture_unsupported(n):
                 continue
             args = list(n.args)
             body_expr = None
-            if n.func.id == "OpKernel":
+            if ctor == "OpKernel":
                 body_expr = args[2] if len(args) > 2 else next((k.value for k in n.keywords if k.arg == "compute"), None)
             else:
                 body_expr = args[1] if len(args) > 1 else next((k.value for k in n.keywords if k.arg == "body"), None)
@@ -98,12 +124,10 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
                                           ast.unparse(n)[:120], "entry", "kernel body could not be resolved statically"))
                 continue
             for f in found:
-                entries.append(Entry(f"{n.func.id} {label.strip(chr(39))} ({mod.rel}:{n.lineno})", f, _entry_taint(f)))
+                entries.append(Entry(f"{ctor} {label.strip(chr(39))} ({mod.rel}:{n.lineno})", f, _entry_taint(f)))
         else:  # a call of a kernel factory: the functions handed to it are kernel bodies
             target = audit.resolve(owner or mod.scope, n, {})
-            if target is None or _capture_unsupported(n) or not any(
-                    isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in KERNEL_CTORS
-                    for x in ast.walk(target.node)):
+            if target is None or _capture_unsupported(n) or not _makes_kernels(target):
                 continue
             label = ast.unparse(n.args[0]) if n.args else n.func.id
             for a in [*n.args[1:], *[k.value for k in n.keywords]]:

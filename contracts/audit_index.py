@@ -13,30 +13,56 @@ DEFAULT_TREE = ("kernels", "reference_runtime")
 
 # -- what synchronises, and why it is unsafe while capturing --------------------------------------
 WHY = {
-    "sync": "a stream/device synchronise: inside a capture it raises StreamCaptureUnsupported and "
-            "invalidates the capture (under eager-sync deferral a no-op that hides the sync)",
+    "sync": "a stream/device synchronise: inside a capture CUDA refuses it (cudaErrorStreamCaptureUnsupported, "
+            "the capture is invalidated; lockstep: StreamCaptureUnsupported); under eager-sync deferral a no-op "
+            "that hides the sync",
     "drain": "a drain of the streams (drain_for_unmap / forced synchronise): refused inside a capture",
-    "d2h": "a device-to-host read: CuPy refuses it during capture (CaptureD2HRefused); eagerly it "
-           "waits for the stream",
+    "d2h": "a device-to-host read: CuPy copies the value back with a blocking cudaMemcpy, which waits for the "
+           "stream and is illegal while it is capturing (lockstep: CaptureD2HRefused)",
     "runtime-copy": "a runtime device-to-device copy: eagerly it forces a synchronise first",
     "free": "a runtime free: stream-ordered release waits on queued readers (deferred in a capture)",
-    "host-branch": "Python control flow on a device value reads it back to the host (a D2H sync)",
-    "data-shape": "an output shape that depends on device data: CuPy reads the count back (D2H)",
+    "host-branch": "Python needs the truth value of a device array: CuPy reads it back to the host (a D2H copy "
+                   "that waits for the stream, illegal while capturing)",
+    "data-shape": "an output shape that depends on device data: CuPy reads the count back to size the output "
+                  "(a D2H copy, illegal while capturing)",
     "cublas": "a cuBLAS-backed call: CuPy refuses cuBLAS during capture (CublasDuringCapture); "
               "capturable products need the project's own kernels",
+    "poll": "a poll of a stream or event (Stream.done, .query()): cudaStreamQuery/cudaEventQuery on a capturing "
+            "stream is illegal and invalidates the capture",
 }
 
 # method names that synchronise whatever the receiver
 SYNC_METHODS = {"synchronize": "sync", "deviceSynchronize": "sync", "_force_sync": "drain",
-                "drain_for_unmap": "drain", "download": "d2h"}
+                "drain_for_unmap": "drain", "download": "d2h", "streamSynchronize": "sync",
+                "eventSynchronize": "sync"}
+# polls of a stream or event (a method call, or the ``done`` property), on a stream/event-like receiver
+POLL_METHODS = {"query", "streamQuery", "eventQuery"}
+POLL_ATTRS = {"done"}
 # methods of the runtime object only (receiver looks like a runtime)
 RUNTIME_METHODS = {"copy": "runtime-copy", "free": "free"}
 RUNTIME_NAMES = {"rt", "runtime", "_rt", "self.rt", "self.runtime", "self._rt", "ex.runtime", "self.ex.runtime"}
 # methods of a device array that read it back
 READBACK_METHODS = {"get": "d2h", "item": "d2h", "tolist": "d2h"}
 HOST_CASTS = {"float", "int", "bool", "complex"}
+# dunder conversions that read a device scalar back
+HOST_DUNDERS = {"__float__": "d2h", "__int__": "d2h", "__index__": "d2h", "__complex__": "d2h", "__bool__": "host-branch"}
+# builtins that convert their arguments on the host: str() of a device array formats its values
+HOST_FORMATTERS = {"print", "str", "repr", "format", "ascii"}
+# builtins that compare their device arguments on the host (each comparison is a bool() of a device value)
+HOST_COMPARERS = {"min", "max", "sorted"}
+# xp.* calls whose result is a host value (dtypes, type predicates, scalars)
+HOST_XP = {"dtype", "result_type", "iinfo", "finfo", "can_cast", "get_array_module", "issubdtype", "isdtype",
+           "promote_types", "min_scalar_type", "isscalar", "ndim", "shape", "size", "common_type", "obj2sctype",
+           "get_default_memory_pool", "get_default_pinned_memory_pool"}
+# xp.<scalar type>(v): a host scalar; of a device value, a read back (numpy converts through __float__)
+SCALAR_TYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                "uint64", "bool_", "complex64", "complex128", "intp", "uintp", "longlong", "half", "single", "double"}
+# element-wise predicates: their results are boolean masks
+MASK_FUNCS = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "signbit", "logical_and", "logical_or",
+              "logical_not", "logical_xor", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+              "isin", "isclose"}
 ONE_ARG_DATA_SHAPE = {"where"}
-DATA_SHAPE = {"nonzero", "argwhere", "flatnonzero"}
+DATA_SHAPE = {"nonzero", "argwhere", "flatnonzero", "unique", "extract"}
 CUBLAS = {"matmul", "dot", "tensordot", "einsum", "inner", "vdot"}
 ARRAY_MODULES = {"xp", "cupy", "cp"}
 HOST_PARAMS = {"node", "info", "self", "cls", "site", "dtype", "axis", "axes", "specs", "spec", "attrs",
@@ -76,6 +102,7 @@ class Finding:
     kind: str
     why: str
     guards: list[str] = field(default_factory=list)  # for --explain
+    steps: list[str] = field(default_factory=list)  # the chain with module and line of each step
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -288,6 +315,67 @@ def _walk_no_defs(e: ast.AST) -> Iterable[ast.AST]:
         for c in ast.iter_child_nodes(n):
             if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
                 todo.append(c)
+
+
+def _root(e: ast.AST) -> ast.AST:
+    """The innermost receiver of an attribute chain: ``cupy.cuda.runtime.x`` -> ``cupy``."""
+    while isinstance(e, ast.Attribute):
+        e = e.value
+    return e
+
+
+def _block_paths(fn: Func) -> dict[int, tuple]:
+    """For each node of ``fn``'s body (not nested defs): the blocks that hold it, outermost first,
+    as a tuple of block ids. A binding dominates a use when its path is a prefix of the use's
+    (cached per function)."""
+    cached = fn.__dict__.get("_paths")
+    if cached is not None:
+        return cached
+    out: dict[int, tuple] = {}
+
+    def mark(e: ast.AST, path: tuple) -> None:
+        for n in _walk_no_defs(e):
+            out[id(n)] = path
+
+    def block(stmts: list, path: tuple) -> None:
+        for st in stmts:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            out[id(st)] = path
+            for _, value in ast.iter_fields(st):
+                if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                    block(value, (*path, id(value)))
+                elif isinstance(value, list):
+                    for v in value:
+                        if isinstance(v, (ast.excepthandler, ast.match_case)):
+                            block(v.body, (*path, id(v.body)))
+                        elif isinstance(v, ast.AST):
+                            mark(v, path)
+                elif isinstance(value, ast.AST):
+                    mark(value, path)
+
+    if isinstance(fn.node, ast.Module):
+        block(fn.node.body, ())
+    else:
+        block(fn.body, ())
+    fn.__dict__["_paths"] = out
+    return out
+
+
+def _local_attr_aliases(fn: Func) -> dict[str, ast.Attribute]:
+    """``name = a.b.c`` bindings of a function (or a module's top level): the attribute a call of
+    ``name`` stands for (cached)."""
+    cached = fn.__dict__.get("_attr_aliases")
+    if cached is not None:
+        return cached
+    out: dict[str, ast.Attribute] = {}
+    body = fn.node.body if isinstance(fn.node, ast.Module) else _own_nodes(fn)
+    for st in body:
+        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                and isinstance(st.value, ast.Attribute)):
+            out[st.targets[0].id] = st.value
+    fn.__dict__["_attr_aliases"] = out
+    return out
 
 
 def _target_names(t: ast.AST) -> set[str]:

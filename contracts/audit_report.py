@@ -85,10 +85,16 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
     for f in findings:
         if f.rule == "capture-unsafe-sync":
             lines.append(f"{f.file}:{f.line}:{f.col + 1}: {f.kind}: `{f.call}` on a capture path of {f.entry}")
-            lines.append(f"    chain: {' -> '.join(f.chain)}")
+            lines.append(f"    chain: {' -> '.join(f.steps or f.chain)}")
             lines.append(f"    why: {f.why}")
-            lines.append("    fix: guard it (`if not rt.is_capturing:` / an early exit when capturing), declare the "
-                         "kernel capture=\"unsupported\", or allowlist it with a reason in contracts/sync_allowlist.toml")
+            if f.entry.startswith("runtime "):
+                lines.append("    fix: guard it (`if not rt.is_capturing:` / an early exit when capturing), or allowlist "
+                             "it with a reason in contracts/sync_allowlist.toml")
+            else:  # a kernel's compute has no `rt`: the forms that exist there
+                lines.append("    fix: a kernel's compute has no `rt`: guard it with the stream's state (`if not "
+                             "xp.cuda.get_current_stream().is_capturing():`), keep it to the numpy path (`if "
+                             "xp.__name__ == \"numpy\":`), declare the kernel capture=\"unsupported\", or allowlist "
+                             "it with a reason in contracts/sync_allowlist.toml")
             if explain:
                 lines.extend(f"    guard considered: {g}" for g in f.guards or ["none in the chain"])
         else:
