@@ -293,3 +293,32 @@ def test_usage_errors_of_root_and_output_are_one_line(tmp_path, capsys):
     assert main([ok, "--output", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
     assert main([ok, "--allowlist", str(tmp_path / "missing.toml")]) == 2
     assert "missing.toml: no such file" in capsys.readouterr().err
+
+
+def test_paths_without_a_kernel_exit_2_not_clean(tmp_path, capsys):
+    plain = tmp_path / "helpers.py"
+    plain.write_text("def add(a, b):\n    return a + b\n")
+    assert main([str(plain), "--allowlist", str(tmp_path / "none.toml")]) == 2  # a missing allowlist first
+    (tmp_path / "none.toml").write_text("")
+    assert main([str(plain), "--allowlist", str(tmp_path / "none.toml")]) == 2, "contract: nothing audited is not 0"
+    err = capsys.readouterr().err
+    assert "no kernel found in" in err and str(plain) in err
+
+
+def test_helper_files_beside_an_out_of_tree_kernel_are_followed(tmp_path):
+    (tmp_path / "mylib.py").write_text("def wait(xp):\n    xp.cuda.get_current_stream().synchronize()\n")
+    kernel = tmp_path / "mykernel.py"
+    kernel.write_text("from lockstep.kernels._op import OpKernel\nfrom mylib import wait\n"
+                      "def _compute(xp, node, x):\n    wait(xp)\n    return (x,)\n"
+                      "OPS = [OpKernel('UsesLib', None, _compute)]\n")
+    res = audit([str(kernel)], allowlist=NO_ALLOWLIST)
+    (f,) = res.findings
+    assert f.file.endswith("mylib.py") and f.line == 2 and f.chain == ["_compute", "wait"]
+    assert "mykernel.py:4" in " ".join(f.steps), "each chain step names its module and line"
+
+
+def test_a_kernel_finding_says_the_fix_that_exists_inside_a_kernel(capsys):
+    assert main([str(FIXTURES / "bad_float_of_device_scalar.py")]) == 1
+    out = capsys.readouterr().out
+    assert "is_capturing()" in out and "capture=\"unsupported\"" in out and "rt.is_capturing" not in out
+    assert "CuPy" in out
