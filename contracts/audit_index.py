@@ -8,19 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from lockstep.reference_runtime.primitive import audit_tables as _declared_tables
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TREE = ("kernels", "reference_runtime")
 
 # -- what synchronises, and why it is unsafe while capturing --------------------------------------
+# The runtime primitives' sinks and reasons are declared once, on the primitives themselves
+# (reference_runtime/primitive.py); the audit adds the CuPy/CUDA calls that are not runtime methods.
+_DECLARED_SYNC, _DECLARED_RUNTIME, _DECLARED_WHY = _declared_tables()
 WHY = {
-    "sync": "a stream/device synchronise: inside a capture CUDA refuses it (cudaErrorStreamCaptureUnsupported, "
-            "the capture is invalidated; lockstep: StreamCaptureUnsupported); under eager-sync deferral a no-op "
-            "that hides the sync",
-    "drain": "a drain of the streams (drain_for_unmap / forced synchronise): refused inside a capture",
-    "d2h": "a device-to-host read: CuPy copies the value back with a blocking cudaMemcpy, which waits for the "
-           "stream and is illegal while it is capturing (lockstep: CaptureD2HRefused)",
-    "runtime-copy": "a runtime device-to-device copy: eagerly it forces a synchronise first",
-    "free": "a runtime free: stream-ordered release waits on queued readers (deferred in a capture)",
+    **_DECLARED_WHY,
     "host-branch": "Python needs the truth value of a device array: CuPy reads it back to the host (a D2H copy "
                    "that waits for the stream, illegal while capturing)",
     "data-shape": "an output shape that depends on device data: CuPy reads the count back to size the output "
@@ -32,14 +30,12 @@ WHY = {
 }
 
 # method names that synchronise whatever the receiver
-SYNC_METHODS = {"synchronize": "sync", "deviceSynchronize": "sync", "_force_sync": "drain",
-                "drain_for_unmap": "drain", "download": "d2h", "streamSynchronize": "sync",
-                "eventSynchronize": "sync"}
+SYNC_METHODS = {**_DECLARED_SYNC, "deviceSynchronize": "sync", "streamSynchronize": "sync", "eventSynchronize": "sync"}
 # polls of a stream or event (a method call, or the ``done`` property), on a stream/event-like receiver
 POLL_METHODS = {"query", "streamQuery", "eventQuery"}
 POLL_ATTRS = {"done"}
 # methods of the runtime object only (receiver looks like a runtime)
-RUNTIME_METHODS = {"copy": "runtime-copy", "free": "free"}
+RUNTIME_METHODS = dict(_DECLARED_RUNTIME)
 RUNTIME_NAMES = {"rt", "runtime", "_rt", "self.rt", "self.runtime", "self._rt", "ex.runtime", "self.ex.runtime"}
 # methods of a device array that read it back
 READBACK_METHODS = {"get": "d2h", "item": "d2h", "tolist": "d2h"}

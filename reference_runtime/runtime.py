@@ -402,8 +402,9 @@ class Runtime:
 
     @primitive(
         records=("synchronize", "synchronize(deferred)"), barrier=True, capture="noop-or-invalidates", kind="sync",
-        why="a stream/device synchronise: inside a capture it raises StreamCaptureUnsupported and "
-            "invalidates the capture (under eager-sync deferral a no-op that hides the sync)",
+        why=("a stream/device synchronise: inside a capture CUDA refuses it "
+             "(cudaErrorStreamCaptureUnsupported, the capture is invalidated; lockstep: "
+             "StreamCaptureUnsupported); under eager-sync deferral a no-op that hides the sync"),
         guarantee="*public, may be a no-op*: with eager-sync deferral on (the default; "
                   "`LOCKSTEP_DEFER_EAGER_SYNC=0` turns it off) it does nothing; with it off it drains both "
                   "streams and reads the error latch. Never use it as a barrier")
@@ -489,8 +490,8 @@ class Runtime:
 
     @primitive(
         records=("download",), capture="refused", kind="d2h",
-        why="a device-to-host read: CuPy refuses it during capture (CaptureD2HRefused); eagerly it "
-            "waits for the stream",
+        why=("a device-to-host read: CuPy copies the value back with a blocking cudaMemcpy, which "
+             "waits for the stream and is illegal while it is capturing (lockstep: CaptureD2HRefused)"),
         guarantee="device-to-host: always sees completed data, whatever the deferral setting (a private forced "
                   "synchronise drains both streams first), then reads the error latch (`DeviceAssert`). Refused "
                   "inside a capture (`CaptureD2HRefused`) without invalidating it")
