@@ -17,6 +17,7 @@
 #               the trained SmolLM2 exports included when their GGUF came along
 #   bench       scripts/bench_decode.py on the GPU (eager per-op sync / deferred / captured, ort-cpu,
 #               ort-cuda eager and with CUDA graphs)
+#   capture-probe what CuPy does with each host-read form inside a stream capture (scripts/capture_probe.py)
 #   paging      scripts/paging_check.py (the seeds' use-after-unmap through the pager, child processes)
 #               and scripts/bench_paging.py (decode under paging vs resident)
 # and prints a summary table last. Uses the preinstalled python3 packages plus .whl/ (made here by
@@ -121,6 +122,7 @@ step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --j
 step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
 step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
 step parity-json   timeout 150 python3 -m lockstep parity --device cupy --json "$out/parity-cupy.json"
+step capture-probe timeout 120 python3 scripts/capture_probe.py --json "$out/capture-probe.json"
 step mutants-sim   timeout 120 python3 -m lockstep mutants --device sim
 step mutants-cupy  timeout 300 python3 -m lockstep mutants --device cupy --jobs 6 --timeout 150
 # the source-mutant layers whose tests run on the device, on cupy (the kernels' CUDA-source mutants are judged only
