@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .primitive import README, markdown, rewrite
 
@@ -21,21 +22,29 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--markdown", action="store_true", help="print the README's primitive table")
     g.add_argument("--write", action="store_true", help=f"rewrite the table in {README}")
     g.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
+    ap.add_argument("--readme", type=Path, default=README, help="the README holding the block (default: the checkout's)")
     args = ap.parse_args(argv)
     table = markdown()
     if args.markdown:
         sys.stdout.write(table)
         return 0
-    text = README.read_text(encoding="utf-8")
+    readme = args.readme
+    if not readme.is_file():
+        print(f"primitive_table: error: {readme} does not exist (the README is in a checkout, not in the wheel; "
+              "use --readme)", file=sys.stderr)
+        return 2
+    text = readme.read_text(encoding="utf-8")
     fresh = rewrite(text, table)
     if args.check:
         if fresh != text:
-            print(f"{README}: the primitive table is stale; "
+            print(f"{readme}: the primitive table is stale; "
                   "run python -m lockstep.reference_runtime.primitive_table --write", file=sys.stderr)
             return 1
         return 0
     if fresh != text:
-        README.write_text(fresh, encoding="utf-8")
+        from lockstep.paths import atomic_write
+
+        atomic_write(readme, fresh)
     return 0
 
 

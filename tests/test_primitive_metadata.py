@@ -194,7 +194,8 @@ def test_readme_table_is_fresh():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert P.rewrite(text, P.markdown()) == text, \
         "contract: README.md's primitive table is stale: python -m lockstep.reference_runtime.primitive_table --write"
-    assert table_main(["--check"]) == 0
+    assert table_main(["--check", "--readme", str(ROOT / "README.md")]) == 0
+    assert table_main(["--check", "--readme", str(ROOT / "no-such-README.md")]) == 2, "a missing README is one line"
     for p in P.primitives():
         assert p.guarantee.split(";")[0].split(":")[0][:40] in text, f"result: {p.qualname} is in the table"
 

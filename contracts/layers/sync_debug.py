@@ -141,7 +141,7 @@ MUTANTS = [
         new='kind="free",',
         breaks="the audit's sink table for runtime primitives is the declared one (free is a sink on a runtime "
                "receiver only)",
-        tests=_META, select="audit_sink",
+        tests=_META + ("tests/test_audit.py",), select="audit_sink or free_on_a_user_allocator",
     ),
     Mutant(
         "sync_debug", "empty_not_a_capture_entry", _R,
