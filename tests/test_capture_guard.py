@@ -264,3 +264,33 @@ def test_each_wrongly_declared_fixture_kernel_is_caught_by_the_dynamic_pass(op_t
     with pytest.raises(HostReadInCapture) as info:
         sess.run({"x": x})
     assert info.value.op_type == op_type and info.value.node == "n" and info.value.file == str(path), str(info.value)
+
+
+# Host reads the static audit cannot see, each with the reason (the dynamic pass is their backstop).
+STATIC_GAPS = {
+    "IndexX": "range() of a device scalar (__index__ through a builtin taking an int): the audit tracks "
+              "range() as a host builtin over host ints",
+}
+
+
+def test_static_and_dynamic_passes_agree_on_the_wrongly_declared_kernels():
+    """Contract (cross-check, as sync-debug is cross-checked with the audit): every fixture kernel the
+    dynamic pass refuses is also reported by the static audit inside that kernel's compute, except the
+    listed gaps; and a listed gap the audit now sees must leave the list (no stale excuse)."""
+    import ast
+
+    from lockstep.contracts.audit import audit
+
+    path, ops = _fixture_ops()
+    tree = ast.parse(path.read_text())
+    spans = {f.name: (f.lineno, f.end_lineno) for f in tree.body if isinstance(f, ast.FunctionDef)}
+    res = audit([str(path)])
+    lines = {f.line for f in res.findings}
+    seen = {}
+    for op in ops:
+        lo, hi = spans[op.compute.__name__]
+        seen[op.op_type] = any(lo <= ln <= hi for ln in lines)
+    missed = sorted(k for k, v in seen.items() if not v)
+    assert missed == sorted(STATIC_GAPS), (
+        f"static audit misses {missed}; documented gaps {sorted(STATIC_GAPS)} (a new miss is a regression, "
+        "a gap now seen must leave STATIC_GAPS)")
