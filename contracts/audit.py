@@ -118,6 +118,9 @@ def _load_config(path: Path | None) -> tuple[list[Allow], list[dict[str, str]]]:
 
 
 # -- driver ---------------------------------------------------------------------------------------
+HELPER_CAP = 200  # helper files followed per folder beside an out-of-tree kernel
+
+
 def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_ALLOWLIST,
           tree: Iterable[str] = DEFAULT_TREE) -> AuditResult:
     t0 = time.perf_counter()
@@ -130,18 +133,22 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
         files.setdefault(f.resolve(), f)
     modules = [_parse(f) for f in files.values()]
     # helper files beside a kernel outside the tree (the user's own package): parsed so that calls into
-    # them are followed; one that cannot be parsed is skipped (it is not audited, only read)
+    # them are followed; one that cannot be parsed, or past the cap, is not followed, and the user is told
     tree_roots = [(ROOT / t).resolve() for t in tree]
-    for t in _tree_files(targets):
-        folder = t.resolve().parent
+    notes: list[str] = []
+    for folder in sorted({t.resolve().parent for t in _tree_files(targets)}):
         if any(folder.is_relative_to(r) for r in tree_roots):
             continue
-        for sib in sorted(folder.glob("*.py"))[:200]:
+        siblings = sorted(folder.glob("*.py"))
+        if len(siblings) > HELPER_CAP:
+            notes.append(f"{_rel(folder)}: {len(siblings) - HELPER_CAP} helper file(s) past the first {HELPER_CAP} "
+                         "not followed (name them as PATHS to audit them)")
+        for sib in siblings[:HELPER_CAP]:
             if sib.resolve() not in files:
                 try:
                     modules.append(_parse(sib))
-                except AuditError:
-                    pass
+                except AuditError as exc:
+                    notes.append(f"helper file not followed: {exc}")
                 files[sib.resolve()] = sib
     au = Audit(modules)
     allows, caps = _load_config(allowlist)
@@ -221,7 +228,7 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
     inventory = _inventory(au, modules, sites)
     return AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
                        sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
-                       sorted({e.name for e in entries}), time.perf_counter() - t0)
+                       sorted({e.name for e in entries}), time.perf_counter() - t0, notes)
 
 
 def _guards_of(au: Audit, mod: Module, qualname: str) -> list[str]:

@@ -111,6 +111,7 @@ class AuditResult:
     inventory: dict[tuple[str, int], Site]  # every sink call in the tree, with its static status
     entries: list[str]
     seconds: float
+    notes: list[str] = field(default_factory=list)  # what was not followed, said to the user
 
     @property
     def clean(self) -> bool:

@@ -107,6 +107,7 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
         for s in sites:
             if s.status != "unsafe":
                 lines.append(f"  {s.file}:{s.line} {s.function}: `{s.call}` {s.status}: {s.guard or s.reason}")
+    lines.extend(f"note: {n}" for n in res.notes)
     n = sum(f.rule == "capture-unsafe-sync" for f in findings)
     lines.append(f"lockstep audit: {len(res.entries)} capture entry points, {len(res.sites)} sync sites on capture paths, "
                  f"{n} unsafe, {len(findings) - n} other finding(s), {res.seconds:.2f} s")
@@ -116,7 +117,7 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
 def format_json(res: AuditResult, where: Locations | None = None) -> str:
     findings, sites = _located(res, where)
     doc: dict[str, Any] = {"findings": [f.as_dict() for f in findings], "sites": [s.__dict__ for s in sites],
-                           "entries": res.entries, "seconds": res.seconds}
+                           "entries": res.entries, "seconds": res.seconds, "notes": res.notes}
     if where is not None and where.root is not None:
         doc["root"] = str(where.root)
     return json.dumps(doc, indent=1)

@@ -315,6 +315,25 @@ def test_helper_files_beside_an_out_of_tree_kernel_are_followed(tmp_path):
     (f,) = res.findings
     assert f.file.endswith("mylib.py") and f.line == 2 and f.chain == ["_compute", "wait"]
     assert "mykernel.py:4" in " ".join(f.steps), "each chain step names its module and line"
+    assert res.notes == []
+
+
+def test_a_helper_file_that_cannot_be_parsed_is_said_not_followed(tmp_path, capsys):
+    """Contract: a helper beside an out-of-tree kernel that the audit cannot parse is not silently
+    dropped: the text and JSON reports say it was not followed, naming the file and line."""
+    (tmp_path / "broken.py").write_text("def oops(:\n")
+    kernel = tmp_path / "mykernel.py"
+    kernel.write_text("from lockstep.kernels._op import OpKernel\n"
+                      "def _compute(xp, node, x):\n    return (x,)\n"
+                      "OPS = [OpKernel('Plain', None, _compute)]\n")
+    res = audit([str(kernel)], allowlist=NO_ALLOWLIST)
+    assert res.findings == [] and len(res.notes) == 1 and "broken.py:1: cannot parse" in res.notes[0], res.notes
+    assert main([str(kernel), "--allowlist", str(tmp_path / "none.toml")]) == 2  # (a missing allowlist: usage)
+    capsys.readouterr()
+    assert main([str(kernel), "--format", "json"]) == 0
+    import json as _json
+
+    assert "not followed" in _json.loads(capsys.readouterr().out)["notes"][0]
 
 
 def test_a_kernel_finding_says_the_fix_that_exists_inside_a_kernel(capsys):
