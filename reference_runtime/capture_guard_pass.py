@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     args = ap.parse_args(argv)
     cases = [c for c in load_cases() if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
+    if not cases:
+        print(f"{ap.prog}: error: --match {args.match} matches no node case", file=sys.stderr)
+        return 2
     counts: Counter = Counter()
     skips: Counter = Counter()
     t0 = time.perf_counter()

@@ -294,3 +294,14 @@ def test_static_and_dynamic_passes_agree_on_the_wrongly_declared_kernels():
     assert missed == sorted(STATIC_GAPS), (
         f"static audit misses {missed}; documented gaps {sorted(STATIC_GAPS)} (a new miss is a regression, "
         "a gap now seen must leave STATIC_GAPS)")
+
+
+def test_the_pass_as_a_command(capsys):
+    """Contract: the command runs the selected cases and reports counts; a --match naming no case is
+    one usage line, exit 2 (not an empty success)."""
+    from lockstep.reference_runtime.capture_guard_pass import main
+
+    assert main(["--match", "test_add_bcast"]) == 0
+    assert "passed=1" in capsys.readouterr().out
+    assert main(["--match", "no_such_case*"]) == 2
+    assert "matches no node case" in capsys.readouterr().err
