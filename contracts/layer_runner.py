@@ -7,7 +7,6 @@ child process (``python -m lockstep.contracts.mutation``) against its tests:
 - killed: at least one test failed (or the run failed to collect, or timed out: said so);
 - SURVIVED: every test passed; a gap, unless the mutant is recorded ``equivalent`` with its argument;
 - STALE: its snippet no longer occurs exactly once (the code changed under it);
-- NOT EXERCISED: its tests never imported the mutated module (they cannot have judged it);
 - NO TESTS: its selection collected nothing.
 
 The run passes when every non-equivalent mutant is killed and nothing is stale, unexercised or
@@ -77,7 +76,7 @@ def select_mutants(layers: list[str] | None = None, names: list[str] | None = No
 class Outcome:
     key: str
     layer: str
-    status: str                 # killed | SURVIVED | equivalent | STALE | NOT EXERCISED | NO TESTS | ERROR
+    status: str                 # killed | SURVIVED | equivalent | STALE | NO TESTS | ERROR
     breaks: str
     killed_by: list[str] = field(default_factory=list)
     detail: str = ""
@@ -148,8 +147,6 @@ def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
     failed = sorted(t for t, o in outcomes.items() if o["outcome"] == "failed")
     if rc is None:
         out.status, out.detail = "killed", f"timed out after {timeout_s:.0f}s (a hang is a failure)"
-    elif applied is not None and m.module not in applied:
-        out.status, out.detail = "NOT EXERCISED", f"its tests never imported {m.module}"
     elif rc == 5:
         out.status, out.detail = "NO TESTS", "its selection collected no test"
     elif failed:
@@ -169,17 +166,14 @@ def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
 def _runtime_layer(device: str, jobs: int | None, timeout_s: float, out) -> tuple[int, int, int]:
     """(killed, total, rc) of the class-based Runtime catalogue."""
     from .mutant_runner import run_mutants
-    from .mutants import MUTANTS
 
-    buf = io.StringIO()
-    rc = run_mutants(device, None, jobs=jobs, timeout_s=timeout_s, out=buf)
-    text = buf.getvalue()
-    last = text.strip().splitlines()[-1] if text.strip() else ""
-    killed = sum(1 for line in text.splitlines() if line.strip().split()[1:2] == ["killed"])
-    print("[runtime] " + last, file=out)
+    buf, summary = io.StringIO(), {}
+    rc = run_mutants(device, None, jobs=jobs, timeout_s=timeout_s, out=buf, summary=summary)
+    text = buf.getvalue().strip()
+    print("[runtime] " + (text.splitlines()[-1] if text else "no output"), file=out)
     if rc != 0:
         print(text, file=out)
-    return killed, len(MUTANTS), rc
+    return summary.get("killed", 0), summary.get("total", 0), rc
 
 
 def run_layers(layers: list[str] | None = None, names: list[str] | None = None, *, device: str = "sim",

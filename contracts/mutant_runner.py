@@ -52,7 +52,10 @@ def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout
 
 
 def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list[str] | None = None,
-                jobs: int | None = None, timeout_s: float = 600, out=sys.stdout) -> int:
+                jobs: int | None = None, timeout_s: float = 600, out=sys.stdout,
+                summary: dict | None = None) -> int:
+    """Run the contract tests against the named mutants (all by default); 0 when every one is killed
+    (and, for the whole catalogue, every contract test kills one). ``summary`` gets the counts."""
     tests = contract_tests_dir()
     extra = extra or []
     full = not names  # the every-test-kills-a-mutant rule needs the whole catalogue
@@ -102,6 +105,8 @@ def run_mutants(device: str = "sim", names: list[str] | None = None, extra: list
         print(f"  {tag:10}  {t.split('::')[-1]}  <- {', '.join(ms) or '-'}", file=out)
     print("", file=out)
     verdict = not survivors and not idle
+    if summary is not None:
+        summary.update(killed=len(names) - len(survivors), total=len(names))
     rule = (f"{len(kills) - len(idle)}/{len(kills)} contract tests kill at least one mutant" if full else
             "named mutants only: the every-test-kills-one rule is checked on the full catalogue")
     print(f"{'PASS' if verdict else 'FAIL'}: {len(names) - len(survivors)}/{len(names)} mutants killed; {rule}", file=out)

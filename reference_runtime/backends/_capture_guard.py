@@ -97,10 +97,8 @@ def refuse(ctx: GuardContext | None, read: str) -> HostReadInCapture:
     ctx = ctx or GuardContext("?")
     file, line, source = _culprit()
     who = f"kernel {ctx.kernel!r}" + (f" (node {ctx.node!r}, {ctx.op_type})" if ctx.node is not None else "")
-    short = file
-    for root in (os.path.dirname(os.path.dirname(os.path.dirname(_THIS))),):
-        if file.startswith(root + os.sep):
-            short = os.path.relpath(file, root)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_THIS)))  # lockstep's root
+    short = os.path.relpath(file, root) if file.startswith(root + os.sep) else file
     return HostReadInCapture(
         f"{who}: {read} reads device values on the host, refused while the kernel runs from a captured "
         f"graph; at {short}:{line}: {source}",
