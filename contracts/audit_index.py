@@ -359,20 +359,26 @@ def _block_paths(fn: Func) -> dict[int, tuple]:
     return out
 
 
-def _local_attr_aliases(fn: Func) -> dict[str, ast.Attribute]:
-    """``name = a.b.c`` bindings of a function (or a module's top level): the attribute a call of
-    ``name`` stands for (cached)."""
-    cached = fn.__dict__.get("_attr_aliases")
+def name_bindings(fn: Func, key: str, value_of) -> dict[str, Any]:
+    """``name = <expr>`` bindings of a function (or a module's top level) that ``value_of(expr)``
+    accepts (returns not None), as name -> what it returned; cached on ``fn`` under ``key``."""
+    cached = fn.__dict__.get(key)
     if cached is not None:
         return cached
-    out: dict[str, ast.Attribute] = {}
+    out: dict[str, Any] = {}
     body = fn.node.body if isinstance(fn.node, ast.Module) else _own_nodes(fn)
     for st in body:
-        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
-                and isinstance(st.value, ast.Attribute)):
-            out[st.targets[0].id] = st.value
-    fn.__dict__["_attr_aliases"] = out
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            got = value_of(st.value)
+            if got is not None:
+                out[st.targets[0].id] = got
+    fn.__dict__[key] = out
     return out
+
+
+def _local_attr_aliases(fn: Func) -> dict[str, ast.Attribute]:
+    """``name = a.b.c`` bindings: the attribute a call of ``name`` stands for."""
+    return name_bindings(fn, "_attr_aliases", lambda v: v if isinstance(v, ast.Attribute) else None)
 
 
 def _target_names(t: ast.AST) -> set[str]:

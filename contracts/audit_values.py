@@ -34,6 +34,7 @@ from .audit_index import (
     _root,
     _target_names,
     _walk_no_defs,
+    name_bindings,
 )
 
 
@@ -118,19 +119,9 @@ def _cuda_object(e: ast.AST, dev) -> bool:
 
 
 def _instances(fn: Func) -> dict[str, ast.AST]:
-    """``h = Helper(...)`` bindings of a function or a module's top level: name -> the class expression."""
-    cached = fn.__dict__.get("_instances")
-    if cached is not None:
-        return cached
-    out: dict[str, ast.AST] = {}
-    body = fn.node.body if isinstance(fn.node, ast.Module) else _own_nodes(fn)
-    for st in body:
-        if (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
-                and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name)
-                and st.value.func.id[:1].isupper()):
-            out[st.targets[0].id] = st.value.func
-    fn.__dict__["_instances"] = out
-    return out
+    """``h = Helper(...)`` bindings: name -> the class expression."""
+    return name_bindings(fn, "_instances", lambda v: v.func if (
+        isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id[:1].isupper()) else None)
 
 
 # -- analysis -------------------------------------------------------------------------------------
