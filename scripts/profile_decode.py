@@ -26,6 +26,40 @@ from lockstep.reference_runtime.backends import make_device  # noqa: E402
 from lockstep.reference_runtime.engine import RefDecoder  # noqa: E402
 
 
+def _by_op(dec, logits, steps: int) -> None:
+    """Host wall time of each node's ``Executor._run_step``, summed by op type (no profiler)."""
+    from collections import defaultdict
+
+    from lockstep.reference_runtime import executor as exmod
+
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    real = exmod.Executor._run_step
+
+    def timed(self, step, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real(self, step, *a, **k)
+        finally:
+            row = totals[step.info.op_type]
+            row[0] += time.perf_counter() - t0
+            row[1] += 1
+
+    exmod.Executor._run_step = timed
+    t0 = time.perf_counter()
+    try:
+        for _ in range(steps):
+            logits = dec.forward([int(np.argmax(logits))])[-1]
+    finally:
+        exmod.Executor._run_step = real
+    wall = time.perf_counter() - t0
+    nodes = sum(r[1] for r in totals.values())
+    print(f"# per op type, {steps} steps: {1e3 * wall / steps:.2f} ms/step, {nodes / steps:.0f} nodes/step, "
+          f"{1e6 * wall / max(nodes, 1):.1f} us wall per node")
+    print(f"{'op type':24} {'nodes/step':>10} {'us/node':>9} {'ms/step':>8}")
+    for op, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        print(f"{op:24} {n / steps:10.1f} {1e6 * t / n:9.1f} {1e3 * t / steps:8.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cupy")
@@ -34,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--defer", choices=("on", "off"), default="on")
     ap.add_argument("--capture", choices=("on", "off"), default="off")
     ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--by-op", action="store_true", help="also print host wall time per op type (no profiler)")
     args = ap.parse_args(argv)
     rt = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=args.defer == "on"))
     dec = RefDecoder(onnx.load(str(MODEL_DIR / f"{args.model}.onnx")), rt, capture=args.capture == "on")
@@ -41,6 +76,8 @@ def main(argv=None) -> int:
     logits = dec.forward(list(PROMPT.encode()))[-1]
     for _ in range(3):
         logits = dec.forward([int(np.argmax(logits))])[-1]
+    if args.by_op:
+        _by_op(dec, logits, args.steps)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
