@@ -19,7 +19,14 @@ An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
 
 The executor allocates each output from ``shapes`` before launching, then the kernel copies what
 ``compute`` returned into it, checking shape and dtype, so a wrong ``shapes`` is an error, never a
-silently wrong result. ``compute`` must not read device values on the host (no ``.item()``,
+silently wrong result.
+
+- ``into(xp, node, outs, *arrays) -> bool`` (optional, the fast path): write every output straight
+  into the preallocated arrays ``outs`` (shapes and dtypes as ``shapes`` promised) and return True,
+  or return False having written nothing, and the executor falls back to ``compute`` and a copy.
+  It must give the very bytes ``compute`` gives (``tests/test_kernel_into.py`` checks every kernel
+  that has one against its ``compute`` over ONNX's node cases); one device launch per node where it
+  can (a ufunc with ``out=``, one RawKernel), which is what an eager step's host time is made of. ``compute`` must not read device values on the host (no ``.item()``,
 ``float(x)``, ``bool(x)``, ``if x.any()``): values it needs on the host go in ``host_inputs``.
 
 Writing an op usually takes a few lines through the helper classes below (``Unary``, ``Binary``).
@@ -133,6 +140,9 @@ class OpKernel:
     # outputs (im2col windows, DFT matrices): ``workspace(node, specs) -> int`` (an upper estimate,
     # Python ints). The executor refuses the launch (``MemoryAllocation``) if it would pass the budget.
     workspace: Callable[[NodeInfo, list[Spec | None]], int] | None = None
+    # The fast path: write the outputs into ``outs`` in place (see the module docstring), or
+    # return False having written nothing.
+    into: Callable[..., bool] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):

@@ -90,6 +90,7 @@ def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto
 
 def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out: int) -> Kernel:
     """Wrap an op into a launchable kernel: outputs first, then the present inputs."""
+    into = op.into
 
     def body(xp, *arrays, node, site=0):
         if node.index_checks:
@@ -99,6 +100,8 @@ def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out:
         for check in node.index_checks:  # IndexCheck entries (kernels/_latch.py)
             if args[check.input] is not None:
                 flag_check(xp, latch, args[check.input], check, site)
+        if into is not None and into(xp, node, outs, *args):
+            return  # written in place: one launch, no copy
         results = op.compute(xp, node, *args)
         if len(results) < n_out:
             raise node.error(f"compute returned {len(results)} outputs, {n_out} expected")
