@@ -97,7 +97,7 @@ def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "o
     from constants and shapes only, the symbols its contents depend on; and the node each root
     symbol was born on."""
     shapes: dict[str, tuple] = executor.symbolic_shapes
-    deps: dict[str, set[Symbol]] = {name: set() for name in executor._constants}
+    deps: dict[str, set[Symbol]] = {name: set() for name in executor.constants}
     born: dict[Symbol, "onnx.NodeProto"] = {}
     for step in executor.steps:
         node = step.node
@@ -193,7 +193,7 @@ def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[
 def _host_known(executor) -> set[str]:
     """Values whose contents the host knows without reading the device (constants, shapes, and
     small shape arithmetic over them, which the executor folds)."""
-    known = set(executor._constants)
+    known = set(executor.constants)
     for step in executor.steps:
         node = step.node
         if node.op_type in ("Shape", "Size"):
@@ -229,7 +229,7 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
         if unknown:
             decisions.append((name, f"host read: {unknown[0]}"))
             continue
-        unresolved = [v for v in [*node.input, *node.output] if v and v not in shapes and v not in executor._constants]
+        unresolved = [v for v in [*node.input, *node.output] if v and v not in shapes and v not in executor.constants]
         if unresolved:
             decisions.append((name, f"unresolved shape: {unresolved[0]}"))
             continue
@@ -256,7 +256,7 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
         if k.capture == "conditional":
             # constants keep their values (Dropout's training_mode=False is inference mode); the
             # rest are placeholders: a kernel's capture_ok must not rely on their shapes
-            consts = executor._constants
+            consts = executor.constants
             specs = [None if not i else Spec(np.shape(consts[i]), np.asarray(consts[i]).dtype, np.asarray(consts[i]))
                      if i in consts else Spec(tuple(), np.dtype(np.float32)) for i in node.input]
             if not k.capture_ok(step.info, specs):  # type: ignore[misc]

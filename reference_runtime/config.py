@@ -61,12 +61,19 @@ class RuntimeConfig:
         the size, the budget and the bytes in use. Distinct from ``vram_limit``, which only bounds
         the weight pager's resident weights and must fit within it.
         Environment: ``LOCKSTEP_DEVICE_MEMORY_LIMIT=<bytes>`` with an optional K/M/G suffix.
+    execution_plans: an executor compiles an execution plan per step signature (default on): the
+        second run of a signature replays the first run's shape inference, kernels, launch
+        arguments and folded host values, with its intermediates in buffers planned once
+        (``reference_runtime.plan``); off, every run infers and allocates node by node. Same
+        launches, same bytes; a benchmark's baseline and a bisection aid.
+        Environment: ``LOCKSTEP_EXECUTION_PLANS=0|false|off|no`` turns it off.
     """
 
     defer_eager_sync: bool = True
     sync_debug: str = "off"
     vram_limit: int | None = None
     device_memory_limit: int | None = None
+    execution_plans: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vram_limit", "device_memory_limit"):
@@ -93,6 +100,9 @@ class RuntimeConfig:
             if mode not in SYNC_DEBUG_MODES:
                 raise ValueError(f"LOCKSTEP_SYNC_DEBUG={raw!r}: expected one of {list(SYNC_DEBUG_MODES)}")
             cfg = replace(cfg, sync_debug=mode)
+        raw = env.get("LOCKSTEP_EXECUTION_PLANS")
+        if raw is not None and raw.strip() != "":
+            cfg = replace(cfg, execution_plans=parse_bool("LOCKSTEP_EXECUTION_PLANS", raw))
         raw = env.get("LOCKSTEP_VRAM_LIMIT")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, vram_limit=parse_bytes("LOCKSTEP_VRAM_LIMIT", raw))

@@ -10,6 +10,9 @@ Registered like any third-party engine, through the ``lockstep.engines`` entry p
   step writes its ``present`` into its own ``past`` buffer (``Executor.run(..., bind=...)``), so a
   decode step has fixed shapes and fixed addresses, which is what a captured decode graph needs.
 
+With ``capture=True`` both run through a ``segments.CaptureSession`` (a fixed-capacity step is its
+one-segment case).
+
 Only the logits come back to the host.
 """
 
@@ -137,16 +140,20 @@ def _dtypes(model: onnx.ModelProto) -> set[str]:
 
 
 class RefDecoder:
-    """The reference runtime. With ``capture=True``:
+    """The reference runtime. With ``capture=True`` every step runs through a
+    ``segments.CaptureSession``, one path for every cache: each step signature (one-token decode,
+    a k-token verify step, the prefill) runs eagerly once, is then captured and replayed.
 
-    - a fixed-capacity cache: the one-token decode step is captured whole into the PRIMARY graph
-      slot and a fixed-width multi-token step (teacher-forced verify of k tokens) into VERIFY, each
-      after an eager warm-up step, and then replayed: inputs are persistent device buffers written
-      before each replay, outputs are bound buffers, intermediates live as long as the graphs. The
-      two slots alternate without invalidating each other. If a step cannot be captured (a host
-      seam, a capture-unsupported kernel), decoding stays eager and ``capture_fallback`` says why;
-    - a growing cache: each step runs through a ``segments.CaptureSession``: the plan's captured
-      segments replay (one graph handle each), the seams where the cache grows run eagerly."""
+    - a fixed-capacity cache: nothing in the step grows, so the plan is one segment: the whole step
+      is one graph per signature (decode and verify steps each replay their own, independently),
+      its host feeds written into persistent buffers, the cache read and written in place where it
+      is (the graphs bake its address);
+    - a growing cache: the plan's captured segments replay (one graph handle each), the seams where
+      the cache grows run eagerly.
+
+    A segment whose recording fails (a kernel that reads back, synchronises or calls cuBLAS) runs
+    eagerly instead and its op type is quarantined for the session; ``capture_fallback`` names the
+    first such failure."""
 
     def __init__(self, model: onnx.ModelProto, runtime, *, capture: bool = False, io: DecoderIO | None = None):
         from .executor import Executor
@@ -156,51 +163,18 @@ class RefDecoder:
         self.io = io = io or DecoderIO.of(self.ex.model)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
         self.session = None
-        if capture and (not self.capacity or self.ex.pager is not None):
-            # growing caches, and paged weights (a step's weights may not fit the budget at once),
-            # are captured in segments
+        if capture:
             from .segments import CaptureSession
 
             self.session = CaptureSession(self.ex)
-            capture = False  # the slot path below is for fixed-capacity steps
         self.capture = capture
-        self.capture_fallback: str | None = None
-        self._graph_temps: list[Any] = []
-        self._step_io: dict[Any, dict[str, Any]] = {}
-        self._widths: dict[Any, int] = {}  # slot -> step width seen (warmed up)
         self.cache: dict[str, Any] = {}
         self.reset()
 
-    def _captured(self, slot, ids: list[int]) -> np.ndarray:
-        """Run ``ids`` (at the current position) as a replay of ``slot``'s graph, capturing it on
-        first use. Each slot has its own persistent input/output buffers and retained intermediates."""
-        rt = self.rt
-        w = len(ids)
-        feeds = self.io.step_feeds(ids, self.position)
-        bufs = self._step_io.get(slot)
-        if bufs is None:  # persistent step buffers: the graph bakes their addresses
-            bufs = self._step_io[slot] = {name: rt.empty(a.shape, a.dtype, name=f"{slot.value}.{name}")
-                                          for name, a in feeds.items()}
-            bufs[self.io.logits] = rt.empty((1, w, self.io.vocab), self.io.logits_dtype,
-                                            name=f"{slot.value}.{self.io.logits}")
-        for name, a in feeds.items():
-            rt.write(bufs[name], a)
-        if not rt.has_graph(slot):
-            bind = {self.present_of[p]: t for p, t in self.cache.items()}
-            bind[self.io.logits] = bufs[self.io.logits]
-            rt.begin_capture(slot)
-            try:
-                self.ex.run({**{name: bufs[name] for name in feeds}, **self.cache}, bind=bind, retain=self._graph_temps)
-                rt.end_capture(slot)
-            except Exception as exc:
-                if rt.is_capturing:
-                    rt.abort_capture(slot)
-                self.capture_fallback = f"{type(exc).__name__}: {exc}"
-                self.capture = False
-                return self.forward(ids)
-        rt.replay(slot)
-        self.position += w
-        return rt.download(bufs[self.io.logits])[0]
+    @property
+    def capture_fallback(self) -> str | None:
+        """The first recording failure of this decoder's capture session ("Type: message"), if any."""
+        return self.session.failure if self.session is not None else None
 
     def reset(self) -> None:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
@@ -220,25 +194,11 @@ class RefDecoder:
         ids = list(ids)
         n = len(ids)
         self.io.check_room(self.position, n)
-        if self.capture and self.position > 0:  # the prefill is always eager
-            # one-token decode steps replay PRIMARY; fixed-width multi-token (verify) steps replay
-            # VERIFY. The first step of each runs eagerly (warm-up: kernels compiled, shapes seen).
-            from .runtime import GraphSlot
-
-            slot = GraphSlot.PRIMARY if n == 1 else GraphSlot.VERIFY
-            width = self._widths.get(slot)
-            if width is None:
-                self._widths[slot] = n
-            elif width != n:
-                raise ValueError(f"the {slot.value} graph replays steps of {width} tokens, not {n}")
-            else:
-                return self._captured(slot, ids)
         feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position), **self.cache}
+        run = self.session.run if self.session is not None else self.ex.run
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
-            run = self.session.run if self.session is not None else self.ex.run
             out = run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
         else:
-            run = self.session.run if self.session is not None else self.ex.run
             out = run(feeds, keep=set(self.present_of.values()))
             for t in self.cache.values():
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
@@ -258,18 +218,9 @@ class RefDecoder:
 
     def capture_counters(self) -> dict[str, Any]:
         """Per-session capture counters: captures, replays, fallbacks, invalidations, segments,
-        seams by reason (the same keys on both capture paths; zeros when capture is off)."""
+        seams by reason (zeros when capture is off)."""
         if self.session is not None:
             return self.session.counters.as_dict()
         from .segments import CaptureCounters
 
-        c = CaptureCounters()
-        if self._widths or self.capture_fallback:  # the slot path was asked for
-            from .capture_plan import plan_capture
-
-            census = plan_capture(self.ex).census()
-            c.captures = sum(self.rt.counters.captures_by_slot.values())
-            c.replays = sum(self.rt.counters.replays_by_slot.values())
-            c.fallbacks = int(self.capture_fallback is not None)
-            c.segments, c.seams_by_reason = census["segments"], census["seams_by_reason"]
-        return c.as_dict()
+        return CaptureCounters().as_dict()

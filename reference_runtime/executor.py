@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,11 @@ from onnx import helper
 
 from .errors import IllegalState
 from .model import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
+from .plan import PlanCache
 from .runtime import Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 
-__all__ = ["Executor", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
+__all__ = ["Executor", "Run", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
 
 
 class FeedError(ValueError):
@@ -55,6 +57,13 @@ class _Step:
     info: NodeInfo
     kernel: OpKernel | None  # None: handled by the executor (Identity)
     launch: Kernel | None
+    alias: bool = False  # the output is a view of input 0 (Reshape and friends): no allocation, no launch
+
+
+# Ops whose output is the input's bytes under another shape: the executor makes it a view (as a
+# real runtime does) when the input is an intermediate or a constant and the output is not a graph
+# output (a graph output is the caller's, and a view of a feed could be overwritten in place).
+ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
@@ -168,10 +177,10 @@ class Executor:
                 continue
             kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
             present = tuple(bool(i) for i in node.input)
-            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output))))
+            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output)),
+                                    alias=self._aliases(node, domain, graph)))
         if unsupported:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
-        self._bind: dict[str, Tensor] = {}
         self._const_values: dict[str, _Value] = {}
         self.pager = None
         if runtime.config.vram_limit is not None:  # weights paged under stable addresses
@@ -188,6 +197,29 @@ class Executor:
         # per step: the paged weights it reads (made resident before it launches)
         self.paged_inputs: dict[str, list[str]] = {} if self.pager is None else {
             st.info.name: [i for i in st.node.input if i and self.pager.is_paged(i)] for st in self.steps}
+        if self.pager is not None:  # a view of a paged weight would escape the pager's residency
+            self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.node.input[0])
+                          else st for st in self.steps]
+        self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.node.output if o}
+        self._readers: dict[str, list[int]] = {}
+        for i, st in enumerate(self.steps):
+            for name in st.node.input:
+                if name:
+                    self._readers.setdefault(name, []).append(i)
+        # execution plans per step signature (``reference_runtime.plan``); off with paged weights,
+        # whose residency the pager decides per node
+        self.plans: PlanCache | None = (PlanCache(self) if runtime.config.execution_plans and self.pager is None
+                                        else None)
+
+    @property
+    def constants(self) -> "MappingProxyType[str, np.ndarray]":
+        """The model's constant values (initializers and Constant nodes) on the host, read-only."""
+        return MappingProxyType(self._constants)
+
+    def _aliases(self, node: onnx.NodeProto, domain: str, graph: onnx.GraphProto) -> bool:
+        if domain != "" or node.op_type not in ALIAS_OPS or not node.input or not node.input[0]:
+            return False
+        return node.input[0] not in {vi.name for vi in self.inputs} and node.output[0] not in self.outputs
 
     def _constant_value(self, info: NodeInfo) -> np.ndarray:
         a = info.attrs
@@ -262,55 +294,78 @@ class Executor:
         into the given Tensors (IO binding), which may be feeds of this run (in place: refused
         unless the producing node is the last reader of that feed). With ``retain``, the run's
         intermediate tensors are appended to it instead of freed: a captured graph baked their
-        addresses, so they live as long as the graph."""
-        env, temps, bind = self._start(feeds, keep, bind)
-        handed: set[int] = set()  # temporaries given to the caller through ``keep``
-        try:
-            for step in self.steps:
-                self._run_step(step, env, temps)
-            return self._collect(env, temps, keep, bind, handed)
-        finally:
-            self._release(temps, handed, retain)
+        addresses, so they live as long as the graph.
 
-    def _start(self, feeds: dict[str, Any], keep: "set[str] | frozenset[str]",
-               bind: "dict[str, Tensor] | None") -> tuple[dict[str, _Value], list[Tensor], dict[str, Tensor]]:
-        """Check keep/bind and the feeds, upload host feeds: the environment a run starts from."""
+        From the second run of a step signature on, the run follows that signature's execution
+        plan (``reference_runtime.plan``; ``RuntimeConfig.execution_plans``): the same launches on
+        the same kind of arguments, without the per-node inference and allocation."""
+        plans = self.plans
+        plan = None
+        if plans is not None and retain is None and not self.runtime.is_capturing:
+            plan = plans.lookup(feeds)
+        r = self.start(feeds, keep=keep, bind=bind, feed_buffers=plan.feed_buffers if plan is not None else None)
+        try:
+            if plan is not None:
+                plan.execute(self, r)
+            else:
+                if plans is not None and retain is None and not self.runtime.is_capturing:
+                    r.record = {}
+                for i in range(len(self.steps)):
+                    self.step(r, i)
+                if r.record is not None:
+                    plans.remember(feeds, r.record)
+            return self.finish(r)
+        finally:
+            self.release(r, retain=retain)
+
+    # -- the step API (segmented capture drives a run node by node through it)
+    def start(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
+              bind: "dict[str, Tensor] | None" = None, feed_buffers: "dict[str, Tensor] | None" = None) -> "Run":
+        """Check keep/bind and the feeds, upload host feeds: a ``Run`` at its first node. A host
+        feed with a buffer of its shape in ``feed_buffers`` is written into it (no allocation)."""
         rt = self.runtime
         rt.current_node = None  # feeds are no node's: a refused upload must not name the last run's
         bind = dict(bind or {})
-        unknown = sorted((set(keep) | set(bind)) - set(self.outputs))
+        keep = frozenset(keep)
+        unknown = sorted((keep | set(bind)) - set(self.outputs))
         if unknown:
             raise FeedError(f"keep/bind name {unknown}, which are not graph outputs {self.outputs}")
         self._check_in_place(feeds, bind)
-        env: dict[str, _Value] = dict(self._const_values)
-        temps: list[Tensor] = []
+        run = Run(dict(self._const_values), [], keep, bind)
+        env = run.env
         for name, value in self._check_feeds(feeds).items():
+            spec = Spec(tuple(value.shape), value.dtype)
             if isinstance(value, Tensor):
-                env[name] = _Value(value, Spec(tuple(value.shape), value.dtype))
+                env[name] = _Value(value, spec)
                 continue
-            v = _Value(rt.upload(value, name=name), Spec(tuple(value.shape), value.dtype))
+            held = feed_buffers.get(name) if feed_buffers else None
+            if held is not None and tuple(held.shape) == spec.shape and held.dtype == spec.dtype:
+                rt.write(held, value)  # stream-ordered after the kernels that read the last step's
+                env[name] = _Value(held, spec)
+                continue
+            v = _Value(rt.upload(value, name=name), spec)
             env[name] = v
-            temps.append(v.tensor)
-        return env, temps, bind
+            run.temps.append(v.tensor)  # type: ignore[arg-type]
+        return run
 
-    def _collect(self, env: dict[str, _Value], temps: list[Tensor], keep: "set[str] | frozenset[str]",
-                 bind: dict[str, Tensor], handed: set[int]) -> dict[str, Any]:
+    def finish(self, run: "Run") -> dict[str, Any]:
         """The graph outputs: bound tensors, kept device tensors (the caller owns them), or numpy."""
         rt = self.runtime
         rt.current_node = None  # the run's own downloads and frees: no node's (not the last node's)
+        env = run.env
         missing = [o for o in self.outputs if o not in env]
         if missing:
             raise ModelError(f"graph outputs {missing} were never produced")
         result: dict[str, Any] = {}
-        temp_ids = {id(t) for t in temps}
+        temp_ids = {id(t) for t in run.temps}
         for o in self.outputs:
             t = env[o].tensor
-            if o in bind:
+            if o in run.bind:
                 result[o] = t
-            elif o not in keep:
+            elif o not in run.keep:
                 result[o] = rt.download(t)
-            elif id(t) in temp_ids and id(t) not in handed:
-                handed.add(id(t))
+            elif id(t) in temp_ids and id(t) not in run.handed:
+                run.handed.add(id(t))
                 result[o] = t
             else:  # a constant, a feed, a persistent buffer, or already handed out: the caller gets its own copy
                 own = rt.empty(t.shape, t.dtype, name=o)
@@ -318,15 +373,97 @@ class Executor:
                 result[o] = own
         return result
 
-    def _release(self, temps: list[Tensor], handed: set[int], retain: "list[Tensor] | None") -> None:
+    def release(self, run: "Run", *, retain: "list[Tensor] | None" = None) -> None:
+        """Free the run's temporaries (stream-ordered), or append them to ``retain``. Idempotent."""
         rt = self.runtime
         rt.current_node = None  # the run's frees are no node's, after a node that raised too
+        temps, run.temps = run.temps, []
         for t in temps:
-            if not t.freed and id(t) not in handed:
+            if not t.freed and id(t) not in run.handed:
                 if retain is not None:
                     retain.append(t)
                 else:
                     rt.free(t)
+
+    def step(self, run: "Run", i: int, *, persist: "dict[str, Tensor] | None" = None,
+             temps: "list[Tensor] | None" = None) -> None:
+        """Run node ``i`` of ``steps`` on ``run``: infer its output specs (reading host inputs back
+        where the host does not know them: the node's host seam), allocate its outputs (into
+        ``temps``, by default the run's), launch its kernel. ``persist`` maps value names to
+        persistent buffers (segmented capture: a seam writes a value a captured segment reads into
+        the buffer that segment's graph baked)."""
+        step = self.steps[i]
+        node, info, rt = step.node, step.info, self.runtime
+        env = run.env
+        temps = run.temps if temps is None else temps
+        values = [env[n] if n else None for n in node.input]
+        if step.kernel is None:  # Identity: alias, no launch
+            env[node.output[0]] = values[0]  # type: ignore[assignment]
+            return
+        specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
+        rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
+        for k in step.kernel.host_inputs:
+            if k < len(values) and values[k] is not None and specs[k].value is None:  # type: ignore[union-attr]
+                host = rt.download(values[k].tensor)  # the node's host seam
+                specs[k] = Spec(specs[k].shape, specs[k].dtype, host)  # type: ignore[union-attr]
+        try:
+            out_specs = list(step.kernel.shapes(info, specs))
+        except Exception as exc:  # a kernel's own shape code failing is named after its node
+            if isinstance(exc, OpError) or not is_host_error(exc):
+                raise
+            raise KernelHostError(step.launch, {"node": info}, exc) from exc
+        out_specs = self._fold_host_values(step, info, specs, out_specs)
+        host = {k: specs[k].value for k in step.kernel.host_inputs if k < len(specs) and specs[k] is not None}
+        checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
+        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
+        if run.record is not None:
+            run.record[i] = (tuple(out_specs), call, specs)
+        if step.alias and not (persist and node.output[0] in persist):
+            src = values[0].tensor  # type: ignore[union-attr]
+            spec = out_specs[0]
+            view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=node.output[0])
+            env[node.output[0]] = _Value(view, spec)
+            return  # a view of its input: no allocation, no launch (as a real runtime's Reshape)
+        outs: list[Tensor] = []
+        for name, spec in zip(node.output, out_specs):
+            bound = run.bind.get(name)
+            held = persist.get(name) if persist else None
+            if bound is not None:
+                if tuple(bound.shape) != tuple(spec.shape) or bound.dtype != spec.dtype:
+                    raise FeedError(f"output {name!r} is bound to {bound!r} but is {spec.dtype}{list(spec.shape)}")
+                t = bound
+            elif held is not None:
+                if tuple(held.shape) != tuple(spec.shape) or held.dtype != spec.dtype:
+                    raise IllegalState(
+                        f"node {info.name!r}: value {name!r} is {spec.dtype}{list(spec.shape)} but the captured "
+                        f"segment that reads it baked {held!r}; the step signature missed a shape", subject=name)
+                t = held
+            else:
+                t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
+                temps.append(t)
+            outs.append(t)
+            if name:
+                env[name] = _Value(t, spec)
+        self._launch(step, call, outs, [v.tensor for v in values if v is not None], specs)
+
+    def _launch(self, step: _Step, call: NodeInfo, outs: list[Tensor], ins: list[Tensor],
+                specs: "list[Spec | None] | None", workspace: int | None = None) -> None:
+        """Launch a node's kernel on its outputs and inputs (paged weights made resident, the
+        kernel's workspace checked against the budget first), then the per-op synchronisation point."""
+        rt = self.runtime
+        if self.pager is not None:
+            self.pager.ensure(self.paged_inputs.get(call.name, ()))
+        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
+            nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
+            rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
+        if call.index_checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+        else:
+            rt.launch(step.launch, *outs, *ins, node=call)
+        if not rt.is_capturing:
+            # A runtime's per-op synchronisation point (as in the runtimes of the seeds): a counted
+            # no-op under eager-sync deferral, a real drain without it; never inside a capture.
+            rt.synchronize()
 
     FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
 
@@ -355,74 +492,25 @@ class Executor:
         return folded + out_specs[len(folded):]
 
     def _check_in_place(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> None:
-        self._bind = bind
         for out, t in bind.items():
             if not isinstance(t, Tensor) or t.runtime is not self.runtime or t.freed:
                 raise FeedError(f"output {out!r}: bind needs a live device Tensor of this runtime, got {t!r}")
-            producer = next((i for i, st in enumerate(self.steps) if out in st.node.output), None)
+            producer = self._producer.get(out)
             if producer is None or self.steps[producer].kernel is None:
                 raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
             for name, value in feeds.items():
-                if value is t:
-                    readers = [i for i, st in enumerate(self.steps) if name in st.node.input]
-                    if any(i > producer for i in readers):
-                        raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
+                if value is t and any(i > producer for i in self._readers.get(name, ())):
+                    raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
 
-    def _run_step(self, step: _Step, env: dict[str, _Value], temps: list[Tensor],
-                  persist: "dict[str, Tensor] | None" = None) -> None:
-        """Run one node. ``persist`` maps value names to persistent buffers (segmented capture: a
-        seam writes a value a captured segment reads into the buffer that segment's graph baked)."""
-        node, info, rt = step.node, step.info, self.runtime
-        values = [env[i] if i else None for i in node.input]
-        if step.kernel is None:  # Identity: alias, no launch
-            env[node.output[0]] = values[0]  # type: ignore[assignment]
-            return
-        specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
-        rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
-        for i in step.kernel.host_inputs:
-            if i < len(values) and values[i] is not None and specs[i].value is None:  # type: ignore[union-attr]
-                host = rt.download(values[i].tensor)  # the node's host seam
-                specs[i] = Spec(specs[i].shape, specs[i].dtype, host)  # type: ignore[union-attr]
-        try:
-            out_specs = list(step.kernel.shapes(info, specs))
-        except Exception as exc:  # a kernel's own shape code failing is named after its node
-            if isinstance(exc, OpError) or not is_host_error(exc):
-                raise
-            raise KernelHostError(step.launch, {"node": info}, exc) from exc
-        out_specs = self._fold_host_values(step, info, specs, out_specs)
-        outs: list[Tensor] = []
-        for name, spec in zip(node.output, out_specs):
-            bound = self._bind.get(name)
-            held = persist.get(name) if persist else None
-            if bound is not None:
-                if tuple(bound.shape) != tuple(spec.shape) or bound.dtype != spec.dtype:
-                    raise FeedError(f"output {name!r} is bound to {bound!r} but is {spec.dtype}{list(spec.shape)}")
-                t = bound
-            elif held is not None:
-                if tuple(held.shape) != tuple(spec.shape) or held.dtype != spec.dtype:
-                    raise IllegalState(
-                        f"node {info.name!r}: value {name!r} is {spec.dtype}{list(spec.shape)} but the captured "
-                        f"segment that reads it baked {held!r}; the step signature missed a shape", subject=name)
-                t = held
-            else:
-                t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")
-                temps.append(t)
-            outs.append(t)
-            if name:
-                env[name] = _Value(t, Spec(spec.shape, spec.dtype, spec.value))
-        ins = [v.tensor for v in values if v is not None]
-        host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
-        checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
-        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
-        if self.pager is not None:
-            self.pager.ensure(self.paged_inputs.get(info.name, ()))
-        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
-            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
-        if checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
-        else:
-            rt.launch(step.launch, *outs, *ins, node=call)
-        if not rt.is_capturing:
-            # A runtime's per-op synchronisation point (as in the runtimes of the seeds): a counted
-            # no-op under eager-sync deferral, a real drain without it; never inside a capture.
-            rt.synchronize()
+
+@dataclass(eq=False)
+class Run:
+    """One execution of the graph (``Executor.start``): the values so far (name -> device tensor
+    and spec), the temporaries it allocated, and the outputs the caller keeps or binds."""
+
+    env: dict[str, _Value]
+    temps: list[Tensor]
+    keep: frozenset[str]
+    bind: dict[str, Tensor]
+    handed: set[int] = dataclasses.field(default_factory=set)  # temporaries given to the caller
+    record: dict[int, tuple] | None = None  # step -> (out_specs, call): what a plan is built from

@@ -202,6 +202,7 @@ class Runtime:
         self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
         self._sites: dict[int, str] = {}
+        self._site_ids: dict[str, int] = {}
         self._enqueued = 0  # device work items enqueued (launches, copies, replays): frees batch on it
         self._free_event: Event | None = None
         self._free_mark = -1
@@ -380,11 +381,10 @@ class Runtime:
 
     def latch_site(self, name: str) -> int:
         """Register a site (e.g. an ONNX node name) that may set the error latch; returns its id."""
-        for i, n in self._sites.items():
-            if n == name:
-                return i
-        i = len(self._sites) + 1
-        self._sites[i] = name
+        i = self._site_ids.get(name)
+        if i is None:
+            i = self._site_ids[name] = len(self._sites) + 1
+            self._sites[i] = name
         return i
 
     @primitive(

@@ -11,7 +11,7 @@ growing dims masked, plus the identity of device tensors the graphs would bake) 
 - persistent bindings: a value a segment reads but does not produce (a host feed, a device feed, a
   seam's output) lives in a buffer allocated once, whose address the graph bakes. Host feeds are
   written into it (H2D, stream-ordered), device feeds copied into it by a kernel, and a seam
-  writes its output straight into it (``Executor._run_step(persist=...)``). Values a segment
+  writes its output straight into it (``Executor.step(persist=...)``). Values a segment
   produces live in the graph's retained intermediates, at fixed addresses the seams read;
 - no allocation during a replay; the seams allocate and free their own temporaries (stream-ordered);
 - a recording failure (a kernel that syncs, reads back, or calls cuBLAS while capturing) aborts
@@ -40,14 +40,17 @@ from .errors import (
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
-from .executor import Executor, _Value
+from .errors import SyncDebugError
+from .executor import Executor, Run, _Value
 from .runtime import SegmentGraph, Tensor
 from .symbols import Symbol
 
 __all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES"]
 
-# What a kernel may raise while being recorded (cuda-semantics.md): the capture cannot hold it.
-RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsupported, StreamCaptureInvalidated)
+# What a kernel may raise while being recorded (cuda-semantics.md): the capture cannot hold it. A
+# sync-debug refusal (mode error: a synchronising call inside the capture) is one too.
+RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsupported, StreamCaptureInvalidated,
+                      SyncDebugError)
 
 
 @dataclass
@@ -102,6 +105,7 @@ class CaptureSession:
         self._growing: set[Symbol] = growing_symbols(executor)
         self._sigs: dict[tuple, _Signature] = {}
         self.plan: CapturePlan | None = None
+        self.failure: str | None = None  # the first recording failure of the session ("Type: message")
 
     # -- signature: what fixes the shapes and the baked addresses of a step's segments. Device feeds
     # are not part of it: a segment reads them through a persistent buffer they are copied into.
@@ -116,7 +120,15 @@ class CaptureSession:
                           for k, n in enumerate(np.shape(v) if not isinstance(v, Tensor) else v.shape))
             parts.append((name, shape, str(v.dtype)))
         parts.append(tuple(sorted((k, id(t)) for k, t in bind.items())))
+        parts.append(tuple(sorted(self._in_place(feeds, bind))))
         return tuple(parts)
+
+    @staticmethod
+    def _in_place(feeds: dict[str, Any], bind: dict[str, Tensor]) -> dict[str, int]:
+        """Device feeds that are also bound outputs (a fixed-capacity cache written in place): the
+        graphs read them where they are (baked, by identity) instead of through a staged copy."""
+        bound = {id(t) for t in bind.values()}
+        return {name: id(v) for name, v in feeds.items() if isinstance(v, Tensor) and id(v) in bound}
 
     def _plan(self) -> CapturePlan:
         plan = plan_capture(self.ex, quarantined=frozenset(self.quarantined), warmed=self.warmed)
@@ -141,7 +153,7 @@ class CaptureSession:
             reads = []
             for i in current:
                 for v in ex.steps[i].node.input:
-                    if v and v not in own and v not in ex._const_values and v not in from_segments and v not in reads:
+                    if v and v not in own and v not in ex.constants and v not in from_segments and v not in reads:
                         reads.append(v)
             weights = list(dict.fromkeys(w for i in current for w in ex.paged_inputs.get(ex.steps[i].info.name, ())))
             items.append(("segment", _Segment(list(current), reads, made, weights=weights)))
@@ -207,25 +219,28 @@ class CaptureSession:
             if not isinstance(value, Tensor) and name in sig.persist:
                 rt.write(sig.persist[name], value)
                 direct[name] = sig.persist[name]
-        env, temps, bind = ex._start({**feeds, **direct}, keep, bind)
-        handed: set[int] = set()
+        run = ex.start({**feeds, **direct}, keep=keep, bind=bind)
+        env = run.env
+        in_place = self._in_place(feeds, bind)
+        for name in in_place:
+            sig.baked.setdefault(f"in-place feed {name}", feeds[name])
         invalid = False
         try:
             for kind, item in sig.items:  # type: ignore[union-attr]
                 if kind == "seam":
-                    ex._run_step(ex.steps[item], env, temps, persist=sig.persist)
+                    ex.step(run, item, persist=sig.persist)
                     continue
                 seg: _Segment = item
                 for name in seg.inputs:
-                    if env[name].tensor is not sig.persist.get(name):
+                    if name not in in_place and env[name].tensor is not sig.persist.get(name):
                         env[name] = self._stage(sig, name, env[name])
                 if seg.graph is None:
                     if invalid:  # this step's plan is void: the rest runs eagerly, the next step replans
                         for i in seg.steps:
-                            ex._run_step(ex.steps[i], env, temps)
+                            ex.step(run, i)
                         continue
-                    sig.baked.update({f"bound output {k}": t for k, t in bind.items()})
-                    invalid = not self._record(sig, seg, env, temps)
+                    sig.baked.update({f"bound output {k}": t for k, t in run.bind.items()})
+                    invalid = not self._record(sig, seg, run)
                     continue
                 if ex.pager is not None:  # weights in, and the addresses the graph baked still theirs
                     ex.pager.ensure(seg.weights)
@@ -233,13 +248,13 @@ class CaptureSession:
                 rt.replay_segment(seg.graph)
                 self.counters.replays += 1
                 env.update(seg.outputs)
-            return ex._collect(env, temps, keep, bind, handed)
+            return ex.finish(run)
         finally:
-            ex._release(temps, handed, None)
+            ex.release(run)
             if invalid:
                 self._drop(sig)
 
-    def _record(self, sig: _Signature, seg: _Segment, env: dict[str, _Value], temps: list[Tensor]) -> bool:
+    def _record(self, sig: _Signature, seg: _Segment, run: Run) -> bool:
         """Capture ``seg`` and launch it. On a recording failure: abort, quarantine, run it eagerly
         (same bytes), return False so the signature is planned again."""
         ex, rt = self.ex, self.rt
@@ -252,7 +267,7 @@ class CaptureSession:
         try:
             for i in seg.steps:
                 current = i
-                ex._run_step(ex.steps[i], env, retained, persist=sig.persist)
+                ex.step(run, i, persist=sig.persist, temps=retained)
             rt.end_segment(handle)
         except RECORDING_FAILURES as exc:
             if rt.is_capturing:
@@ -265,10 +280,12 @@ class CaptureSession:
                 culprits = {ex.steps[current].info.op_type}
             self.quarantined |= culprits
             self.counters.fallbacks += 1
+            if self.failure is None:
+                self.failure = f"{type(exc).__name__}: {exc}"
             for t in retained:
                 rt.free(t)  # nothing executed: the aborted capture recorded, never ran
             for i in seg.steps:
-                ex._run_step(ex.steps[i], env, temps)
+                ex.step(run, i)
             return False
         except BaseException:
             if rt.is_capturing:
@@ -278,7 +295,7 @@ class CaptureSession:
             raise
         seg.graph = handle
         seg.retained = retained
-        seg.outputs = {o: env[o] for o in seg.produced if o in env}
+        seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env}
         self.counters.captures += 1
         rt.replay_segment(handle)  # recording executed nothing: this step's work runs now
         self.counters.replays += 1

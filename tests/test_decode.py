@@ -192,8 +192,9 @@ def test_ort_fixed_bindings_ping_pong_matches_the_plain_binding_path(model):
 
 
 def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
-    """A host seam inside the step (here: TopK's k read back from the device) refuses the capture
-    cleanly (D2H during capture), the capture is aborted, and the decode continues eagerly."""
+    """A host read inside a recorded step (a download while a MatMul is recorded) refuses the
+    recording cleanly (D2H during capture): the capture is aborted, that segment runs eagerly, its
+    op type is quarantined for the session, and the decode goes on with the eager tokens."""
     from lockstep.golden.anchors import MODEL_DIR
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
@@ -201,30 +202,48 @@ def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
-    real_run = dec.ex.run
+    real_step = dec.ex.step
 
-    def run_with_a_seam(feeds, **kw):
-        if dec.rt.is_capturing:
-            dec.rt.download(feeds["position_ids"])  # what a host seam does
-        return real_run(feeds, **kw)
+    def step_with_a_seam(run, i, **kw):
+        if dec.rt.is_capturing and dec.ex.steps[i].info.op_type == "MatMul":
+            dec.rt.download(run.env["position_ids"].tensor)  # what a host seam does
+        return real_step(run, i, **kw)
 
-    dec.ex.run = run_with_a_seam
+    dec.ex.step = step_with_a_seam
     res = greedy(dec, list(b"The quick"), 5)
     assert dec.capture_fallback and "CaptureD2HRefused" in dec.capture_fallback
-    assert res.counters["captures"] == 0 and res.counters["capture_aborts"] == 1 and not dec.rt.is_capturing
+    c = res.counters["capture"]
+    assert c["fallbacks"] == 1 and c["quarantined"] == ["MatMul"], "contract: the op type is quarantined"
+    assert res.counters["capture_aborts"] == 1 and not dec.rt.is_capturing
     eager = greedy(load_engine("ref-sim").decoder(model), list(b"The quick"), 5)
     assert res.tokens == eager.tokens
 
 
-def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
-    """The seeds' replays=0 bug class, end to end: with PRIMARY and VERIFY sharing one lifecycle
-    (contracts.mutants.SharedSlotLifecycle), alternating decode and verify steps no longer match
-    the eager run; with independent slots they do (conformance/golden/test_capture_identity.py)."""
-    from lockstep.contracts.mutants import SharedSlotLifecycle
+class _SharedGraphLifecycle:
+    """Mutant runtime mixin: every segment graph handle shares one lifecycle (the last graph
+    captured is what any handle replays): the seeds' shared-slot bug, for the graphs a capture
+    session keeps per step signature."""
+
+    def end_segment(self, seg):
+        super().end_segment(seg)
+        self._shared = seg.graph
+
+    def replay_segment(self, seg):
+        seg.graph = getattr(self, "_shared", seg.graph)
+        super().replay_segment(seg)
+
+
+def test_shared_graph_lifecycle_mutant_breaks_decode_verify_alternation():
+    """The seeds' replays=0 bug class, end to end: with the decode and verify signatures' graphs
+    sharing one lifecycle, alternating decode and verify steps no longer match the eager run; with
+    independent graphs they do (conformance/golden/test_capture_identity.py)."""
     from lockstep.golden.anchors import MODEL_DIR
-    from lockstep.reference_runtime import RuntimeConfig
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
     from lockstep.reference_runtime.engine import RefDecoder
+
+    class Shared(_SharedGraphLifecycle, Runtime):
+        pass
 
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     steps = [list(b"The quick"), [66], [67, 68, 69], [70], [71, 72, 73], [74]]
@@ -237,7 +256,9 @@ def test_shared_slot_lifecycle_mutant_breaks_decode_verify_alternation():
             return [repr(exc)]
 
     eager = run(load_engine("ref-sim").decoder(model))
-    broken = run(RefDecoder(model, SharedSlotLifecycle(SimDevice(), RuntimeConfig()), capture=True))
+    assert run(RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)) == eager, \
+        "result: independent graphs replay byte-identically"
+    broken = run(RefDecoder(model, Shared(SimDevice(), RuntimeConfig()), capture=True))
     assert broken != eager
 
 
@@ -253,12 +274,20 @@ def test_a_graph_whose_intermediates_were_freed_fails_instead_of_replaying_silen
     model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
     prompt = list(b"The quick brown fox")
     eager = greedy(load_engine("ref-sim").decoder(model), prompt, 8)
+    from lockstep.reference_runtime.segments import CaptureSession
+
+    class FreesIntermediates(CaptureSession):
+        def _record(self, sig, seg, run):
+            ok = super()._record(sig, seg, run)
+            for t in seg.retained:
+                self.rt.free(t)  # the retention dropped
+            return ok
+
     dec = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
-    real_run = dec.ex.run
-    dec.ex.run = lambda feeds, **kw: real_run(feeds, **{**kw, "retain": None})  # drop the retention
+    dec.session = FreesIntermediates(dec.ex)
     try:
         broken = greedy(dec, prompt, 8)
     except Exception as exc:  # IllegalAddress (unmapped) or a race: the failure is loud
-        assert type(exc).__name__ in {"IllegalAddress", "StreamOrderRace", "LaunchFailure"}, exc
+        assert type(exc).__name__ in {"IllegalAddress", "StreamOrderRace", "LaunchFailure", "UseAfterFree"}, exc
         return
     assert [l.tobytes() for l in broken.step_logits] != [l.tobytes() for l in eager.step_logits]

@@ -103,17 +103,18 @@ def test_a_recording_failure_quarantines_the_op_type_and_stays_byte_identical():
 def test_an_invalidated_recording_quarantines_its_segment_and_is_counted():
     eager = greedy(_decoder(False), PROMPT_IDS, TOKENS)
     dec = _decoder(True)
-    run_step = dec.ex._run_step
+    run_step = dec.ex.step
     queried = []
 
-    def querying(step, env, temps, persist=None):  # a kernel wrapper that polls the stream in capture
+    def querying(run, i, persist=None, temps=None):  # a kernel wrapper that polls the stream in capture
+        step = dec.ex.steps[i]
         if step.info.op_type == "Softmax" or step.info.name.endswith("o_proj"):
             if dec.rt.is_capturing and not queried:
                 queried.append(step.info.name)
                 dec.rt.compute.query()  # no error here; the capture is invalidated (cuda-semantics.md)
-        return run_step(step, env, temps, persist)
+        return run_step(run, i, persist=persist, temps=temps)
 
-    dec.ex._run_step = querying
+    dec.ex.step = querying
     on = greedy(dec, PROMPT_IDS, TOKENS)
     c = on.counters["capture"]
     assert queried and c["invalidations"] == 1 and c["fallbacks"] == 1
@@ -129,8 +130,8 @@ def test_an_invalidated_recording_quarantines_its_segment_and_is_counted():
 class _FreesIntermediates(CaptureSession):
     """Mutant: a runner that frees a segment's intermediates after recording (the graph baked them)."""
 
-    def _record(self, sig, seg, env, temps):
-        ok = super()._record(sig, seg, env, temps)
+    def _record(self, sig, seg, run):
+        ok = super()._record(sig, seg, run)
         for t in seg.retained:
             self.rt.free(t)
         return ok

@@ -26,7 +26,7 @@ def test_static_audit_reports_the_unguarded_per_op_sync(tmp_path):
     pkg.mkdir()
     (pkg / "executor.py").write_text(mutated)
     allow = tmp_path / "allow.toml"
-    allow.write_text('[capture]\nentries = [{ file = "executor.py", function = "Executor._run_step", reason = "test" }]\n')
+    allow.write_text('[capture]\nentries = [{ file = "executor.py", function = "Executor._launch", reason = "test" }]\n')
     res = audit([str(pkg / "executor.py")], allowlist=allow)
     unsafe = [f for f in res.findings if f.rule == "capture-unsafe-sync" and f.call == "rt.synchronize()"]
     assert unsafe and unsafe[0].kind == "sync", [(f.line, f.call) for f in res.findings]
@@ -35,14 +35,14 @@ def test_static_audit_reports_the_unguarded_per_op_sync(tmp_path):
 def test_sync_debug_refuses_the_unguarded_per_op_sync_during_capture(monkeypatch):
     from lockstep.reference_runtime.executor import Executor
 
-    real = Executor._run_step
+    real = Executor._launch
 
-    def unguarded(self, step, env, temps, persist=None):
-        real(self, step, env, temps, persist)
+    def unguarded(self, *args, **kw):
+        real(self, *args, **kw)
         if self.runtime.is_capturing:
             self.runtime.synchronize()  # what the guard kept out of the capture
 
-    monkeypatch.setattr(Executor, "_run_step", unguarded)
+    monkeypatch.setattr(Executor, "_launch", unguarded)
     rt = Runtime(SimDevice(), RuntimeConfig(sync_debug="error"))
     dec = RefDecoder(onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx")), rt, capture=True)
     res = greedy(dec, list(b"The quick"), 4)

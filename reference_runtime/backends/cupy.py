@@ -10,8 +10,7 @@ a sticky error is remembered and raised by every later call, as the poisoned con
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
@@ -43,6 +42,42 @@ def available() -> tuple[bool, str]:
     if n < 1:
         return False, "no CUDA device"
     return True, f"{n} CUDA device(s)"
+
+
+# Bound on the first CupyDevice (a module import must not need CuPy): the exception classes every
+# launch checks against (no import statement on the launch path).
+_CUDA_ERRORS: tuple[type[BaseException], ...] = ()
+
+
+class _Errors:
+    """A scope that raises the device's sticky error on entry and translates what escapes it:
+    CUDA runtime/driver statuses into lockstep's CUDA-named errors (latching a sticky one), CuPy's
+    out-of-memory into ``MemoryAllocation``, CuPy's D2H refusal during capture into
+    ``CaptureD2HRefused``. A plain class, not a generator context manager: it is on every launch."""
+
+    __slots__ = ("dev", "what", "name")
+
+    def __init__(self, dev: "CupyDevice", what: str, name: str = ""):
+        self.dev, self.what, self.name = dev, what, name
+
+    def __enter__(self) -> None:
+        if self.dev._sticky is not None:
+            raise self.dev._sticky
+
+    def __exit__(self, et: Any, exc: Any, tb: Any) -> bool:
+        if exc is None:
+            return False
+        what = f"{self.what} {self.name}" if self.name else self.what
+        if isinstance(exc, _CUDA_ERRORS):
+            err = self.dev._translate(exc, what)
+            if err.sticky:
+                self.dev._poison(err)
+            raise err from exc
+        if isinstance(exc, MemoryError):  # CuPy's OutOfMemoryError (its pool found no memory), or the host's
+            raise MemoryAllocation(f"{what}: {exc}") from exc
+        if isinstance(exc, RuntimeError) and "is capturing" in str(exc) and not isinstance(exc, CudaError):
+            raise CaptureD2HRefused(f"{what}: {exc}") from exc
+        return False
 
 
 def _cuda_error_classes() -> dict[str, type[CudaError]]:
@@ -109,33 +144,36 @@ class CupyStream(Stream):
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
         """Run the body now, on this stream. A body's own Python exception is ``KernelHostError``
         raised here (not sticky); CUDA statuses become lockstep's CUDA-named errors."""
-        from cupy.cuda import driver as cuda_driver
-        from cupy.cuda import runtime as cuda_runtime
-
         dev = self.device
-        dev._check()
+        if dev._sticky is not None:
+            raise dev._sticky
         xs = [dev._as_cupy(a) for a in arrays]
-        hold = (
-            dev.xp.cuda.using_allocator(self._hold_alloc)
-            if self._capture_keep is not None
-            else contextlib.nullcontext()
-        )
-        with dev._errors(f"launch {kernel.name}"), self.s, hold:
-            try:
-                kernel.run(dev.xp, xs, dict(scalars or {}))
-            except NotImplementedError as exc:
-                if "capture" in str(exc):
-                    raise CublasDuringCapture(f"kernel {kernel.name!r}: {exc}") from exc
-                raise KernelHostError(kernel, dict(scalars or {}), exc) from exc
-            except Exception as exc:  # the body's own host code raised: not a device fault, not sticky
-                # CUDA statuses (translated by _errors), CuPy's D2H refusal during capture and
-                # memory exhaustion keep their own paths.
-                if (isinstance(exc, (cuda_driver.CUDADriverError, cuda_runtime.CUDARuntimeError))
-                        or "is capturing" in str(exc) or not is_host_error(exc)):
-                    raise
-                raise KernelHostError(kernel, dict(scalars or {}), exc) from exc
+        scalars = scalars if scalars is not None else {}
+        with _Errors(dev, "launch", kernel.name):
+            if self._capture_keep is not None:
+                with dev.xp.cuda.using_allocator(self._hold_alloc), self.s:
+                    self._run(dev.xp, kernel, xs, scalars)
+            else:
+                with self.s:
+                    self._run(dev.xp, kernel, xs, scalars)
         self._since_sync.append(kernel.name)
-        del self._since_sync[:-32]
+        if len(self._since_sync) > 64:
+            del self._since_sync[:-32]
+
+    @staticmethod
+    def _run(xp: Any, kernel: Kernel, xs: list[Any], scalars: dict[str, Any]) -> None:
+        try:
+            kernel.run(xp, xs, scalars)
+        except NotImplementedError as exc:
+            if "capture" in str(exc):
+                raise CublasDuringCapture(f"kernel {kernel.name!r}: {exc}") from exc
+            raise KernelHostError(kernel, dict(scalars), exc) from exc
+        except Exception as exc:  # the body's own host code raised: not a device fault, not sticky
+            # CUDA statuses (translated by _Errors), CuPy's D2H refusal during capture and
+            # memory exhaustion keep their own paths.
+            if (isinstance(exc, _CUDA_ERRORS) or "is capturing" in str(exc) or not is_host_error(exc)):
+                raise
+            raise KernelHostError(kernel, dict(scalars), exc) from exc
 
     def record(self, event: Event) -> None:
         assert isinstance(event, CupyEvent)
@@ -190,8 +228,11 @@ class CupyDevice(Device):
     SHARED = True  # one CUDA context per process
 
     def __init__(self, device_id: int = 0):
+        global _CUDA_ERRORS
         import cupy
+        from cupy.cuda import driver, runtime
 
+        _CUDA_ERRORS = (runtime.CUDARuntimeError, driver.CUDADriverError)
         self.xp = cupy
         self.device_id = device_id
         cupy.cuda.Device(device_id).use()
@@ -224,24 +265,9 @@ class CupyDevice(Device):
         self._sticky = err
         CupyDevice.poisoned_any = True
 
-    @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        from cupy.cuda import driver, runtime
-
-        self._check()
-        try:
-            yield
-        except (runtime.CUDARuntimeError, driver.CUDADriverError) as exc:
-            err = self._translate(exc, what)
-            if err.sticky:
-                self._poison(err)
-            raise err from exc
-        except MemoryError as exc:  # CuPy's OutOfMemoryError (its pool found no memory), or the host's
-            raise MemoryAllocation(f"{what}: {exc}") from exc
-        except RuntimeError as exc:
-            if "is capturing" in str(exc) and not isinstance(exc, CudaError):
-                raise CaptureD2HRefused(f"{what}: {exc}") from exc
-            raise
+    def _errors(self, what: str) -> "_Errors":
+        """A scope translating CUDA and CuPy errors of ``what`` (see ``_Errors``)."""
+        return _Errors(self, what)
 
     def _translate(self, exc: Exception, what: str) -> CudaError:
         text = str(exc)
@@ -303,6 +329,7 @@ class CupyDevice(Device):
         if getattr(buffer, "_vmm", False):
             raise InvalidValue(f"{buffer!r} is not pool memory; it cannot be freed", subject=buffer)
         buffer.freed = True
+        buffer.__dict__.pop("_views", None)  # cached CuPy views of it (``_as_cupy``) hold the memory too
         buffer.handle = None  # the last reference: CuPy's pool takes the memory back
         self._allocated -= max(buffer.nbytes, 1)
 
@@ -312,7 +339,12 @@ class CupyDevice(Device):
             # The runtime refuses freed tensors before this; a raw freed Buffer reaching a launch
             # is a use-after-free: CuPy's pool would hand out live memory, so refuse here.
             raise InvalidValue(f"{buf!r} was freed", subject=buf)
-        return self.xp.ndarray(ref.shape, ref.dtype, memptr=buf.handle + ref.offset)
+        views = buf.__dict__.setdefault("_views", {})  # dropped by free(): the pool takes the memory back
+        key = (ref.offset, ref.shape, ref.dtype)
+        v = views.get(key)
+        if v is None:
+            v = views[key] = self.xp.ndarray(ref.shape, ref.dtype, memptr=buf.handle + ref.offset)
+        return v
 
     # -- copies
     def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None:
