@@ -12,8 +12,11 @@ drifting machine does not favour the mode that ran first. Modes:
 - ``eager, per-op sync``: ``RuntimeConfig(defer_eager_sync=False)``: the executor's per-op
   ``synchronize()`` drains the streams after every kernel (the behaviour before deferral);
 - ``eager, deferred``: the default: ``synchronize()`` is a counted no-op;
-- ``captured``: a fixed-capacity model replays its whole step from the PRIMARY slot; a growing
-  one runs captured segments and eager seams (``segments.CaptureSession``);
+- ``captured``: ``segments.CaptureSession``: a fixed-capacity model replays its whole step as one
+  segment graph; a growing one runs captured segments and eager seams;
+- ``eager, deferred, node by node (no plans)``: deferred eager with ``execution_plans=False``: the
+  executor infers and allocates every node of every step (the eager path before execution
+  plans), the in-process baseline of the plans' gain;
 - ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale;
 - ``ort-cuda, eager`` and ``ort-cuda, CUDA graphs`` (where the CUDA provider is available):
   ONNX Runtime's CUDA provider (strict fp32) with IO binding, plainly and with
@@ -79,8 +82,9 @@ def timed_decode(dec, steps: int) -> tuple[float, list[int], dict[str, float]]:
     return elapsed, tokens, per_token
 
 
-def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool) -> RefDecoder:
-    return RefDecoder(model, Runtime(make_device(device), RuntimeConfig(defer_eager_sync=defer)), capture=capture)
+def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool, plans: bool = True) -> RefDecoder:
+    config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans)
+    return RefDecoder(model, Runtime(make_device(device), config), capture=capture)
 
 
 def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
@@ -89,6 +93,8 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
         ("eager, per-op sync", lambda: ref_decoder(model, device, defer=False, capture=False)),
         ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False)),
         ("captured", lambda: ref_decoder(model, device, defer=True, capture=True)),
+        ("eager, deferred, node by node (no plans)",
+         lambda: ref_decoder(model, device, defer=True, capture=False, plans=False)),
     ]
     ort = load_engine("ort-cpu")
     if ort.available()[0]:
@@ -124,8 +130,13 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
             extra = dec.capture_stats().as_dict()
             if not extra["captures"]:
                 raise SystemExit(f"{name}: ONNX Runtime ran no step under a graph id ({extra})")
-        rows.append({"model": name, "mode": label, "tokens_per_s": statistics.median(runs[label]), "runs": runs[label],
-                     **{f"{k}_per_token": v for k, v in per_token[label].items()}, "capture": extra})
+        row = {"model": name, "mode": label, "tokens_per_s": statistics.median(runs[label]), "runs": runs[label],
+               **{f"{k}_per_token": v for k, v in per_token[label].items()}, "capture": extra}
+        if isinstance(dec, RefDecoder):  # host time per ONNX node and per launch (an eager step is host-bound)
+            row["nodes_per_token"] = len(dec.ex.steps)
+            row["us_per_node"] = 1e6 / (row["tokens_per_s"] * len(dec.ex.steps))
+            row["us_per_launch"] = 1e6 / (row["tokens_per_s"] * max(row["launches_per_token"], 1e-9))
+        rows.append(row)
     ref_streams = {k: v for k, v in streams.items() if not k.startswith("ort-")}
     if len({tuple(v) for v in ref_streams.values()}) != 1:
         raise SystemExit(f"{name}: token streams differ between modes: {ref_streams}")
@@ -159,6 +170,37 @@ def conditions(device: str, steps: int, repeats: int) -> str:
             f"{WARMUP} warm-up steps, {steps} timed one-token steps per run, median of {repeats} runs")
 
 
+def targets(rows: list[dict]) -> list[str]:
+    """The eager-path targets (issue 18), each with its measured value from this run's medians."""
+    by = {(r["model"], r["mode"]): r for r in rows}
+    out = []
+
+    def check(what: str, value: float | None, ok: bool | None) -> None:
+        verdict = "n/a (mode not run)" if value is None else ("met" if ok else "NOT met")
+        out.append(f"- target {what}: {'' if value is None else f'{value:.2f} '}{verdict}")
+
+    for model in dict.fromkeys(r["model"] for r in rows):
+        deferred = by.get((model, "eager, deferred"))
+        per_op = by.get((model, "eager, per-op sync"))
+        captured = by.get((model, "captured"))
+        if deferred:
+            check(f"{model}: eager wall per node <= 30 us", deferred["us_per_node"], deferred["us_per_node"] <= 30)
+        if deferred and per_op:
+            ratio = deferred["tokens_per_s"] / per_op["tokens_per_s"]
+            check(f"{model}: deferred >= 1.5x per-op sync", ratio, ratio >= 1.5)
+        if captured and deferred and captured["capture"].get("segments", 0) > 1:
+            ratio = captured["tokens_per_s"] / deferred["tokens_per_s"]
+            check(f"{model}: segmented capture >= 5x deferred", ratio, ratio >= 5)
+        cpu, graphs = by.get((model, "ort-cpu")), by.get((model, "ort-cuda, CUDA graphs"))
+        if captured and cpu and captured["capture"].get("segments") == 1:
+            ratio = captured["tokens_per_s"] / cpu["tokens_per_s"]
+            check(f"{model}: captured faster than ort-cpu (ratio)", ratio, ratio > 1)
+        if captured and graphs:
+            ratio = graphs["tokens_per_s"] / captured["tokens_per_s"]
+            check(f"{model}: ORT CUDA graphs / captured <= 2", ratio, ratio <= 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cupy", help="cupy (the GPU) or sim")
@@ -168,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     print(f"# decode benchmark: {conditions(args.device, args.steps, args.repeats)}")
-    print("| model | mode | tokens/s (median) | vs per-op sync | vs deferred | launches/token | kernels + graphs | real syncs/token | runs (tokens/s) |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---|")
+    print("| model | mode | tokens/s (median) | vs per-op sync | vs deferred | launches/token | kernels + graphs "
+          "| real syncs/token | wall us/node | wall us/launch | runs (tokens/s) |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
     rows = []
     for name in args.models.split(","):
         for r in bench_model(name, args.device, args.steps, args.repeats):
@@ -177,9 +220,14 @@ def main(argv: list[str] | None = None) -> int:
             launches = f"{r['launches_per_token']:.1f}" if "launches_per_token" in r else "n/a"
             split = f"{r['kernels_per_token']:.1f} + {r['graphs_per_token']:.1f}" if "kernels_per_token" in r else "n/a"
             syncs = f"{r['syncs_per_token']:.1f}" if "syncs_per_token" in r else "n/a"
+            node = f"{r['us_per_node']:.1f}" if "us_per_node" in r else "n/a"
+            launch = f"{r['us_per_launch']:.1f}" if "us_per_launch" in r else "n/a"
             print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['vs_per_op_sync']:.2f}x | "
-                  f"{r['vs_deferred']:.2f}x | {launches} | {split} | {syncs} | "
+                  f"{r['vs_deferred']:.2f}x | {launches} | {split} | {syncs} | {node} | {launch} | "
                   f"{', '.join(f'{x:.0f}' for x in r['runs'])} |", flush=True)
+    print()
+    for line in targets(rows):
+        print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"conditions": conditions(args.device, args.steps, args.repeats),
                                                "rows": rows}, indent=1))

@@ -60,22 +60,22 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "kept_feed_aliased", _E,
-        old="elif id(t) in temp_ids and id(t) not in handed:",
-        new="elif id(t) not in handed:",
+        old="elif id(t) in temp_ids and id(t) not in run.handed:",
+        new="elif id(t) not in run.handed:",
         breaks="a kept output that is a feed or a constant comes back as the caller's own copy, never the feed itself",
         tests=_EX, select="kept_outputs",
     ),
     Mutant(
         "executor", "kept_output_freed", _E,
-        old="if not t.freed and id(t) not in handed:",
+        old="if not t.freed and id(t) not in run.handed:",
         new="if not t.freed:",
         breaks="a kept output is handed to the caller alive; run never frees it",
         tests=(*_EX, "tests/test_decode.py"), select="kept or greedy_matches",
     ),
     Mutant(
         "executor", "in_place_bind_off_by_one", _E,
-        old="if any(i > producer for i in readers):",
-        new="if any(i > producer + 1 for i in readers):",
+        old="if value is t and any(i > producer for i in self._readers.get(name, ())):",
+        new="if value is t and any(i > producer + 1 for i in self._readers.get(name, ())):",
         breaks="binding an output in place over a feed is refused when any later node reads that feed",
         tests=("tests/test_decode.py",), select="binding_an_output",
     ),
@@ -103,18 +103,20 @@ MUTANTS = [
     Mutant(
         "executor", "workspace_checked_after_launch", _E,
         old="""        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
-            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
-        if checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
+            nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
+            rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
+        if call.index_checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
         else:
             rt.launch(step.launch, *outs, *ins, node=call)
 """,
-        new="""        if checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(info.name))
+        new="""        if call.index_checks:
+            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
         else:
             rt.launch(step.launch, *outs, *ins, node=call)
         if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
-            rt.check_allocation(step.kernel.workspace(info, specs), f"{info.name}:workspace", "(kernel temporaries)")
+            nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
+            rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
 """,
         breaks="a kernel's declared workspace is checked against the memory budget before its launch",
         tests=("tests/test_memory_budget.py",), select="DFT-matrix or Resize-up-then-down",
@@ -135,7 +137,7 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "latch_site_fixed", _E,
-        old="site=rt.latch_site(info.name))",
+        old="site=rt.latch_site(call.name))",
         new="site=1)",
         breaks="the DeviceAssert names the node whose index was out of range, not the first node that registered a site",
         tests=("tests/test_index_checks.py",), select="golden_model_past",

@@ -52,8 +52,8 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "replay_skips_restaging", _S,
-        old="                    if env[name].tensor is not sig.persist.get(name):",
-        new="                    if seg.graph is None and env[name].tensor is not sig.persist.get(name):",
+        old="                    if name not in in_place and env[name].tensor is not sig.persist.get(name):",
+        new="                    if seg.graph is None and name not in in_place and env[name].tensor is not sig.persist.get(name):",
         breaks="every step stages a segment's inputs into their persistent buffers before the replay reads them",
         tests=_SEG, select="device_feed",
     ),
@@ -101,8 +101,8 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "failure_keeps_the_plan", _S,
-        old="                ex._run_step(ex.steps[i], env, temps)\n            return False",
-        new="                ex._run_step(ex.steps[i], env, temps)\n            return True",
+        old="                ex.step(run, i)\n            return False",
+        new="                ex.step(run, i)\n            return True",
         breaks="after a recording failure the signature is planned again, with the quarantined op type as a seam",
         tests=_SEG, select="recording_failure", ci=True,
     ),
