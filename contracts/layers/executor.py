@@ -7,6 +7,8 @@ from lockstep.contracts.mutation import Mutant
 _E = "lockstep.reference_runtime.executor"
 _S = "lockstep.reference_runtime.symbols"
 _EX = ("tests/test_executor.py",)
+_P = "lockstep.reference_runtime.plan"
+_PLANS = ("tests/test_execution_plans.py",)
 
 MUTANTS = [
     Mutant(
@@ -176,5 +178,34 @@ MUTANTS = [
         new="if res.ndim != len(out.shape):",
         breaks="a compute result of another shape than shapes() promised is an error naming the node, never broadcast",
         tests=_EX, select="shape_promise",
+    ),
+    # execution plans (reference_runtime/plan.py)
+    Mutant(
+        "executor", "plan_nothing_dynamic", _P,
+        old='if reason is not None and reason.split(":")[0] in DYNAMIC_REASONS}',
+        new='if reason is not None and reason.split(":")[0] in ()}',
+        breaks="a node whose shapes grow with the cache stays dynamic in a plan (inferred every step, never replayed stale)",
+        tests=_PLANS, select="byte_identical", ci=True,
+    ),
+    Mutant(
+        "executor", "plan_key_keeps_growing_dims", _P,
+        old='out.append((name, tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing',
+        new='out.append((name, tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] not in self._growing',
+        breaks="a step signature masks the dims that grow with the KV length: one plan serves every decode step",
+        tests=_PLANS, select="byte_identical",
+    ),
+    Mutant(
+        "executor", "plan_graph_outputs_planned", _P,
+        old="                    if name in outputs:",
+        new="                    if False and name in outputs:",
+        breaks="a plan never puts a graph output in its own buffer: bound outputs are written where the caller bound them",
+        tests=_PLANS, select="byte_identical",
+    ),
+    Mutant(
+        "executor", "plan_refusal_retried", _P,
+        old="            self._refused.add(key)",
+        new="            pass",
+        breaks="a signature whose plan the memory budget refused runs node by node without retrying the plan each step",
+        tests=_PLANS, select="budget",
     ),
 ]
