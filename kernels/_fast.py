@@ -22,8 +22,8 @@ import numpy as np
 
 from ._index_util import fix_index
 
-__all__ = ["is_cupy", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
-           "sigmoid_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
+__all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
+           "sigmoid_into", "where_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
 
 # Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
 ITEM_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
@@ -49,6 +49,15 @@ def launch_1d(kernel, total: int, args: tuple, shared_mem: int = 0) -> None:
     """A grid-stride launch over ``total`` elements (kernels loop ``e += gridDim.x * blockDim.x``)."""
     blocks = max(1, min((int(total) + _THREADS - 1) // _THREADS, 65535))
     kernel((blocks,), (_THREADS,), args, shared_mem=shared_mem)
+
+
+def same_buffer(xp, out, *arrays) -> bool:
+    """Whether ``out`` may be (a view of) the memory of one of ``arrays`` (an output bound in place
+    to a feed it reads): a kernel that reads other positions than it writes must not run then.
+    CuPy compares base pointers (bound tensors are whole buffers; no device read), numpy overlap."""
+    if is_cupy(xp):
+        return any(a is not None and a.data.ptr == out.data.ptr for a in arrays)
+    return any(a is not None and np.may_share_memory(out, a) for a in arrays)
 
 
 def _contiguous(*arrays) -> bool:
@@ -81,7 +90,7 @@ def gather(xp, out, data, idx, axis: int) -> bool:
     """``out = take(data, fix_index(idx), axis)`` in one launch (C-contiguous data, idx and out)."""
     itemsize = data.dtype.itemsize
     if (out.dtype != data.dtype or idx.dtype.name not in _INDEX_CTYPE or itemsize not in ITEM_CTYPE
-            or not _contiguous(out, data, idx)):
+            or not _contiguous(out, data, idx) or same_buffer(xp, out, data, idx)):
         return False
     dim = int(data.shape[axis])
     if not is_cupy(xp):
@@ -211,4 +220,17 @@ def sigmoid_into(xp, out, x) -> bool:
     if k is None:
         k = _CACHE[name] = xp.ElementwiseKernel("T x", "T y", body, name)
     k(x, out)
+    return True
+
+
+def where_into(xp, out, c, x, y) -> bool:
+    """CuPy only: ``out = c ? x : y`` (broadcasting; bool c, x and y of out's dtype), one
+    ElementwiseKernel: a select copies the chosen element as ``where`` does."""
+    if not is_cupy(xp) or c.dtype != np.bool_ or x.dtype != out.dtype or y.dtype != out.dtype:
+        return False
+    k = _CACHE.get("lockstep_where")
+    if k is None:
+        k = _CACHE["lockstep_where"] = xp.ElementwiseKernel("bool c, T x, T y", "T z", "z = c ? x : y",
+                                                            "lockstep_where")
+    k(c, x, y, out)
     return True

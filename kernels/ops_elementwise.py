@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _elementwise_util as U
+from ._fast import same_buffer, where_into
 from ._op import NodeInfo, OpKernel, Spec, broadcast
 
 __all__ = ["OPS"]
@@ -277,7 +278,22 @@ def _where_compute(xp, node, c, x, y):
     return (xp.where(c, x, y).astype(node.out_specs[0].dtype, copy=False),)
 
 
-OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9))
+def _where_into(xp, node, outs, c, x, y):
+    """``out = where(c, x, y)`` for X, Y of out's dtype: numpy's ``where`` into out (two copies,
+    bits as ``where`` picks them); CuPy one ElementwiseKernel (``_fast.where_into``)."""
+    out = outs[0]
+    if x.dtype != out.dtype or y.dtype != out.dtype or out.dtype != node.out_specs[0].dtype:
+        return False
+    if xp.__name__ == "cupy":
+        return where_into(xp, out, c, x, y)
+    if same_buffer(xp, out, c, x, y):
+        return False
+    xp.copyto(out, xp.broadcast_to(y, out.shape))
+    xp.copyto(out, x, where=c)
+    return True
+
+
+OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9, into=_where_into))
 
 # --- variadic folds
 

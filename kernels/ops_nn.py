@@ -13,6 +13,7 @@ import numpy as np
 from onnx import helper as _onnx_helper
 
 from ._elementwise_util import erf
+from ._fast import sigmoid_into
 from ._nn_util import sigmoid, softplus, stash_dtype, to_work, work_dtype
 from ._op import OpKernel, Spec, normalize_axis
 
@@ -36,7 +37,7 @@ def _cast(y, dtype):
 # ---------------------------------------------------------------------------------------------
 # Elementwise activations: fn(xp, x, node) on the working float dtype (ints: see int_fn).
 
-def _activation(op_type: str, fn, since: int, int_fn=None) -> OpKernel:
+def _activation(op_type: str, fn, since: int, int_fn=None, into=None) -> OpKernel:
     def compute(xp, node, x):
         dt = node.out_specs[0].dtype
         if _is_int(x.dtype):
@@ -45,7 +46,12 @@ def _activation(op_type: str, fn, since: int, int_fn=None) -> OpKernel:
             return (_cast(int_fn(xp, x, node), dt),)
         return (_cast(fn(xp, to_work(x), node), dt),)
 
-    return OpKernel(op_type, _same_spec, compute, since=since)
+    return OpKernel(op_type, _same_spec, compute, since=since, into=into)
+
+
+def _sigmoid_into(xp, node, outs, x):
+    """CuPy: one fused launch, the same float32/float64 operations as ``sigmoid`` (``_fast``)."""
+    return sigmoid_into(xp, outs[0], x)
 
 
 def _f(node, key, default) -> float:
@@ -114,7 +120,7 @@ for _op, _fn, _since, _int in (
     ("ThresholdedRelu", lambda xp, x, n: xp.where(x > _f(n, "alpha", 1.0), x, 0.0), 10, None),
     ("Shrink", _shrink, 9, _shrink_int),
 ):
-    OPS.append(_activation(_op, _fn, _since, _int))
+    OPS.append(_activation(_op, _fn, _since, _int, _sigmoid_into if _op == "Sigmoid" else None))
 
 
 # ---------------------------------------------------------------------------------------------
