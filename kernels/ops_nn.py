@@ -14,6 +14,7 @@ from onnx import helper as _onnx_helper
 
 from ._elementwise_util import erf
 from ._fast import sigmoid_into
+from ._fused import rms_norm_into
 from ._nn_util import sigmoid, softplus, stash_dtype, to_work, work_dtype
 from ._op import OpKernel, Spec, normalize_axis
 
@@ -295,7 +296,16 @@ def _rms_norm_compute(xp, node, x, scale):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23))
+def _rms_norm_into(xp, node, outs, x, scale):
+    """CuPy: one fused launch for float32 work (``_fused.rms_norm_into``; its sum of squares is
+    ordered differently from CuPy's mean: last-bit float32 differences)."""
+    if stash_dtype(node.attr("stash_type", 1), x.dtype) != np.float32:
+        return False
+    axis = normalize_axis(node, int(node.attr("axis", -1)), x.ndim)
+    return rms_norm_into(xp, outs[0], x, scale, axis, _f(node, "epsilon", 1e-5))
+
+
+OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23, into=_rms_norm_into))
 
 
 def _channel(p, rank: int):
