@@ -23,7 +23,7 @@ import numpy as np
 from ._index_util import fix_index
 
 __all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
-           "sigmoid_into", "where_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
+           "sigmoid_into", "where_into", "range_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
 
 # Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
 ITEM_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
@@ -233,4 +233,22 @@ def where_into(xp, out, c, x, y) -> bool:
         k = _CACHE["lockstep_where"] = xp.ElementwiseKernel("bool c, T x, T y", "T z", "z = c ? x : y",
                                                             "lockstep_where")
     k(c, x, y, out)
+    return True
+
+
+def range_into(xp, out, start: int, delta: int) -> bool:
+    """``out[i] = start + i * delta`` for a 1-D int32/int64 ``out`` (host ints start and delta),
+    wrapping as int64 arithmetic does and truncated to out's type as ``astype`` truncates."""
+    if out.dtype.name not in ("int32", "int64") or out.ndim != 1:
+        return False
+    if not is_cupy(xp):
+        xp.copyto(out, xp.arange(out.shape[0], dtype=xp.int64) * np.int64(delta) + np.int64(start), casting="unsafe")
+        return True
+    k = _CACHE.get("lockstep_range")
+    if k is None:
+        k = _CACHE["lockstep_range"] = xp.ElementwiseKernel(
+            "int64 start, int64 delta", "T y",
+            "y = (T)(long long)((unsigned long long)start + (unsigned long long)i * (unsigned long long)delta)",
+            "lockstep_range")
+    k(np.int64(start), np.int64(delta), out)
     return True

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import fill_value, same_buffer
+from ._fast import fill_value, range_into, same_buffer
 from ._op import NodeInfo, OpKernel, Spec, broadcast, normalize_axis
 from ._shape_util import (
     I64,
@@ -485,6 +485,13 @@ def _range_compute(xp, node, *arrays):
     return (out.astype(dt),)
 
 
+def _range_into(xp, node, outs, *arrays):
+    """int32/int64: ``start + i * delta`` in the output's integer type, one ElementwiseKernel on CuPy
+    (``_fast.range_into``: the same wrapping arithmetic as compute's arange), numpy's arange on numpy."""
+    s, d, _ = _range_params(node, _host_specs(node, arrays))
+    return range_into(xp, outs[0], int(s), int(d)) if outs[0].dtype.kind == "i" else False
+
+
 def _eyelike_dtype(node, x):
     dt = node.attr("dtype")
     if dt is None:
@@ -508,7 +515,7 @@ def _eyelike_compute(xp, node, x):
 
 OPS += [
     op("ConstantOfShape", _cos_shapes, _cos_compute, since=9, host_inputs=(0,)),
-    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2)),
+    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2), into=_range_into),
     op("EyeLike", _eyelike_shapes, _eyelike_compute, since=9),
 ]
 
