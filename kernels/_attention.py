@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._fused import attention_into, rope_into, tensor_scatter_into
 from ._latch import IndexCheck
 from ._linalg import bf16_as_float32, matmul
 from ._op import OpKernel, Spec, normalize_axis
@@ -225,6 +226,20 @@ def _attention_compute(xp, node, q, k, v, mask=None, past_k=None, past_v=None, n
     return (y, present_k, present_v, qk_out.astype(dt))[:max(node.n_outputs, 1)]
 
 
+def _attention_into(xp, node, outs, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+    """The decode case in one launch on CuPy (two with the presents; ``_fused.attention_into``):
+    no softcap, windows or nonpad_kv_seqlen, float32 softmax; its softmax denominator is summed in
+    another order than CuPy's sum (last-bit float32 differences)."""
+    left, right = int(node.attr("left_window_size", -1)), int(node.attr("right_window_size", -1))
+    prec = node.attr("softmax_precision")
+    if (nonpad is not None or float(node.attr("softcap", 0.0) or 0.0) != 0.0 or left != -1 or right != -1
+            or (prec is not None and _PRECISION.get(int(prec)) is not np.float32)):
+        return False
+    scale = node.attr("scale")
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return attention_into(xp, outs, q, k, v, mask, past_k, past_v, scale, bool(int(node.attr("is_causal", 0))))
+
+
 # -- RotaryEmbedding ----------------------------------------------------------------------------
 
 def _rope_dims(node, specs):
@@ -289,6 +304,12 @@ def _rope_compute(xp, node, x, cos, sin, pos=None):
     return (y.astype(x.dtype),)
 
 
+def _rope_into(xp, node, outs, x, cos, sin, pos=None):
+    """One launch on CuPy, the kernel's index arithmetic with numpy (``_fused.rope_into``): same bytes."""
+    _, H, _, _, rd = _rope_dims(node, [Spec(x.shape, x.dtype)])
+    return rope_into(xp, outs[0], x, cos, sin, pos, H, rd, bool(int(node.attr("interleaved", 0))))
+
+
 def _rope_check(node, specs):
     """position_ids address rows [0, rows) of the 2-D cos/sin caches (ONNX Runtime refuses others)."""
     if len(specs) > 3 and specs[3] is not None:
@@ -337,6 +358,12 @@ def _ts_compute(xp, node, past, upd, wi=None):
     idx = xp.broadcast_to(xp.clip(src, 0, S - 1), tuple(idx_shape))
     gathered = xp.take_along_axis(upd, idx, axis=axis)
     return (xp.where(valid, gathered, past).astype(past.dtype),)
+
+
+def _ts_into(xp, node, outs, past, upd, wi=None):
+    """One launch (``_fused.tensor_scatter_into``); a cache bound in place gets only its update rows."""
+    axis = int(node.attr("axis", -2)) % past.ndim
+    return tensor_scatter_into(xp, outs[0], past, upd, wi, axis, node.attr("mode", "linear") == "circular")
 
 
 def _ts_check(node, specs):
@@ -396,7 +423,8 @@ def _flex_compute(xp, node, q, k, v):
 ATTENTION_OPS = [
     OpKernel("FlexAttention", _flex_shapes, bf16_as_float32(_flex_compute), domain="ai.onnx.preview", since=1),
     OpKernel("Attention", _attention_shapes, bf16_as_float32(_attention_compute), since=23,
-             workspace=_attention_workspace),
-    OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23, index_checks=_rope_check),
-    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check),
+             workspace=_attention_workspace, into=_attention_into),
+    OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23, index_checks=_rope_check,
+             into=_rope_into),
+    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check, into=_ts_into),
 ]

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ._fast import flag_range
+
 __all__ = ["IndexCheck", "as_check", "flag_check", "flag_out_of_range"]
 
 Bound = int | Sequence[int]
@@ -37,7 +39,14 @@ def as_check(entry) -> IndexCheck:
     return IndexCheck(int(i), -int(n), int(n))
 
 
-def flag_out_of_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None = None) -> None:
+def flag_out_of_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None = None,
+                      column: int | None = None) -> None:
+    """Flag ``idx`` (its ``column`` of the last axis, when given) against ``[lo, hi)``: one RawKernel
+    launch on CuPy for int32/int64 indices (``_fast.flag_range``), else ~6 device ufuncs."""
+    if flag_range(xp, latch, idx, lo, hi, site, ignore, column):
+        return
+    if column is not None:
+        idx = idx[..., column]
     bad = xp.logical_or(idx < lo, idx >= hi)
     if ignore is not None:
         bad = xp.logical_and(bad, idx != ignore)
@@ -52,4 +61,4 @@ def flag_check(xp, latch, idx, check: IndexCheck, site: int) -> None:
         flag_out_of_range(xp, latch, idx, check.lo, check.hi, site, check.ignore)
         return
     for j, (lo, hi) in enumerate(zip(check.lo, check.hi)):  # host loop over the last axis (a shape)
-        flag_out_of_range(xp, latch, idx[..., j], int(lo), int(hi), site, check.ignore)
+        flag_out_of_range(xp, latch, idx, int(lo), int(hi), site, check.ignore, column=j)

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["matmul", "matmul_shape", "bf16_as_float32"]
+from ._fast import launch_1d, raw_kernel, same_buffer
+
+__all__ = ["matmul", "matmul_into", "matmul_shape", "bf16_as_float32"]
 
 
 def matmul_shape(a_shape, b_shape) -> tuple[int, ...]:
@@ -92,6 +94,69 @@ def _kernel(xp, name: str):
     return k
 
 
+def _launch_tile(xp, work, A, B, C, batch: int, M: int, N: int, K: int) -> None:
+    """The tiled kernel over contiguous ``A`` (batch, M, K), ``B`` (batch, K, N) into ``C``."""
+    if batch * M * N > 0:
+        grid = ((N + _TILE - 1) // _TILE, (M + _TILE - 1) // _TILE, min(batch, 65535))
+        _kernel(xp, work.name)(grid, (_TILE, _TILE, 1),
+                               (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)))
+
+
+# Decode rows (M small, B shared): one thread per output element, k ascending, the same
+# ``acc += a * b`` as the tiled kernel (whose zero padding beyond K adds exact zeros), so the same
+# bits; reads of B are coalesced across a warp's columns.
+_ROWS_SRC = r"""
+extern "C" __global__ void lockstep_matmul_rows_{name}(
+        const {T}* __restrict__ A, const {T}* __restrict__ B, {T}* __restrict__ C,
+        long long M, long long N, long long K) {{
+    const long long total = M * N;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {{
+        const long long row = e / N;
+        const long long col = e - row * N;
+        const {T}* Ar = A + row * K;
+        {ACC} acc = ({ACC})0;
+        for (long long k = 0; k < K; ++k) {{
+            acc += ({ACC})Ar[k] * ({ACC})B[k * N + col];
+        }}
+        C[e] = ({T})acc;
+    }}
+}}
+"""
+_ROWS_MAX = 16  # rows of A up to which the row kernel beats 16x16 tiles (decode: 1 per sequence)
+
+
+def matmul_into(xp, out, a, b) -> bool:
+    """``out = matmul(a, b)`` in one launch, no temporaries: a, b and out of one dtype the kernel
+    works in (float32, float64, int32, int64), C-contiguous, not sharing memory, and either B 2-D
+    (A's batch and rows flattened: the same products) or A and B of one batch shape. False, having
+    written nothing, otherwise (``matmul`` then computes it). numpy: ``np.matmul(a, b, out=)``."""
+    dt = out.dtype
+    if (a.dtype != dt or b.dtype != dt or dt.name not in _CTYPES or a.ndim < 2 or b.ndim < 2
+            or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)
+            or same_buffer(xp, out, a, b)):
+        return False
+    if b.ndim != 2 and tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        return False
+    if xp.__name__ == "numpy":
+        np.matmul(a, b, out=out)
+        return True
+    K, N = int(b.shape[-2]), int(b.shape[-1])
+    if b.ndim == 2:
+        batch, M = 1, int(np.prod(a.shape[:-1], dtype=np.int64))
+    else:
+        batch, M = int(np.prod(a.shape[:-2], dtype=np.int64)), int(a.shape[-2])
+    if batch == 1 and M <= _ROWS_MAX:
+        if M * N > 0:
+            t, acc = _CTYPES[dt.name]
+            name = f"lockstep_matmul_rows_{dt.name}"
+            launch_1d(raw_kernel(xp, _ROWS_SRC.format(name=dt.name, T=t, ACC=acc), name), M * N,
+                      (a, b, out, np.int64(M), np.int64(N), np.int64(K)))
+        return True
+    _launch_tile(xp, dt, a, b, out, batch, M, N, K)
+    return True
+
+
 def _matmul_numpy(a, b):
     # asanyarray: an ndarray subclass (the capture guard's arrays) stays what it is
     a = np.asanyarray(a)
@@ -128,14 +193,7 @@ def _matmul_cupy(xp, a, b):
     A = xp.ascontiguousarray(xp.broadcast_to(a2.astype(work, copy=False), batch_shape + (M, K)))
     B = xp.ascontiguousarray(xp.broadcast_to(b2.astype(work, copy=False), batch_shape + (K, N)))
     C = xp.empty(batch_shape + (M, N), dtype=work)
-    if C.size > 0:
-        grid_x = (N + _TILE - 1) // _TILE
-        grid_y = (M + _TILE - 1) // _TILE
-        grid_z = min(batch, 65535)
-        _kernel(xp, work.name)(
-            (grid_x, grid_y, grid_z), (_TILE, _TILE, 1),
-            (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)),
-        )
+    _launch_tile(xp, work, A, B, C, batch, M, N, K)
     C = C.reshape(out_shape)
     if C.dtype != dt:
         C = C.astype(dt)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fast import fill_value
 from ._op import NodeInfo, OpKernel, Spec, normalize_axis
 
 # Outputs up to this many elements whose inputs are all known on the host get their value computed
@@ -96,6 +97,14 @@ def op(op_type: str, shapes: Callable, compute: Callable, *, fold: bool = True, 
     if not fold:
         return OpKernel(op_type, shapes, compute, **kw)
     host_inputs = tuple(kw.get("host_inputs", ()))
+    inner_into = kw.pop("into", None)
+
+    def into(xp, node, outs, *arrays):
+        """A single output whose value shape inference knows is written from the host value (one
+        fill or one launch, ``_fast.fill_value``); otherwise the op's own ``into``, if any."""
+        if len(outs) == 1 and fill_value(xp, outs[0], node.out_specs[0].value):
+            return True
+        return inner_into is not None and inner_into(xp, node, outs, *arrays)
 
     def shapes_folding(node: NodeInfo, specs: list[Spec | None]) -> list[Spec]:
         outs = list(shapes(node, specs))
@@ -114,7 +123,7 @@ def op(op_type: str, shapes: Callable, compute: Callable, *, fold: bool = True, 
             ]
         return outs
 
-    return OpKernel(op_type, shapes_folding, compute, **kw)
+    return OpKernel(op_type, shapes_folding, compute, into=into, **kw)
 
 
 # ----------------------------------------------------------------------------- runs along an axis

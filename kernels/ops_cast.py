@@ -76,9 +76,19 @@ def _cast_compute(xp, node, x, *_):
     return (convert(xp, x, dst, _saturate(node), _round_mode(node)),)
 
 
+def _cast_into(xp, node, outs, x, *_):
+    """Between standard dtypes ``convert`` is ``astype``: one casting copy straight into the output
+    (the same cast loop, so the same bytes, NaN and overflow included). Small types go to compute."""
+    out = outs[0]
+    if is_small(x.dtype) or is_small(out.dtype) or out.dtype != node.out_specs[0].dtype:
+        return False
+    xp.copyto(out, x, casting="unsafe")
+    return True
+
+
 OPS += [
-    OpKernel("Cast", _cast_shapes, _cast_compute),
-    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15),
+    OpKernel("Cast", _cast_shapes, _cast_compute, into=_cast_into),
+    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15, into=_cast_into),
 ]
 
 

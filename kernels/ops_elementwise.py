@@ -9,11 +9,13 @@ whose ONNX semantics differ from numpy's ufuncs (integer Div, Mod, Pow, BitShift
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
 
 from . import _elementwise_util as U
+from ._fast import same_buffer, where_into
 from ._op import NodeInfo, OpKernel, Spec, broadcast
 
 __all__ = ["OPS"]
@@ -72,13 +74,30 @@ def _binary(op_type: str, fn: Callable[..., Any], *, out_dtype: Any = None, same
             b = b.reshape(legacy)
         return (fn(xp, node, a, b, node.out_specs[0].dtype),)
 
-    return OpKernel(op_type, shapes, compute, since=since, until=until)
+    name = getattr(fn, "ufunc", None)
+
+    def into(xp, node, outs, a, b):
+        """A plain ufunc over inputs of one dtype whose result dtype is the output's: one launch."""
+        out = outs[0]  # (on CuPy bfloat16 lives as uint16 bits: never a ufunc's business here)
+        if a.dtype != b.dtype or out.dtype not in (a.dtype, _BOOL) or out.dtype != node.out_specs[0].dtype:
+            return False
+        legacy = _legacy_b_shape(node, tuple(a.shape), tuple(b.shape))
+        if legacy is not None:
+            b = b.reshape(legacy)
+        getattr(xp, name)(a, b, out=out)
+        return True
+
+    return OpKernel(op_type, shapes, compute, since=since, until=until, into=into if name else None)
 
 
-def _unary(op_type: str, fn: Callable[[Any, Any], Any], *, out_dtype: Any = None, since: int = 1,
+def _unary(op_type: str, fn: Callable[[Any, Any], Any] | str, *, out_dtype: Any = None, since: int = 1,
            kinds: str | None = None) -> OpKernel:
     """An elementwise op of one input: ``fn(xp, x)``, cast to the output dtype (x's unless given).
+    ``fn`` may be the name of an ``xp`` ufunc, which also gives the op an ``into`` (one launch).
     ``kinds``: the numpy dtype kinds the op accepts (e.g. "f" for float-only math)."""
+    name = fn if isinstance(fn, str) else None
+    if name is not None:
+        fn = lambda xp, x: getattr(xp, name)(x)  # noqa: E731
 
     def shapes(node, specs):
         x = specs[0]
@@ -89,13 +108,23 @@ def _unary(op_type: str, fn: Callable[[Any, Any], Any], *, out_dtype: Any = None
     def compute(xp, node, x):
         return (fn(xp, x).astype(node.out_specs[0].dtype, copy=False),)
 
-    return OpKernel(op_type, shapes, compute, since=since)
+    def into(xp, node, outs, x):
+        """The ufunc straight into the output when it keeps x's dtype (or gives bool): one launch."""
+        out = outs[0]
+        want = x.dtype if out_dtype is None else np.dtype(out_dtype)
+        if out.dtype != want or out.dtype != node.out_specs[0].dtype:
+            return False
+        getattr(xp, name)(x, out=out)
+        return True
+
+    return OpKernel(op_type, shapes, compute, since=since, into=into if name else None)
 
 
 def _ufunc(name: str) -> Callable[..., Any]:
     def fn(xp, node, a, b, dtype):
         return getattr(xp, name)(a, b).astype(dtype, copy=False)
 
+    fn.ufunc = name  # _binary gives the op an ``into`` calling it with ``out=``
     return fn
 
 
@@ -132,7 +161,7 @@ def _with_check(k: OpKernel, check: Callable[[NodeInfo, list[Spec | None]], None
         check(node, specs)
         return inner(node, specs)
 
-    return OpKernel(k.op_type, shapes, k.compute, since=k.since, until=k.until)
+    return dataclasses.replace(k, shapes=shapes)
 
 
 def _check_bitshift(node, specs):
@@ -172,8 +201,8 @@ OPS += [
     _binary("And", _ufunc("logical_and"), out_dtype=_BOOL, kinds="b"),
     _binary("Or", _ufunc("logical_or"), out_dtype=_BOOL, kinds="b"),
     _binary("Xor", _ufunc("logical_xor"), out_dtype=_BOOL, kinds="b"),
-    _unary("Not", lambda xp, x: xp.logical_not(x), out_dtype=_BOOL, kinds="b"),
-    _unary("BitwiseNot", lambda xp, x: xp.invert(x), since=18, kinds="iu"),
+    _unary("Not", "logical_not", out_dtype=_BOOL, kinds="b"),
+    _unary("BitwiseNot", "invert", since=18, kinds="iu"),
 ]
 
 # --- unary math
@@ -204,30 +233,30 @@ def _isinf_kernel() -> OpKernel:
 
 _F = "f"  # float-only math functions
 OPS += [
-    _unary("Neg", lambda xp, x: xp.negative(x), kinds="fi"),
-    _unary("Abs", lambda xp, x: xp.abs(x), kinds="fiu"),
-    _unary("Reciprocal", lambda xp, x: xp.reciprocal(x), kinds=_F),
-    _unary("Sqrt", lambda xp, x: xp.sqrt(x), kinds=_F),
-    _unary("Exp", lambda xp, x: xp.exp(x), kinds=_F),
-    _unary("Log", lambda xp, x: xp.log(x), kinds=_F),
-    _unary("Sin", lambda xp, x: xp.sin(x), since=7, kinds=_F),
-    _unary("Cos", lambda xp, x: xp.cos(x), since=7, kinds=_F),
-    _unary("Tan", lambda xp, x: xp.tan(x), since=7, kinds=_F),
-    _unary("Asin", lambda xp, x: xp.arcsin(x), since=7, kinds=_F),
-    _unary("Acos", lambda xp, x: xp.arccos(x), since=7, kinds=_F),
-    _unary("Atan", lambda xp, x: xp.arctan(x), since=7, kinds=_F),
-    _unary("Sinh", lambda xp, x: xp.sinh(x), since=9, kinds=_F),
-    _unary("Cosh", lambda xp, x: xp.cosh(x), since=9, kinds=_F),
-    _unary("Tanh", lambda xp, x: xp.tanh(x), kinds=_F),
-    _unary("Asinh", lambda xp, x: xp.arcsinh(x), since=9, kinds=_F),
-    _unary("Acosh", lambda xp, x: xp.arccosh(x), since=9, kinds=_F),
-    _unary("Atanh", lambda xp, x: xp.arctanh(x), since=9, kinds=_F),
+    _unary("Neg", "negative", kinds="fi"),
+    _unary("Abs", "absolute", kinds="fiu"),
+    _unary("Reciprocal", "reciprocal", kinds=_F),
+    _unary("Sqrt", "sqrt", kinds=_F),
+    _unary("Exp", "exp", kinds=_F),
+    _unary("Log", "log", kinds=_F),
+    _unary("Sin", "sin", since=7, kinds=_F),
+    _unary("Cos", "cos", since=7, kinds=_F),
+    _unary("Tan", "tan", since=7, kinds=_F),
+    _unary("Asin", "arcsin", since=7, kinds=_F),
+    _unary("Acos", "arccos", since=7, kinds=_F),
+    _unary("Atan", "arctan", since=7, kinds=_F),
+    _unary("Sinh", "sinh", since=9, kinds=_F),
+    _unary("Cosh", "cosh", since=9, kinds=_F),
+    _unary("Tanh", "tanh", kinds=_F),
+    _unary("Asinh", "arcsinh", since=9, kinds=_F),
+    _unary("Acosh", "arccosh", since=9, kinds=_F),
+    _unary("Atanh", "arctanh", since=9, kinds=_F),
     _unary("Erf", U.erf, since=9, kinds="fiu"),
-    _unary("Ceil", lambda xp, x: xp.ceil(x), kinds=_F),
-    _unary("Floor", lambda xp, x: xp.floor(x), kinds=_F),
-    _unary("Round", lambda xp, x: xp.rint(x), since=11, kinds=_F),  # rint: halves to even
-    _unary("Sign", lambda xp, x: xp.sign(x), since=9, kinds="fiu"),
-    _unary("IsNaN", lambda xp, x: xp.isnan(x), out_dtype=_BOOL, since=9, kinds=_F),
+    _unary("Ceil", "ceil", kinds=_F),
+    _unary("Floor", "floor", kinds=_F),
+    _unary("Round", "rint", since=11, kinds=_F),  # rint: halves to even
+    _unary("Sign", "sign", since=9, kinds="fiu"),
+    _unary("IsNaN", "isnan", out_dtype=_BOOL, since=9, kinds=_F),
     _isinf_kernel(),
 ]
 
@@ -249,7 +278,22 @@ def _where_compute(xp, node, c, x, y):
     return (xp.where(c, x, y).astype(node.out_specs[0].dtype, copy=False),)
 
 
-OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9))
+def _where_into(xp, node, outs, c, x, y):
+    """``out = where(c, x, y)`` for X, Y of out's dtype: numpy's ``where`` into out (two copies,
+    bits as ``where`` picks them); CuPy one ElementwiseKernel (``_fast.where_into``)."""
+    out = outs[0]
+    if x.dtype != out.dtype or y.dtype != out.dtype or out.dtype != node.out_specs[0].dtype:
+        return False
+    if xp.__name__ == "cupy":
+        return where_into(xp, out, c, x, y)
+    if same_buffer(xp, out, c, x, y):
+        return False
+    xp.copyto(out, xp.broadcast_to(y, out.shape))
+    xp.copyto(out, x, where=c)
+    return True
+
+
+OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9, into=_where_into))
 
 # --- variadic folds
 

@@ -27,6 +27,7 @@ from ._index_util import (
     require_int,
     scatter_reduce,
 )
+from ._fast import gather
 from ._latch import IndexCheck
 from ._op import OpKernel, Spec, normalize_axis
 
@@ -63,7 +64,12 @@ def _axis_bound(node, specs, default_axis=0):
 # Index inputs validated on the device into the runtime's error latch (see kernels/_latch.py).
 _GATHER_CHECK = lambda node, specs: [(1, _axis_bound(node, specs))]  # noqa: E731
 
-OPS.append(OpKernel("Gather", _gather_shapes, _gather, since=1, index_checks=_GATHER_CHECK))
+def _gather_into(xp, node, outs, data, idx):
+    """One launch on CuPy (``_fast.gather``: wrap, clamp and copy in one kernel), ``take(out=)`` on numpy."""
+    return gather(xp, outs[0], data, idx, normalize_axis(node, node.attr("axis", 0), data.ndim))
+
+
+OPS.append(OpKernel("Gather", _gather_shapes, _gather, since=1, index_checks=_GATHER_CHECK, into=_gather_into))
 
 
 def _check_elements_indices(node, data, idx, verb):

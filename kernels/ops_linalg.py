@@ -11,7 +11,7 @@ import numpy as np
 
 from ._attention import ATTENTION_OPS
 from ._einsum import EINSUM_OPS
-from ._linalg import bf16_as_float32, matmul, matmul_shape
+from ._linalg import bf16_as_float32, matmul, matmul_into, matmul_shape
 from ._op import OpKernel, Spec, broadcast
 from ._recurrent import RECURRENT_OPS
 
@@ -35,6 +35,14 @@ def _matmul_shapes(node, specs):
 
 def _matmul_compute(xp, node, a, b):
     return (matmul(xp, a, b),)
+
+
+def _matmul_into(xp, node, outs, a, b):
+    """One product kernel straight into the output (``_linalg.matmul_into``) when no operand needs a
+    cast, broadcast or contiguous copy (bfloat16 on CuPy is uint16 bits: never eligible)."""
+    if outs[0].dtype != node.out_specs[0].dtype:
+        return False
+    return matmul_into(xp, outs[0], a, b)
 
 
 # -- Gemm ---------------------------------------------------------------------------------------
@@ -155,7 +163,7 @@ def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
 
 
 OPS: list[OpKernel] = [
-    OpKernel("MatMul", _matmul_shapes, bf16_as_float32(_matmul_compute), since=1),
+    OpKernel("MatMul", _matmul_shapes, bf16_as_float32(_matmul_compute), since=1, into=_matmul_into),
     OpKernel("Gemm", _gemm_shapes, bf16_as_float32(_gemm_compute), since=1),
     OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10),
     OpKernel("QLinearMatMul", _qlinear_shapes, _qlinear_compute, since=10),

@@ -13,6 +13,8 @@ import numpy as np
 from onnx import helper as _onnx_helper
 
 from ._elementwise_util import erf
+from ._fast import sigmoid_into
+from ._fused import rms_norm_into
 from ._nn_util import sigmoid, softplus, stash_dtype, to_work, work_dtype
 from ._op import OpKernel, Spec, normalize_axis
 
@@ -36,7 +38,7 @@ def _cast(y, dtype):
 # ---------------------------------------------------------------------------------------------
 # Elementwise activations: fn(xp, x, node) on the working float dtype (ints: see int_fn).
 
-def _activation(op_type: str, fn, since: int, int_fn=None) -> OpKernel:
+def _activation(op_type: str, fn, since: int, int_fn=None, into=None) -> OpKernel:
     def compute(xp, node, x):
         dt = node.out_specs[0].dtype
         if _is_int(x.dtype):
@@ -45,7 +47,12 @@ def _activation(op_type: str, fn, since: int, int_fn=None) -> OpKernel:
             return (_cast(int_fn(xp, x, node), dt),)
         return (_cast(fn(xp, to_work(x), node), dt),)
 
-    return OpKernel(op_type, _same_spec, compute, since=since)
+    return OpKernel(op_type, _same_spec, compute, since=since, into=into)
+
+
+def _sigmoid_into(xp, node, outs, x):
+    """CuPy: one fused launch, the same float32/float64 operations as ``sigmoid`` (``_fast``)."""
+    return sigmoid_into(xp, outs[0], x)
 
 
 def _f(node, key, default) -> float:
@@ -114,7 +121,7 @@ for _op, _fn, _since, _int in (
     ("ThresholdedRelu", lambda xp, x, n: xp.where(x > _f(n, "alpha", 1.0), x, 0.0), 10, None),
     ("Shrink", _shrink, 9, _shrink_int),
 ):
-    OPS.append(_activation(_op, _fn, _since, _int))
+    OPS.append(_activation(_op, _fn, _since, _int, _sigmoid_into if _op == "Sigmoid" else None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +296,16 @@ def _rms_norm_compute(xp, node, x, scale):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23))
+def _rms_norm_into(xp, node, outs, x, scale):
+    """CuPy: one fused launch for float32 work (``_fused.rms_norm_into``; its sum of squares is
+    ordered differently from CuPy's mean: last-bit float32 differences)."""
+    if stash_dtype(node.attr("stash_type", 1), x.dtype) != np.float32:
+        return False
+    axis = normalize_axis(node, int(node.attr("axis", -1)), x.ndim)
+    return rms_norm_into(xp, outs[0], x, scale, axis, _f(node, "epsilon", 1e-5))
+
+
+OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23, into=_rms_norm_into))
 
 
 def _channel(p, rank: int):

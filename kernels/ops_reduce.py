@@ -107,7 +107,16 @@ def Reduce(op_type: str, kind: str, axes_since: int) -> OpKernel:
         keepdims = bool(node.attr("keepdims", 1))
         return (_reduce(xp, kind, x, axes, keepdims, node.out_specs[0].shape),)
 
-    return OpKernel(op_type, shapes, compute, host_inputs=(1,))
+    def into(xp, node, outs, x, axes_in=None):
+        """A sum over given axes that accumulates in the output dtype: ``sum(..., out=)``, one launch."""
+        out = outs[0]
+        axes = _node_axes(node, x.ndim, axes_since, node.host.get(1) if axes_in is not None else None)
+        if not axes or x.size == 0 or acc_dtype(x.dtype) != x.dtype or out.dtype != x.dtype:
+            return False
+        xp.sum(x, axis=axes, keepdims=bool(node.attr("keepdims", 1)), dtype=x.dtype, out=out)
+        return True
+
+    return OpKernel(op_type, shapes, compute, host_inputs=(1,), into=into if kind == "sum" else None)
 
 
 # -- losses ------------------------------------------------------------------------------------

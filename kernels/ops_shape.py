@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._fast import fill_value, range_into, same_buffer
 from ._op import NodeInfo, OpKernel, Spec, broadcast, normalize_axis
 from ._shape_util import (
     I64,
@@ -66,9 +67,14 @@ def _size_shapes(node, specs):
     return [Spec((), I64, np.asarray(prod(specs[0].shape), dtype=I64))]
 
 
+def _value_into(xp, node, outs, *_):
+    """The host-known value written with one fill or one launch (``_fast.fill_value``)."""
+    return fill_value(xp, outs[0], node.out_specs[0].value)
+
+
 OPS += [
-    OpKernel("Shape", _shape_shapes, _from_value),
-    OpKernel("Size", _size_shapes, _from_value),
+    OpKernel("Shape", _shape_shapes, _from_value, into=_value_into),
+    OpKernel("Size", _size_shapes, _from_value, into=_value_into),
 ]
 
 
@@ -193,6 +199,12 @@ def _transpose_compute(xp, node, x):
     return (xp.transpose(x, _perm(node, x.ndim)),)
 
 
+def _transpose_into(xp, node, outs, x):
+    """One strided copy of the permuted view into the output (compute's view, copied)."""
+    xp.copyto(outs[0], xp.transpose(x, _perm(node, x.ndim)))
+    return True
+
+
 def _concat_shapes(node, specs):
     xs = [s for s in specs if s is not None]
     if not xs:
@@ -216,9 +228,21 @@ def _concat_compute(xp, node, *xs):
     return (xp.concatenate(xs, axis=axis),)
 
 
+def _concat_into(xp, node, outs, *xs):
+    """``concatenate(..., out=)`` for inputs of the output's dtype not sharing its memory."""
+    out = outs[0]
+    xs = [x for x in xs if x is not None]
+    if any(x.dtype != out.dtype for x in xs) or same_buffer(xp, out, *xs):
+        return False
+    axis = int(node.attr("axis", 1 if node.opset < 4 else 0))
+    axis = axis + xs[0].ndim if axis < 0 else axis
+    xp.concatenate(xs, axis=axis, out=out)
+    return True
+
+
 OPS += [
-    op("Transpose", _transpose_shapes, _transpose_compute),
-    op("Concat", _concat_shapes, _concat_compute),
+    op("Transpose", _transpose_shapes, _transpose_compute, into=_transpose_into),
+    op("Concat", _concat_shapes, _concat_compute, into=_concat_into),
 ]
 
 
@@ -327,9 +351,15 @@ def _slice_compute(xp, node, x, *rest):
     return (x[slices],)
 
 
+def _slice_into(xp, node, outs, x, *rest):
+    """One strided copy of compute's view into the output."""
+    xp.copyto(outs[0], _slice_compute(xp, node, x, *rest)[0])
+    return True
+
+
 OPS += [
-    op("Slice", _slice_shapes, _slice_compute, until=9),
-    op("Slice", _slice_shapes, _slice_compute, since=10, host_inputs=(1, 2, 3, 4)),
+    op("Slice", _slice_shapes, _slice_compute, until=9, into=_slice_into),
+    op("Slice", _slice_shapes, _slice_compute, since=10, host_inputs=(1, 2, 3, 4), into=_slice_into),
 ]
 
 
@@ -343,6 +373,12 @@ def _expand_shapes(node, specs):
 
 def _expand_compute(xp, node, x, _shape):
     return (xp.broadcast_to(x, node.out_specs[0].shape),)
+
+
+def _expand_into(xp, node, outs, x, _shape):
+    """One broadcasting copy into the output."""
+    xp.copyto(outs[0], xp.broadcast_to(x, node.out_specs[0].shape))
+    return True
 
 
 def _tile_reps(node, specs):
@@ -370,7 +406,7 @@ def _tile_compute(xp, node, x, *rest):
 
 
 OPS += [
-    op("Expand", _expand_shapes, _expand_compute, since=8, host_inputs=(1,)),
+    op("Expand", _expand_shapes, _expand_compute, since=8, host_inputs=(1,), into=_expand_into),
     op("Tile", _tile_shapes, _tile_compute, until=5, host_inputs=(1, 2)),
     op("Tile", _tile_shapes, _tile_compute, since=6, host_inputs=(1,)),
 ]
@@ -449,6 +485,13 @@ def _range_compute(xp, node, *arrays):
     return (out.astype(dt),)
 
 
+def _range_into(xp, node, outs, *arrays):
+    """int32/int64: ``start + i * delta`` in the output's integer type, one ElementwiseKernel on CuPy
+    (``_fast.range_into``: the same wrapping arithmetic as compute's arange), numpy's arange on numpy."""
+    s, d, _ = _range_params(node, _host_specs(node, arrays))
+    return range_into(xp, outs[0], int(s), int(d)) if outs[0].dtype.kind == "i" else False
+
+
 def _eyelike_dtype(node, x):
     dt = node.attr("dtype")
     if dt is None:
@@ -472,7 +515,7 @@ def _eyelike_compute(xp, node, x):
 
 OPS += [
     op("ConstantOfShape", _cos_shapes, _cos_compute, since=9, host_inputs=(0,)),
-    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2)),
+    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2), into=_range_into),
     op("EyeLike", _eyelike_shapes, _eyelike_compute, since=9),
 ]
 

@@ -1,0 +1,254 @@
+"""Single-launch CuPy kernels for ``OpKernel.into`` (the eager fast path), and their numpy forms.
+
+Each helper here writes one node's output(s) into preallocated arrays with ONE device launch on
+CuPy (a RawKernel or ElementwiseKernel compiled once per element type and cached), and the same
+values with numpy on the simulated device. Every helper checks the case it handles first and
+returns False, having written nothing, for anything else (other dtypes, non-contiguous operands):
+the caller then falls back to its op's ``compute``.
+
+Guarantee: the bytes equal the op's ``compute`` bytes. Index helpers (gather, device flags) and
+copies are exact by construction; ``sigmoid`` uses the very float32 operations of
+``_nn_util.sigmoid`` (``expf``, one IEEE add and divide, no contractible multiply-add).
+
+Nothing here synchronises or reads device values on the host: scalars passed to kernels are host
+values (shapes, attributes, ``Spec.value``), so every launch is capture-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._index_util import fix_index
+
+__all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
+           "sigmoid_into", "where_into", "range_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
+
+# Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
+ITEM_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+_INDEX_CTYPE = {"int64": "long long", "int32": "int"}
+
+_CACHE: dict[str, Any] = {}
+_THREADS = 256
+
+
+def is_cupy(xp) -> bool:
+    return xp.__name__ == "cupy"
+
+
+def raw_kernel(xp, src: str, name: str):
+    """``xp.RawKernel(src, name)`` compiled once per (name) and cached; ``name`` encodes the variant."""
+    k = _CACHE.get(name)
+    if k is None:
+        k = _CACHE[name] = xp.RawKernel(src, name)
+    return k
+
+
+def launch_1d(kernel, total: int, args: tuple, shared_mem: int = 0) -> None:
+    """A grid-stride launch over ``total`` elements (kernels loop ``e += gridDim.x * blockDim.x``)."""
+    blocks = max(1, min((int(total) + _THREADS - 1) // _THREADS, 65535))
+    kernel((blocks,), (_THREADS,), args, shared_mem=shared_mem)
+
+
+def same_buffer(xp, out, *arrays) -> bool:
+    """Whether ``out`` may be (a view of) the memory of one of ``arrays`` (an output bound in place
+    to a feed it reads): a kernel that reads other positions than it writes must not run then.
+    CuPy compares base pointers (bound tensors are whole buffers; no device read), numpy overlap."""
+    if is_cupy(xp):
+        return any(a is not None and a.data.ptr == out.data.ptr for a in arrays)
+    return any(a is not None and np.may_share_memory(out, a) for a in arrays)
+
+
+def _contiguous(*arrays) -> bool:
+    return all(a.flags.c_contiguous for a in arrays)
+
+
+# -- Gather along one axis: wrap negatives, clamp (as _index_util.fix_index), copy bits ------------
+
+GATHER_SRC = r"""
+extern "C" __global__ void lockstep_gather_{S}_{I}(
+        const {T}* __restrict__ data, const {IT}* __restrict__ idx, {T}* __restrict__ out,
+        long long dim, long long inner, long long n, long long total) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {{
+        long long i = e % inner;
+        long long r = e / inner;
+        long long j = r % n;
+        long long o = r / n;
+        long long t = (long long)idx[j];
+        if (t < 0) t += dim;
+        if (t < 0) t = 0;
+        if (t > dim - 1) t = dim - 1;
+        out[e] = data[(o * dim + t) * inner + i];
+    }}
+}}
+"""
+
+
+def gather(xp, out, data, idx, axis: int) -> bool:
+    """``out = take(data, fix_index(idx), axis)`` in one launch (C-contiguous data, idx and out)."""
+    itemsize = data.dtype.itemsize
+    if (out.dtype != data.dtype or idx.dtype.name not in _INDEX_CTYPE or itemsize not in ITEM_CTYPE
+            or not _contiguous(out, data, idx) or same_buffer(xp, out, data, idx)):
+        return False
+    dim = int(data.shape[axis])
+    if not is_cupy(xp):
+        xp.take(data, fix_index(xp, idx, dim), axis=axis, out=out)
+        return True
+    total = int(out.size)
+    if total == 0:
+        return True
+    inner = int(np.prod(data.shape[axis + 1:], dtype=np.int64))
+    name = f"lockstep_gather_{itemsize}_{idx.dtype.name}"
+    src = GATHER_SRC.format(S=itemsize, I=idx.dtype.name, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[idx.dtype.name])
+    launch_1d(raw_kernel(xp, src, name), total,
+              (data, idx, out, np.int64(dim), np.int64(inner), np.int64(idx.size), np.int64(total)))
+    return True
+
+
+# -- Index checks into the error latch: one launch (kernels/_latch.py semantics) -------------------
+
+FLAG_SRC = r"""
+extern "C" __global__ void lockstep_flag_{I}(
+        const {IT}* __restrict__ idx, long long n, long long stride, long long offset,
+        long long lo, long long hi, int has_ignore, long long ignore, int* latch, int site) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {{
+        long long v = (long long)idx[offset + e * stride];
+        bool bad = (v < lo) || (v >= hi);
+        if (has_ignore && v == ignore) bad = false;
+        if (bad) {{
+            if (atomicCAS(&latch[0], 0, 1) == 0) latch[1] = site;
+            return;
+        }}
+    }}
+}}
+"""
+
+
+def flag_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None, column: int | None = None) -> bool:
+    """CuPy only: set ``latch = [1, site]`` (site only if ``latch[0]`` was 0) when any index (of
+    column ``column`` of the last axis, when given) lies outside ``[lo, hi)`` and differs from
+    ``ignore``; one launch. False (nothing launched) for other index dtypes or layouts."""
+    if (not is_cupy(xp) or idx.dtype.name not in _INDEX_CTYPE or latch.dtype != np.int32
+            or not idx.flags.c_contiguous):
+        return False
+    if column is None:
+        n, stride, offset = int(idx.size), 1, 0
+    else:
+        cols = int(idx.shape[-1])
+        n, stride, offset = int(idx.size) // max(cols, 1), cols, int(column)
+    if n == 0:
+        return True
+    name = f"lockstep_flag_{idx.dtype.name}"
+    src = FLAG_SRC.format(I=idx.dtype.name, IT=_INDEX_CTYPE[idx.dtype.name])
+    launch_1d(raw_kernel(xp, src, name), n,
+              (idx, np.int64(n), np.int64(stride), np.int64(offset), np.int64(lo), np.int64(hi),
+               np.int32(ignore is not None), np.int64(0 if ignore is None else ignore), latch, np.int32(site)))
+    return True
+
+
+# -- Host-known values (Spec.value: Shape, folded Range) written with one fill or one launch --------
+
+_FILL_MAX = 8
+FILL_SRC = r"""
+extern "C" __global__ void lockstep_fill8_{S}({T}* out, long long n,
+        {T} v0, {T} v1, {T} v2, {T} v3, {T} v4, {T} v5, {T} v6, {T} v7) {{
+    long long e = (long long)threadIdx.x;
+    if (e >= n) return;
+    {T} v = v0;
+    if (e == 1) v = v1;
+    if (e == 2) v = v2;
+    if (e == 3) v = v3;
+    if (e == 4) v = v4;
+    if (e == 5) v = v5;
+    if (e == 6) v = v6;
+    if (e == 7) v = v7;
+    out[e] = v;
+}}
+"""
+
+
+def fill_value(xp, out, value) -> bool:
+    """Write the host array ``value`` (already ``out``'s shape and dtype) into ``out``: one fill if
+    uniform, else (at most 8 elements of 4 or 8 bytes) one launch with the values as arguments;
+    numpy assigns element by element, as ``_shape_util.device_const`` builds it."""
+    if value is None:
+        return False
+    value = np.asarray(value)
+    if value.dtype != out.dtype or tuple(value.shape) != tuple(out.shape) or not out.flags.c_contiguous:
+        return False
+    flat = value.reshape(-1)
+    if flat.size == 0:
+        return True
+    if bool(np.all(flat == flat[0])):  # the test device_const makes
+        out.fill(flat[0])
+        return True
+    itemsize = flat.dtype.itemsize
+    if flat.size > _FILL_MAX or itemsize not in (4, 8):
+        return False
+    if not is_cupy(xp):
+        view = out.reshape(-1)
+        for i, v in enumerate(flat):
+            view[i] = v
+        return True
+    bits = flat.view(np.dtype(f"u{itemsize}"))
+    vals = [bits.dtype.type(b) for b in bits] + [bits.dtype.type(0)] * (_FILL_MAX - flat.size)
+    name = f"lockstep_fill8_{itemsize}"
+    kernel = raw_kernel(xp, FILL_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), name)
+    kernel((1,), (32,), (out, np.int64(flat.size), *vals))
+    return True
+
+
+# -- Sigmoid: _nn_util.sigmoid's operations, fused -------------------------------------------------
+
+_SIGMOID_BODY = {
+    "float32": "float e = expf(-fabsf(x)); y = (x >= 0.0f) ? (1.0f / (1.0f + e)) : (e / (1.0f + e));",
+    "float64": "double e = exp(-fabs(x)); y = (x >= 0.0) ? (1.0 / (1.0 + e)) : (e / (1.0 + e));",
+}
+
+
+def sigmoid_into(xp, out, x) -> bool:
+    """CuPy only: ``out = sigmoid(x)`` for float32/float64 x of out's dtype, one ElementwiseKernel:
+    the same IEEE operations as ``_nn_util.sigmoid`` (no multiply-add to contract), so the same bits."""
+    body = _SIGMOID_BODY.get(x.dtype.name)
+    if not is_cupy(xp) or body is None or out.dtype != x.dtype:
+        return False
+    name = f"lockstep_sigmoid_{x.dtype.name}"
+    k = _CACHE.get(name)
+    if k is None:
+        k = _CACHE[name] = xp.ElementwiseKernel("T x", "T y", body, name)
+    k(x, out)
+    return True
+
+
+def where_into(xp, out, c, x, y) -> bool:
+    """CuPy only: ``out = c ? x : y`` (broadcasting; bool c, x and y of out's dtype), one
+    ElementwiseKernel: a select copies the chosen element as ``where`` does."""
+    if not is_cupy(xp) or c.dtype != np.bool_ or x.dtype != out.dtype or y.dtype != out.dtype:
+        return False
+    k = _CACHE.get("lockstep_where")
+    if k is None:
+        k = _CACHE["lockstep_where"] = xp.ElementwiseKernel("bool c, T x, T y", "T z", "z = c ? x : y",
+                                                            "lockstep_where")
+    k(c, x, y, out)
+    return True
+
+
+def range_into(xp, out, start: int, delta: int) -> bool:
+    """``out[i] = start + i * delta`` for a 1-D int32/int64 ``out`` (host ints start and delta),
+    wrapping as int64 arithmetic does and truncated to out's type as ``astype`` truncates."""
+    if out.dtype.name not in ("int32", "int64") or out.ndim != 1:
+        return False
+    if not is_cupy(xp):
+        xp.copyto(out, xp.arange(out.shape[0], dtype=xp.int64) * np.int64(delta) + np.int64(start), casting="unsafe")
+        return True
+    k = _CACHE.get("lockstep_range")
+    if k is None:
+        k = _CACHE["lockstep_range"] = xp.ElementwiseKernel(
+            "int64 start, int64 delta", "T y",
+            "y = (T)(long long)((unsigned long long)start + (unsigned long long)i * (unsigned long long)delta)",
+            "lockstep_range")
+    k(np.int64(start), np.int64(delta), out)
+    return True

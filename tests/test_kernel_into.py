@@ -1,0 +1,278 @@
+"""``OpKernel.into``, the eager fast path (kernels/_op.py): every kernel that has one is checked
+against its own ``compute`` over ONNX's node cases on numpy, the golden models' hot ops are checked
+to take it, and the CuPy-only kernel sources (kernels/_fast.py, _fused.py, _linalg.py) are checked
+as far as a machine without a GPU can: they format, and numpy transliterations of the kernels whose
+summation order differs from ``compute`` agree with it within the node suite's tolerances. Each
+test says whether it asserts a *contract* (the fast path's rules) or a *result* (values).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import warnings
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import pytest
+
+from lockstep.kernels import _fast, _fused, _linalg
+from lockstep.kernels._op import NodeInfo, Spec
+from lockstep.kernels.registry import REGISTRY
+from lockstep.reference_runtime.executor import _attrs
+from lockstep.reference_runtime.node_cases import load_cases
+
+_SENTINEL = 0xA5
+
+
+def _kernels_with_into():
+    return [k for ks in REGISTRY._by_op.values() for k in ks if k.into is not None]
+
+
+def _call(case):
+    """(kernel, NodeInfo for this run, input arrays) of a one-node case whose kernel has ``into``,
+    built as the executor builds them; None when the case is not such a node or shape inference
+    refuses it (an error case)."""
+    model = case.proto()
+    if len(model.graph.node) != 1:
+        return None
+    node = model.graph.node[0]
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    kernel = REGISTRY.lookup(domain, node.op_type, opsets.get(domain, 0))
+    if kernel is None or kernel.into is None:
+        return None
+    init = {t.name for t in model.graph.initializer}
+    names = [vi.name for vi in model.graph.input if vi.name not in init]
+    feeds = dict(zip(names, (onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
+                             for x in case.inputs)))
+    if any(not isinstance(v, np.ndarray) for v in feeds.values()) or any(i and i not in feeds for i in node.input):
+        return None
+    arrays = [np.ascontiguousarray(feeds[i]) if i else None for i in node.input]
+    specs = [None if a is None else Spec(a.shape, a.dtype, a if i in kernel.host_inputs else None)
+             for i, a in enumerate(arrays)]
+    info = NodeInfo(node.name or node.op_type, node.op_type, domain, opsets[domain], _attrs(node, None),
+                    len(node.input), len(node.output))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out_specs = kernel.shapes(info, specs)
+    except Exception:
+        return None
+    host = {i: specs[i].value for i in kernel.host_inputs if i < len(specs) and specs[i] is not None}
+    return kernel, dataclasses.replace(info, out_specs=tuple(out_specs), host=host), arrays
+
+
+def _sentinel_outs(specs):
+    outs = tuple(np.empty(s.shape, s.dtype) for s in specs)
+    for o in outs:
+        o.reshape(-1).view(np.uint8)[...] = _SENTINEL
+    return outs
+
+
+def _cases():
+    got = [(c.name, _call(c)) for c in load_cases()]
+    return [(name, call) for name, call in got if call is not None]
+
+
+_CASES = _cases()
+
+
+def test_into_kernels_exist_and_have_node_cases():
+    """Contract: the fast path is declared on the elementwise, shape, index, linalg, attention and
+    normalisation kernels the decode step runs, and ONNX's node cases exercise each op that has it."""
+    ops = {k.op_type for k in _kernels_with_into()}
+    assert {"Add", "Mul", "Sub", "Equal", "LessOrEqual", "Cast", "Where", "Transpose", "Slice", "Concat", "Expand",
+            "Gather", "ReduceSum", "Shape", "MatMul", "Sigmoid", "RMSNormalization", "RotaryEmbedding",
+            "TensorScatter", "Attention"} <= ops
+    covered = {call[1].op_type for _, call in _CASES}
+    assert {"Add", "Equal", "Cast", "Where", "Transpose", "Slice", "Concat", "Expand", "Gather", "ReduceSum",
+            "Shape", "MatMul", "RMSNormalization", "RotaryEmbedding", "TensorScatter", "Attention"} <= covered
+
+
+@pytest.mark.parametrize("name,call", _CASES, ids=[n for n, _ in _CASES])
+def test_into_writes_computes_bytes_or_nothing(name, call):
+    """Contract: ``into`` returning True wrote exactly ``compute``'s bytes (copied with the executor's
+    casting) into every output; returning False left every output byte untouched."""
+    kernel, info, arrays = call
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            results = kernel.compute(np, info, *arrays)
+        except Exception:
+            pytest.skip("compute refuses this case (an error case of the op)")
+        want = []
+        for spec, res in zip(info.out_specs, results):
+            w = np.empty(spec.shape, spec.dtype)
+            np.copyto(w, np.asarray(res), casting="unsafe")
+            want.append(w)
+        outs = _sentinel_outs(info.out_specs)
+        took = kernel.into(np, info, outs, *arrays)
+    assert took in (True, False)
+    for spec, out, w in zip(info.out_specs, outs, want):
+        if took:
+            assert out.tobytes() == w.tobytes(), f"{name}: into's bytes differ from compute's"
+        else:
+            assert set(out.reshape(-1).view(np.uint8).tolist()) <= {_SENTINEL}, f"{name}: into wrote, then said False"
+
+
+def _fast_path_counts(model_name: str, tokens: bytes, steps: int):
+    """{op_type: (True returns, False returns)} of ``into`` over a greedy decode on the simulated device."""
+    from lockstep.decoding import greedy
+    from lockstep.engines.registry import load_engine
+    from lockstep.golden.anchors import MODEL_DIR
+
+    counts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    originals = {}
+    for k in _kernels_with_into():
+        def counting(xp, node, outs, *args, _inner=k.into):
+            took = _inner(xp, node, outs, *args)
+            counts[node.op_type][0 if took else 1] += 1
+            return took
+
+        originals[id(k)] = (k, k.into)
+        object.__setattr__(k, "into", counting)  # frozen dataclass: patched for this run only
+    try:
+        dec = load_engine("ref-sim").decoder(onnx.load(str(MODEL_DIR / f"{model_name}.onnx")))
+        greedy(dec, list(tokens), steps)
+    finally:
+        for k, into in originals.values():
+            object.__setattr__(k, "into", into)
+    return {op: tuple(c) for op, c in counts.items()}
+
+
+@pytest.mark.parametrize("model_name", ["tiny-fp32-standard-kv64", "tiny-fp32-standard"])
+def test_golden_hot_ops_take_the_fast_path_on_numpy(model_name):
+    """Contract: on the simulated device every node of these ops in the golden models' decode takes
+    the fast path (``into`` returns True): the ops whose ``into`` has a numpy form. RMSNormalization,
+    Attention and Sigmoid are CuPy-only fused kernels (numpy keeps ``compute``)."""
+    counts = _fast_path_counts(model_name, b"The quick", 3)
+    numpy_forms = {"MatMul", "Gather", "Transpose", "Add", "Mul", "RotaryEmbedding", "TensorScatter", "Shape",
+                   "Equal", "Cast", "ReduceSum", "Sub", "LessOrEqual", "Slice", "Range"}
+    for op, (took, fell) in counts.items():
+        if op in numpy_forms:
+            assert fell == 0 and took > 0, f"{op}: {fell} of {took + fell} nodes fell back to compute"
+    cuda_only = {"RMSNormalization", "Attention", "Sigmoid"}
+    assert all(counts[op][0] == 0 for op in cuda_only if op in counts)
+    assert {"MatMul", "Gather", "RotaryEmbedding"} <= set(counts)
+
+
+# -- the CuPy-only kernel sources ---------------------------------------------------------------------
+
+_SOURCES = {
+    "gather": _fast.GATHER_SRC.format(S=4, I="int64", T="unsigned int", IT="long long"),
+    "flag": _fast.FLAG_SRC.format(I="int64", IT="long long"),
+    "fill": _fast.FILL_SRC.format(S=8, T="unsigned long long"),
+    "matmul_rows": _linalg._ROWS_SRC.format(name="float32", T="float", ACC="float"),
+    "rms_norm": _fused.RMS_NORM_SRC,
+    "rope": _fused.ROPE_SRC,
+    "ts_full": _fused.TS_FULL_SRC.format(S=4, I="int64", T="unsigned int", IT="long long"),
+    "ts_update": _fused.TS_UPDATE_SRC.format(S=4, I="int64", T="unsigned int", IT="long long"),
+    "kv_concat": _fused.KV_CONCAT_SRC,
+    "attention": _fused.ATTENTION_SRC,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SOURCES))
+def test_cuda_sources_format_as_c(name):
+    """Contract: each RawKernel source formats (no stray braces) into balanced C with one
+    ``extern "C" __global__`` entry named ``lockstep_*``; the lead compiles them on the GPU."""
+    src = _SOURCES[name]
+    assert src.count("{") == src.count("}") and src.count("(") == src.count(")")
+    entries = re.findall(r'extern "C" __global__ void (lockstep_\w+)\(', src)
+    assert len(entries) == 1, entries
+    assert "{{" not in src and "{S}" not in src and "{T}" not in src
+
+
+def _rms_norm_kernel_numpy(x, scale, eps):
+    """RMS_NORM_SRC transliterated: 256 strided float32 partial sums, a halving tree, then the row."""
+    rows = x.reshape(-1, scale.size).astype(np.float32)
+    out = np.empty_like(rows)
+    for r, xr in enumerate(rows):
+        part = np.zeros(256, np.float32)
+        for c in range(xr.size):
+            part[c % 256] = np.float32(part[c % 256] + np.float32(xr[c] * xr[c]))
+        s = 128
+        while s:
+            part[:s] = part[:s] + part[s:2 * s]
+            s //= 2
+        inv = np.float32(1) / np.sqrt(np.float32(part[0] / np.float32(xr.size)) + np.float32(eps))
+        out[r] = xr * inv * scale.reshape(-1)
+    return out.reshape(x.shape)
+
+
+def test_rms_norm_kernel_order_agrees_with_compute():
+    """Result: the fused RMSNormalization's summation order (strided partials, a tree) stays within
+    float32 rounding of ``compute`` (rtol 1e-6 on golden-sized rows)."""
+    from lockstep.kernels.ops_nn import _rms_norm_compute
+
+    rng = np.random.default_rng(0)
+    x, scale = rng.standard_normal((3, 640)).astype(np.float32), rng.standard_normal(640).astype(np.float32)
+    info = NodeInfo("n", "RMSNormalization", "", 23, {"epsilon": 1e-5}, 2, 1, out_specs=(Spec(x.shape, x.dtype),))
+    (want,) = _rms_norm_compute(np, info, x, scale)
+    np.testing.assert_allclose(_rms_norm_kernel_numpy(x, scale, 1e-5), want, rtol=1e-6, atol=1e-7)
+
+
+def _attention_kernel_numpy(q, k, v, mask, past_k, past_v, scale, causal):
+    """ATTENTION_SRC transliterated per (batch, head, query) row: k-ascending dot products, the bias
+    as the kernel builds it, NaN-propagating max, 128 strided partial sums and a tree."""
+    kk = k if past_k is None else np.concatenate((past_k, k), axis=2)
+    vv = v if past_v is None else np.concatenate((past_v, v), axis=2)
+    B, Hq, Sq, D = q.shape
+    P = 0 if past_k is None else past_k.shape[2]
+    T, group = kk.shape[2], Hq // k.shape[1]
+    s = np.float32(np.sqrt(scale))
+    y = np.empty(q.shape[:3] + (v.shape[3],), np.float32)
+    neg = np.float32(-np.inf)
+    for b, h, i in np.ndindex(B, Hq, Sq):
+        qs, ks = q[b, h, i] * s, kk[b, h // group] * s
+        acc = np.zeros(T, np.float32)
+        for d in range(D):  # acc += a * b: one rounding per term (the GPU fuses it; within tolerance)
+            acc = np.float32(acc + qs[d] * ks[:, d])
+        mval = np.zeros(T, np.float32)
+        if mask is not None:
+            m = np.broadcast_to(mask, (B, Hq, Sq, mask.shape[-1]))[b, h, i]
+            m = np.where(m, np.float32(0), neg) if m.dtype == np.bool_ else m.astype(np.float32)
+            mval = np.concatenate((m, np.full(T - m.size, neg, np.float32)))
+        cv = np.where(np.arange(T) <= i + P, np.float32(0), neg)
+        bias = mval + cv if causal else np.float32(0) + mval
+        wb = acc + bias
+        xmax = wb.max()
+        e = np.exp(wb - (np.float32(0) if xmax == neg else xmax))
+        part = np.zeros(128, np.float32)
+        for j in range(T):
+            part[j % 128] += e[j]
+        st = 64
+        while st:
+            part[:st] = part[:st] + part[st:2 * st]
+            st //= 2
+        p = e / (np.float32(1) if part[0] == 0 else part[0]) if (bias != neg).any() else np.zeros(T, np.float32)
+        y[b, h, i] = (p[:, None] * vv[b, h // group]).sum(axis=0, dtype=np.float32)
+    return y
+
+
+@pytest.mark.parametrize("causal,mask_kind,past", [(0, "bool", True), (1, None, False), (0, "float", False)])
+def test_attention_kernel_agrees_with_compute(causal, mask_kind, past):
+    """Result: the fused Attention's arithmetic (bias, masked rows, softmax, GQA) agrees with
+    ``compute`` within the node suite's float32 tolerance (rtol 1e-5)."""
+    from lockstep.kernels._attention import _attention_compute
+
+    rng = np.random.default_rng(1)
+    B, Hq, Hkv, Sq, S, P, D = 2, 4, 2, 3, 5, 4, 8
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k, v = (rng.standard_normal((B, Hkv, S, D)).astype(np.float32) for _ in range(2))
+    pk, pv = ((rng.standard_normal((B, Hkv, P, D)).astype(np.float32) for _ in range(2)) if past else (None, None))
+    T = S + (P if past else 0)
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((B, 1, Sq, T - 1)) > 0.3
+        mask[0, 0, 0] = False  # a fully masked row: zeros
+    elif mask_kind == "float":
+        mask = rng.standard_normal((Sq, T)).astype(np.float32)
+    info = NodeInfo("n", "Attention", "", 23, {"is_causal": causal, "scale": 0.3}, 6, 1,
+                    out_specs=(Spec((B, Hq, Sq, D), np.dtype(np.float32)),))
+    (want,) = _attention_compute(np, info, q, k, v, mask, pk, pv)
+    got = _attention_kernel_numpy(q, k, v, mask, pk, pv, 0.3, causal)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
