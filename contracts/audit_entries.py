@@ -110,7 +110,8 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
             else:
                 body_expr = args[1] if len(args) > 1 else next((k.value for k in n.keywords if k.arg == "body"), None)
             label = ast.unparse(args[0]) if args else "?"
-            exprs = [body_expr] + [k.value for k in n.keywords if k.arg == "cuda_body"]
+            # a Kernel's GPU-only body and an OpKernel's fast path (``into``) run in a capture too
+            exprs = [body_expr] + [k.value for k in n.keywords if k.arg in ("cuda_body", "into")]
             found = []
             for e in exprs:
                 if e is not None:

@@ -49,7 +49,8 @@ HOST_COMPARERS = {"min", "max", "sorted"}
 # xp.* calls whose result is a host value (dtypes, type predicates, scalars)
 HOST_XP = {"dtype", "result_type", "iinfo", "finfo", "can_cast", "get_array_module", "issubdtype", "isdtype",
            "promote_types", "min_scalar_type", "isscalar", "ndim", "shape", "size", "common_type", "obj2sctype",
-           "get_default_memory_pool", "get_default_pinned_memory_pool"}
+           "get_default_memory_pool", "get_default_pinned_memory_pool",
+           "may_share_memory", "shares_memory"}  # address-range overlap: host bookkeeping
 # xp.<scalar type>(v): a host scalar; of a device value, a read back (numpy converts through __float__)
 SCALAR_TYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                 "uint64", "bool_", "complex64", "complex128", "intp", "uintp", "longlong", "half", "single", "double"}
@@ -63,7 +64,9 @@ CUBLAS = {"matmul", "dot", "tensordot", "einsum", "inner", "vdot"}
 ARRAY_MODULES = {"xp", "cupy", "cp"}
 HOST_PARAMS = {"node", "info", "self", "cls", "site", "dtype", "axis", "axes", "specs", "spec", "attrs",
                "name", "kw", "kwargs"}
-HOST_ATTRS = {"shape", "ndim", "dtype", "size", "strides", "itemsize", "nbytes", "flags", "device"}
+HOST_ATTRS = {"shape", "ndim", "dtype", "size", "strides", "itemsize", "nbytes", "flags", "device",
+              # addresses: ``x.data.ptr`` (CuPy), the array interfaces: host ints, no device read
+              "ptr", "__array_interface__", "__cuda_array_interface__"}
 GUARD_NAMES = {"is_capturing", "_capturing", "capturing"}
 KERNEL_CTORS = {"OpKernel", "Kernel"}
 
