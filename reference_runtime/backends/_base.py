@@ -20,6 +20,7 @@ Ordering guarantees, one sentence each (they are the contract the simulated devi
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,7 @@ class ArrayRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def __repr__(self) -> str:
         return f"<ArrayRef 0x{self.addr:x} {np.dtype(self.dtype).name}{list(self.shape)}>"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -381,7 +382,7 @@ class SimDevice(Device):
 
     def _access(self, who: str, ref: tuple, write: bool) -> tuple[int, int, int, bool, str]:
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         return (m.start if m is not None else addr, addr, addr + nbytes, write, who)
 
@@ -432,7 +433,7 @@ class SimDevice(Device):
         """cudaMemcpyAsync validates its pointers at the call: a range not mapped now is refused
         (cudaErrorInvalidValue, not sticky), whatever is mapped there before the copy would run."""
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if self._lookup(addr, max(nbytes, 1)) is None:
             raise InvalidValue(
                 f"{what} on {stream.label}: 0x{addr:x}..0x{addr + nbytes:x} is not mapped at the call",
@@ -494,7 +495,7 @@ class SimDevice(Device):
 
     def _resolve_or_fault(self, ref, what: str, stream) -> np.ndarray | None:
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         if m is None:
             self._latch(
