@@ -52,6 +52,17 @@ __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 INT64_MAX = (1 << 63) - 1
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, memoised (numpy computes it in Python on every access; every ``empty`` needs it)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def _human(n: int) -> str:
     for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << k:
@@ -248,11 +259,12 @@ class Runtime:
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        self.check_allocation(nbytes, name, f"{dtype.name}{list(shape)}")
+        what = f"{_dtype_name(dtype)}{list(shape)}"
+        self.check_allocation(nbytes, name, what)
         try:
             buf = self.device.malloc(nbytes)
         except MemoryAllocation as exc:  # the device itself refused (CUDA's OOM, the host's)
-            raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, f"the device refused it: {exc}") from exc
+            raise self._refusal(name, what, nbytes, f"the device refused it: {exc}") from exc
         self._res.live[id(buf)] = buf
         self.counters.allocations += 1
         return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)
@@ -260,13 +272,12 @@ class Runtime:
     def _size_of(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> int:
         """The byte count of ``shape`` in Python ints; a negative dim, or a shape no int64 (numpy's
         size type) can count, is refused as an allocation failure, never a numpy overflow."""
-        what = f"{dtype.name}{list(shape)}"
         if any(d < 0 for d in shape):
-            raise self._refusal(name, what, None, "a negative dim is not a size")
+            raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
         extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize  # numpy refuses past int64 even at size 0
         if max(nbytes, extent) > INT64_MAX:
-            raise self._refusal(name, what, nbytes, "its byte count overflows int64")
+            raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, "its byte count overflows int64")
         return nbytes
 
     @primitive(
