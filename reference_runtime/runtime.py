@@ -147,6 +147,20 @@ class Tensor:
         return f"<Tensor {self.name} {self.dtype.name}{list(self.shape)} @0x{self.addr:x}{state}>"
 
 
+class _OwnTensor(Tensor):
+    """A tensor the runtime itself holds (its error latch). It names its runtime through a weak
+    reference: runtime and latch form no reference cycle, so a dropped runtime is released (and
+    its finalizer drains and frees) at once, not at the next cyclic garbage collection."""
+
+    @property  # type: ignore[override]
+    def runtime(self) -> "Runtime":
+        return self._runtime()
+
+    @runtime.setter
+    def runtime(self, runtime: "Runtime") -> None:
+        self._runtime = weakref.ref(runtime)
+
+
 @dataclass
 class _SlotState:
     graph: Graph | None = None
@@ -217,7 +231,8 @@ class Runtime:
         self._free_event: Event | None = None
         self._free_mark = -1
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
-        self.error_latch = self.empty((2,), np.int32, name="error_latch")
+        latch = self.empty((2,), np.int32, name="error_latch")
+        self.error_latch: Tensor = _OwnTensor(self, latch.ref, owned=True, name="error_latch")
         self.launch(primitives.fill, self.error_latch, value=0)
 
     # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)

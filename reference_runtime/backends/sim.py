@@ -218,7 +218,7 @@ class SimStream(Stream):
         if self._capture is not None:
             self._capture.nodes.append(("record", dict(event=event)))
             return
-        event._last_record = self._enqueue("record", event=event)
+        event._last_record = self._enqueue("record")  # the op names no event: no event<->op cycle
 
     def wait(self, event: Event) -> None:
         self.device._check()
