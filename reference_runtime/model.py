@@ -206,27 +206,49 @@ def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
         _check_tensor(t, where)
 
 
+_TYPE_STRING = 9  # google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
+_TYPE_MESSAGE = 11  # FieldDescriptor.TYPE_MESSAGE
+
+
 def _check_text(msg: Any, path: str = "model") -> None:
     """Every text field must be UTF-8: protobuf parses ONNX's (proto2) strings unchecked and hands an
     invalid one back as bytes (or raises ``UnicodeDecodeError``) when it is read, which would be
     anywhere later (assigning it to another message raises). Reads each once."""
+    _walk_text(msg, path, None, -1)
+
+
+def _where(path: Any, name: str | None, index: int) -> str:
+    """The dotted path of a message, built only for an error message: ``path`` is the parent's
+    path (a string, or the parent's own ``(path, name, index)`` triple), then ``.name[index]``."""
+    if isinstance(path, tuple):
+        path = _where(*path)
+    if name is None:
+        return path
+    return f"{path}.{name}" if index < 0 else f"{path}.{name}[{index}]"
+
+
+def _walk_text(msg: Any, path: Any, name: str | None, index: int) -> None:
     try:
         fields = msg.ListFields()
     except UnicodeDecodeError as exc:
-        raise ModelError(f"{path}: a text field is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise ModelError(f"{_where(path, name, index)}: a text field is not valid UTF-8 "
+                         f"({exc.reason} at byte {exc.start})") from None
+    here = None
     for fd, value in fields:
-        if fd.type == fd.TYPE_STRING:  # protobuf hands invalid UTF-8 back as bytes (or raises, above)
+        kind = fd.type
+        if kind == _TYPE_STRING:  # protobuf hands invalid UTF-8 back as bytes (or raises, above)
             for text in ([value] if isinstance(value, (str, bytes)) else value):
                 if not isinstance(text, str):
-                    raise ModelError(f"{path}.{fd.name}: text {bytes(text)[:60]!r} is not valid UTF-8")
-            continue
-        if fd.type != fd.TYPE_MESSAGE:
-            continue
-        if hasattr(value, "ListFields"):  # one message (a repeated field is a container of them)
-            _check_text(value, f"{path}.{fd.name}")
-        else:
-            for i, item in enumerate(value):
-                _check_text(item, f"{path}.{fd.name}[{i}]")
+                    raise ModelError(f"{_where(path, name, index)}.{fd.name}: text {bytes(text)[:60]!r} "
+                                     "is not valid UTF-8")
+        elif kind == _TYPE_MESSAGE:
+            if here is None:
+                here = (path, name, index)
+            if hasattr(value, "ListFields"):  # one message (a repeated field is a container of them)
+                _walk_text(value, here, fd.name, -1)
+            else:
+                for i, item in enumerate(value):
+                    _walk_text(item, here, fd.name, i)
 
 
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:
