@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from lockstep.kernels._kernel import Kernel
 
+from ..errors import InvalidValue
+
 
 @dataclass(eq=False)
 class Buffer:
@@ -190,8 +192,6 @@ class Device(ABC):
 
 
 def check_buffer(device: Device, buffer: Buffer) -> None:
-    from ..errors import InvalidValue
-
     if buffer.device is not device:
         raise InvalidValue(f"{buffer!r} belongs to another device than {device.name}", subject=buffer)
     if buffer.freed:

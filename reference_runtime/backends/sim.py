@@ -92,9 +92,11 @@ def _host_memory() -> int | None:
 def _backing(size: int, what: str) -> np.ndarray:
     """Host memory for ``size`` device bytes, poisoned; the host refusing it is the device's OOM."""
     try:
-        return np.full(size, POISON, dtype=np.uint8)
+        backing = np.empty(size, dtype=np.uint8)
     except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
         raise MemoryAllocation(f"{what} of {size} bytes: the host cannot back it ({exc})", nbytes=size) from None
+    backing.fill(POISON)
+    return backing
 
 
 @dataclass(eq=False)
@@ -127,8 +129,8 @@ def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
 
 
 def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
-    n = len(refs)
-    return [(f"kernel {kernel.name!r}", ref, i in kernel.writes or i - n in kernel.writes) for i, ref in enumerate(refs)]
+    n, who, writes = len(refs), f"kernel {kernel.name!r}", kernel.writes
+    return [(who, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
 
 
 class SimEvent(Event):
