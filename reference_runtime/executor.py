@@ -149,7 +149,7 @@ class Executor:
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
         try:
-            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model, checked=True)  # load_model checked it
         except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
             raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
         init_names = {t.name for t in graph.initializer}

@@ -275,11 +275,13 @@ def _nothing_to_infer(model: onnx.ModelProto) -> bool:
     return all(fixed.get(o, False) for node in g.node for o in node.output if o)
 
 
-def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
     """``model``'s graph with onnx's inferred value infos (data propagation on); the model itself,
     uninferred, when onnx's inference raises or could add nothing (``_nothing_to_infer``). Raises
-    ``ModelError`` when it crashes or runs away."""
-    check_for_inference(model)
+    ``ModelError`` when it crashes or runs away. ``checked``: ``check_for_inference`` passed on
+    this model already (``load_model`` runs it)."""
+    if not checked:
+        check_for_inference(model)
     if _nothing_to_infer(model):
         return model
     data = _slim(model).SerializeToString()

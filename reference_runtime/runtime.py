@@ -84,6 +84,10 @@ class GraphSlot(enum.Enum):
             raise InvalidValue(f"unknown graph slot {slot!r}; slots are {[s.value for s in cls]}", subject=slot) from None
 
 
+_SLOTS = tuple(GraphSlot)  # iterating the enum class costs microseconds; every runtime does it three times
+_SLOT_NAMES = tuple(s.value for s in _SLOTS)
+
+
 class SegmentGraph:
     """A graph handle outside the PRIMARY/VERIFY slots: one captured segment of a step. Its
     lifecycle is its own; replaying it never touches a slot or another segment."""
@@ -119,8 +123,8 @@ class Counters:
     replays: int = 0
     segment_captures: int = 0
     segment_replays: int = 0
-    replays_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
-    captures_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
+    replays_by_slot: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SLOT_NAMES, 0))
+    captures_by_slot: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SLOT_NAMES, 0))
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
@@ -223,7 +227,7 @@ class Runtime:
             ref = weakref.ref(self)
             self._watched = (_sd.WatchedStream(self._res.compute, ref, _BARRIERS),
                              _sd.WatchedStream(self._res.copy, ref, _BARRIERS))
-        self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in GraphSlot}
+        self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in _SLOTS}
         self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
         self._sites: dict[int, str] = {}
