@@ -294,7 +294,8 @@ class Runtime:
         if any(d < 0 for d in shape):
             raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
-        extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize  # numpy refuses past int64 even at size 0
+        # numpy refuses past int64 even at size 0 (with no zero dim, the extent is the byte count)
+        extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize if not nbytes else nbytes
         if max(nbytes, extent) > INT64_MAX:
             raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, "its byte count overflows int64")
         return nbytes

@@ -30,7 +30,7 @@ def _merge(a: VC, b: VC) -> VC:
     return out
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Access:
     lo: int
     hi: int

@@ -99,7 +99,7 @@ def _backing(size: int, what: str) -> np.ndarray:
     return backing
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Op:
     kind: str  # kernel | h2d | d2h | d2d | record | wait | graph
     stream: "SimStream"
