@@ -65,7 +65,13 @@ class HazardTracker:
 
     def observed(self, vc: VC) -> None:
         """The host saw work up to ``vc`` complete: everything it enqueues later is ordered after."""
-        self.host = _merge(self.host, vc)
+        host = _merge(self.host, vc)
+        if host == self.host:
+            # Nothing newly observed: the last pruning kept only accesses not before the host, and an
+            # access recorded since has a tick past the host's on its stream (enqueue merges the host
+            # into the op's clock before ticking), so none is before it now either.
+            return
+        self.host = host
         for key in list(self._buckets):
             kept = [a for a in self._buckets[key] if not a.before(self.host)]
             if kept:

@@ -450,8 +450,9 @@ class SimDevice(Device):
 
     def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
         arrays = []
+        what = f"kernel {kernel.name!r}"
         for ref in refs:
-            view = self._resolve_or_fault(ref, f"kernel {kernel.name!r}", stream)
+            view = self._resolve_or_fault(ref, what, stream)
             if view is None:
                 return
             arrays.append(view)
