@@ -34,11 +34,18 @@ class UnsupportedModel(Unsupported):
         self.items = items
 
 
+_NP_DTYPES: dict[int, np.dtype] = {}  # onnx's fixed element type -> numpy dtype table, memoised
+
+
 def np_dtype(elem_type: int) -> np.dtype:
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception as exc:
-        raise ModelError(f"unsupported tensor element type {elem_type}") from exc
+    dtype = _NP_DTYPES.get(elem_type)
+    if dtype is None:
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        except Exception as exc:
+            raise ModelError(f"unsupported tensor element type {elem_type}") from exc
+        _NP_DTYPES[elem_type] = dtype
+    return dtype
 
 
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
@@ -213,8 +220,49 @@ _TYPE_MESSAGE = 11  # FieldDescriptor.TYPE_MESSAGE
 def _check_text(msg: Any, path: str = "model") -> None:
     """Every text field must be UTF-8: protobuf parses ONNX's (proto2) strings unchecked and hands an
     invalid one back as bytes (or raises ``UnicodeDecodeError``) when it is read, which would be
-    anywhere later (assigning it to another message raises). Reads each once."""
+    anywhere later (assigning it to another message raises). Reads each once.
+
+    Fast path: the message's bytes parse as its ``_verifying`` twin, which checks every string's
+    UTF-8 in protobuf's own parser; only a message that fails that is walked field by field (the
+    walk finds and names the field, or finds nothing when the parse failed for another reason)."""
+    twin = _verifying(msg.DESCRIPTOR)
+    if twin is not None:
+        try:
+            twin.FromString(msg.SerializeToString())
+            return
+        except Exception:  # noqa: BLE001 - invalid UTF-8 (or anything else): the walk decides
+            pass
     _walk_text(msg, path, None, -1)
+
+
+# message descriptor -> a message class of the same wire format whose parser verifies every string
+# field's UTF-8 (protobuf editions' ``utf8_validation = VERIFY``), or None where it cannot be built.
+_TWINS: dict[Any, Any] = {}
+
+
+def _verifying(desc: Any) -> Any:
+    if desc not in _TWINS:
+        twin = None
+        try:
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+            fdp = descriptor_pb2.FileDescriptorProto()
+            desc.file.CopyToProto(fdp)
+            if not fdp.dependency:  # onnx-ml.proto imports nothing
+                fdp.name = f"lockstep-utf8-verifying/{fdp.name}"
+                fdp.syntax = "editions"
+                fdp.edition = descriptor_pb2.EDITION_2023
+                features = fdp.options.features
+                features.enum_type = descriptor_pb2.FeatureSet.CLOSED  # proto2's enums
+                features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED  # proto2's default
+                features.utf8_validation = descriptor_pb2.FeatureSet.VERIFY
+                pool = descriptor_pool.DescriptorPool()
+                pool.Add(fdp)
+                twin = message_factory.GetMessageClass(pool.FindMessageTypeByName(desc.full_name))
+        except Exception:  # noqa: BLE001 - an older protobuf without editions: always walk
+            twin = None
+        _TWINS[desc] = twin
+    return _TWINS[desc]
 
 
 def _where(path: Any, name: str | None, index: int) -> str:
