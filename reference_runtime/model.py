@@ -132,11 +132,17 @@ def _check_tensor(t: onnx.TensorProto, where: str) -> None:
         raise ModelError(f"{where}: dims {list(t.dims)} need {want} {unit}, the data has {have}")
 
 
+_HOLDS_TENSORS = frozenset({onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPH,
+                            onnx.AttributeProto.GRAPHS})
+
+
 def _attribute_tensors(graph: onnx.GraphProto, where: str):
     """(tensor, description) for every tensor held in a node attribute, subgraphs included."""
     for i, node in enumerate(graph.node):
         name = node.name or f"{node.op_type}_{i}"
         for a in node.attribute:
+            if a.type not in _HOLDS_TENSORS:
+                continue
             at = f"{where}node {name!r} ({node.op_type}) attribute {a.name!r}"
             if a.type == onnx.AttributeProto.TENSOR:
                 yield a.t, at

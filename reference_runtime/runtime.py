@@ -271,7 +271,7 @@ class Runtime:
                   "allocated with `MemoryAllocation` naming `current_node`, the value, the size, the budget and the "
                   "bytes in use; not sticky. Pending frees are drained first (outside a capture)")
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
-        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
         dtype = np.dtype(dtype)
         if dtype.hasobject or dtype.kind in "US":
             raise InvalidValue(f"dtype {dtype} cannot live in device memory (strings and objects stay on the host)",

@@ -95,7 +95,10 @@ class HazardTracker:
         # An earlier access is superseded only where ``new`` is ordered after it AND covers its
         # bytes: whatever later conflicts with the old one then conflicts with ``new`` (or is
         # ordered after both). An access to other bytes of the allocation supersedes nothing.
-        entries = self._buckets.setdefault(bucket, [])
+        entries = self._buckets.get(bucket)
+        if not entries:  # a fresh allocation (or one whose records were all observed): nothing to supersede
+            self._buckets[bucket] = [new]
+            return
         entries[:] = [a for a in entries
                       if not (a.before(new.vc) and new.lo <= a.lo and a.hi <= new.hi and (new.write or not a.write))]
         entries.append(new)
