@@ -143,15 +143,31 @@ def _fail(info: NodeInfo, attr: str, value: Any, allowed: str) -> OpError:
     return info.error(f"attribute {attr}={value!r} is invalid: {allowed}")
 
 
-def _schema_required(info: NodeInfo) -> None:
-    import onnx.defs
+# (op_type, opset, domain) -> the names of the schema's required attributes (() without a schema).
+# onnx's schemas are a fixed table of the installed onnx; looking one up and building its attribute
+# map costs ~6 us, once per node of every model without this.
+_REQUIRED: dict[tuple[str, int, str], tuple[str, ...]] = {}
 
-    try:
-        schema = onnx.defs.get_schema(info.op_type, info.opset, info.domain)
-    except onnx.defs.SchemaError:  # no schema (contrib domain, or an op newer than onnx): the tables still apply
-        return
-    for name, a in schema.attributes.items():
-        if a.required and name not in info.attrs:
+
+def _required_attributes(op_type: str, opset: int, domain: str) -> tuple[str, ...]:
+    key = (op_type, opset, domain)
+    names = _REQUIRED.get(key)
+    if names is None:
+        import onnx.defs
+
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, domain)
+        except onnx.defs.SchemaError:  # no schema (contrib domain, or an op newer than onnx): the tables still apply
+            names = ()
+        else:
+            names = tuple(name for name, a in schema.attributes.items() if a.required)
+        _REQUIRED[key] = names
+    return names
+
+
+def _schema_required(info: NodeInfo) -> None:
+    for name in _required_attributes(info.op_type, info.opset, info.domain):
+        if name not in info.attrs:
             raise info.error(f"required attribute {name} is missing")
 
 

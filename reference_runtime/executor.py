@@ -81,19 +81,38 @@ def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
 
 
 def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto]:
+    """The nodes in waves: each wave is every node (in graph order) whose inputs are all known or
+    produced by earlier waves. Linear in nodes and edges (a chain of n nodes is n waves)."""
+    nodes = list(graph.node)
     produced = set(known)
-    pending = list(graph.node)
+    waiting: dict[str, list[int]] = {}  # a value not produced yet -> the nodes waiting for it
+    missing = [0] * len(nodes)  # per node: how many of its (distinct) inputs are not produced yet
+    wave: list[int] = []
+    for k, n in enumerate(nodes):
+        need = {i for i in n.input if i and i not in produced}
+        missing[k] = len(need)
+        for i in need:
+            waiting.setdefault(i, []).append(k)
+        if not need:
+            wave.append(k)
     order: list[onnx.NodeProto] = []
-    while pending:
-        ready = [n for n in pending if all(i == "" or i in produced for i in n.input)]
-        if not ready:
-            missing = sorted({i for n in pending for i in n.input if i and i not in produced})
-            raise ModelError(f"graph {graph.name!r}: inputs {missing[:5]} are never produced (cycle or dangling edge)")
-        for n in ready:
-            order.append(n)
-            produced.update(o for o in n.output if o)
-        ids = {id(n) for n in ready}
-        pending = [n for n in pending if id(n) not in ids]
+    while wave:
+        following: list[int] = []
+        for k in wave:
+            order.append(nodes[k])
+            for o in nodes[k].output:
+                if o and o not in produced:
+                    produced.add(o)
+                    for j in waiting.pop(o, ()):
+                        missing[j] -= 1
+                        if not missing[j]:
+                            following.append(j)
+        wave = sorted(following)
+    if len(order) < len(nodes):
+        scheduled = {id(n) for n in order}
+        pending = [n for n in nodes if id(n) not in scheduled]
+        missing_names = sorted({i for n in pending for i in n.input if i and i not in produced})
+        raise ModelError(f"graph {graph.name!r}: inputs {missing_names[:5]} are never produced (cycle or dangling edge)")
     return order
 
 
@@ -139,7 +158,7 @@ class Executor:
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
         try:
-            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model)
+            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model, checked=True)  # load_model checked it
         except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
             raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
         init_names = {t.name for t in graph.initializer}

@@ -255,10 +255,35 @@ def _contained(data: bytes) -> bytes | None:
     return payload if status == b"K" else None
 
 
-def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def _nothing_to_infer(model: onnx.ModelProto) -> bool:
+    """True when onnx's inference could tell ``symbolic_shapes`` nothing new: every node output of
+    the main graph is declared (value_info, graph output) with every dim a fixed value below
+    ``DIM_CAP``, in every declaration of it. Inference keeps a declared fixed dim (a conflict is
+    an inference error, which means "uninferred"), and graph inputs come from the model itself
+    either way; so the uninferred model gives the same symbolic shapes, without the round trip to
+    the worker (most single-node models declare every shape)."""
+    g = model.graph
+    fixed: dict[str, bool] = {}
+    for vi in [*g.value_info, *g.output]:
+        ok = vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+        if ok:
+            for d in vi.type.tensor_type.shape.dim:
+                if not (d.HasField("dim_value") and 0 <= d.dim_value < DIM_CAP):
+                    ok = False
+                    break
+        fixed[vi.name] = fixed.get(vi.name, True) and ok
+    return all(fixed.get(o, False) for node in g.node for o in node.output if o)
+
+
+def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
     """``model``'s graph with onnx's inferred value infos (data propagation on); the model itself,
-    uninferred, when onnx's inference raises. Raises ``ModelError`` when it crashes or runs away."""
-    check_for_inference(model)
+    uninferred, when onnx's inference raises or could add nothing (``_nothing_to_infer``). Raises
+    ``ModelError`` when it crashes or runs away. ``checked``: ``check_for_inference`` passed on
+    this model already (``load_model`` runs it)."""
+    if not checked:
+        check_for_inference(model)
+    if _nothing_to_infer(model):
+        return model
     data = _slim(model).SerializeToString()
     key = hashlib.blake2b(data, digest_size=20).digest()
     if key in _CACHE:

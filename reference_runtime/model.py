@@ -34,11 +34,18 @@ class UnsupportedModel(Unsupported):
         self.items = items
 
 
+_NP_DTYPES: dict[int, np.dtype] = {}  # onnx's fixed element type -> numpy dtype table, memoised
+
+
 def np_dtype(elem_type: int) -> np.dtype:
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception as exc:
-        raise ModelError(f"unsupported tensor element type {elem_type}") from exc
+    dtype = _NP_DTYPES.get(elem_type)
+    if dtype is None:
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        except Exception as exc:
+            raise ModelError(f"unsupported tensor element type {elem_type}") from exc
+        _NP_DTYPES[elem_type] = dtype
+    return dtype
 
 
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
@@ -125,11 +132,17 @@ def _check_tensor(t: onnx.TensorProto, where: str) -> None:
         raise ModelError(f"{where}: dims {list(t.dims)} need {want} {unit}, the data has {have}")
 
 
+_HOLDS_TENSORS = frozenset({onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPH,
+                            onnx.AttributeProto.GRAPHS})
+
+
 def _attribute_tensors(graph: onnx.GraphProto, where: str):
     """(tensor, description) for every tensor held in a node attribute, subgraphs included."""
     for i, node in enumerate(graph.node):
         name = node.name or f"{node.op_type}_{i}"
         for a in node.attribute:
+            if a.type not in _HOLDS_TENSORS:
+                continue
             at = f"{where}node {name!r} ({node.op_type}) attribute {a.name!r}"
             if a.type == onnx.AttributeProto.TENSOR:
                 yield a.t, at
@@ -206,27 +219,90 @@ def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
         _check_tensor(t, where)
 
 
+_TYPE_STRING = 9  # google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
+_TYPE_MESSAGE = 11  # FieldDescriptor.TYPE_MESSAGE
+
+
 def _check_text(msg: Any, path: str = "model") -> None:
     """Every text field must be UTF-8: protobuf parses ONNX's (proto2) strings unchecked and hands an
     invalid one back as bytes (or raises ``UnicodeDecodeError``) when it is read, which would be
-    anywhere later (assigning it to another message raises). Reads each once."""
+    anywhere later (assigning it to another message raises). Reads each once.
+
+    Fast path: the message's bytes parse as its ``_verifying`` twin, which checks every string's
+    UTF-8 in protobuf's own parser; only a message that fails that is walked field by field (the
+    walk finds and names the field, or finds nothing when the parse failed for another reason)."""
+    twin = _verifying(msg.DESCRIPTOR)
+    if twin is not None:
+        try:
+            twin.FromString(msg.SerializeToString())
+            return
+        except Exception:  # noqa: BLE001 - invalid UTF-8 (or anything else): the walk decides
+            pass
+    _walk_text(msg, path, None, -1)
+
+
+# message descriptor -> a message class of the same wire format whose parser verifies every string
+# field's UTF-8 (protobuf editions' ``utf8_validation = VERIFY``), or None where it cannot be built.
+_TWINS: dict[Any, Any] = {}
+
+
+def _verifying(desc: Any) -> Any:
+    if desc not in _TWINS:
+        twin = None
+        try:
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+            fdp = descriptor_pb2.FileDescriptorProto()
+            desc.file.CopyToProto(fdp)
+            if not fdp.dependency:  # onnx-ml.proto imports nothing
+                fdp.name = f"lockstep-utf8-verifying/{fdp.name}"
+                fdp.syntax = "editions"
+                fdp.edition = descriptor_pb2.EDITION_2023
+                features = fdp.options.features
+                features.enum_type = descriptor_pb2.FeatureSet.CLOSED  # proto2's enums
+                features.repeated_field_encoding = descriptor_pb2.FeatureSet.EXPANDED  # proto2's default
+                features.utf8_validation = descriptor_pb2.FeatureSet.VERIFY
+                pool = descriptor_pool.DescriptorPool()
+                pool.Add(fdp)
+                twin = message_factory.GetMessageClass(pool.FindMessageTypeByName(desc.full_name))
+        except Exception:  # noqa: BLE001 - an older protobuf without editions: always walk
+            twin = None
+        _TWINS[desc] = twin
+    return _TWINS[desc]
+
+
+def _where(path: Any, name: str | None, index: int) -> str:
+    """The dotted path of a message, built only for an error message: ``path`` is the parent's
+    path (a string, or the parent's own ``(path, name, index)`` triple), then ``.name[index]``."""
+    if isinstance(path, tuple):
+        path = _where(*path)
+    if name is None:
+        return path
+    return f"{path}.{name}" if index < 0 else f"{path}.{name}[{index}]"
+
+
+def _walk_text(msg: Any, path: Any, name: str | None, index: int) -> None:
     try:
         fields = msg.ListFields()
     except UnicodeDecodeError as exc:
-        raise ModelError(f"{path}: a text field is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise ModelError(f"{_where(path, name, index)}: a text field is not valid UTF-8 "
+                         f"({exc.reason} at byte {exc.start})") from None
+    here = None
     for fd, value in fields:
-        if fd.type == fd.TYPE_STRING:  # protobuf hands invalid UTF-8 back as bytes (or raises, above)
+        kind = fd.type
+        if kind == _TYPE_STRING:  # protobuf hands invalid UTF-8 back as bytes (or raises, above)
             for text in ([value] if isinstance(value, (str, bytes)) else value):
                 if not isinstance(text, str):
-                    raise ModelError(f"{path}.{fd.name}: text {bytes(text)[:60]!r} is not valid UTF-8")
-            continue
-        if fd.type != fd.TYPE_MESSAGE:
-            continue
-        if hasattr(value, "ListFields"):  # one message (a repeated field is a container of them)
-            _check_text(value, f"{path}.{fd.name}")
-        else:
-            for i, item in enumerate(value):
-                _check_text(item, f"{path}.{fd.name}[{i}]")
+                    raise ModelError(f"{_where(path, name, index)}.{fd.name}: text {bytes(text)[:60]!r} "
+                                     "is not valid UTF-8")
+        elif kind == _TYPE_MESSAGE:
+            if here is None:
+                here = (path, name, index)
+            if hasattr(value, "ListFields"):  # one message (a repeated field is a container of them)
+                _walk_text(value, here, fd.name, -1)
+            else:
+                for i, item in enumerate(value):
+                    _walk_text(item, here, fd.name, i)
 
 
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:

@@ -52,6 +52,17 @@ __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 INT64_MAX = (1 << 63) - 1
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, memoised (numpy computes it in Python on every access; every ``empty`` needs it)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def _human(n: int) -> str:
     for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << k:
@@ -71,6 +82,10 @@ class GraphSlot(enum.Enum):
             return cls(str(slot).lower())
         except ValueError:
             raise InvalidValue(f"unknown graph slot {slot!r}; slots are {[s.value for s in cls]}", subject=slot) from None
+
+
+_SLOTS = tuple(GraphSlot)  # iterating the enum class costs microseconds; every runtime does it three times
+_SLOT_NAMES = tuple(s.value for s in _SLOTS)
 
 
 class SegmentGraph:
@@ -108,8 +123,8 @@ class Counters:
     replays: int = 0
     segment_captures: int = 0
     segment_replays: int = 0
-    replays_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
-    captures_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
+    replays_by_slot: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SLOT_NAMES, 0))
+    captures_by_slot: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_SLOT_NAMES, 0))
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self.__dict__.items()}
@@ -134,6 +149,20 @@ class Tensor:
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"<Tensor {self.name} {self.dtype.name}{list(self.shape)} @0x{self.addr:x}{state}>"
+
+
+class _OwnTensor(Tensor):
+    """A tensor the runtime itself holds (its error latch). It names its runtime through a weak
+    reference: runtime and latch form no reference cycle, so a dropped runtime is released (and
+    its finalizer drains and frees) at once, not at the next cyclic garbage collection."""
+
+    @property  # type: ignore[override]
+    def runtime(self) -> "Runtime":
+        return self._runtime()
+
+    @runtime.setter
+    def runtime(self, runtime: "Runtime") -> None:
+        self._runtime = weakref.ref(runtime)
 
 
 @dataclass
@@ -198,7 +227,7 @@ class Runtime:
             ref = weakref.ref(self)
             self._watched = (_sd.WatchedStream(self._res.compute, ref, _BARRIERS),
                              _sd.WatchedStream(self._res.copy, ref, _BARRIERS))
-        self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in GraphSlot}
+        self._slots: dict[GraphSlot, _SlotState] = {s: _SlotState() for s in _SLOTS}
         self._capturing: GraphSlot | SegmentGraph | None = None
         self._frees_after_capture: list[Buffer] = []
         self._sites: dict[int, str] = {}
@@ -207,7 +236,8 @@ class Runtime:
         self._free_event: Event | None = None
         self._free_mark = -1
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
-        self.error_latch = self.empty((2,), np.int32, name="error_latch")
+        latch = self.empty((2,), np.int32, name="error_latch")
+        self.error_latch: Tensor = _OwnTensor(self, latch.ref, owned=True, name="error_latch")
         self.launch(primitives.fill, self.error_latch, value=0)
 
     # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)
@@ -242,18 +272,19 @@ class Runtime:
                   "allocated with `MemoryAllocation` naming `current_node`, the value, the size, the budget and the "
                   "bytes in use; not sticky. Pending frees are drained first (outside a capture)")
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32, *, name: str = "") -> Tensor:
-        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
         dtype = np.dtype(dtype)
         if dtype.hasobject or dtype.kind in "US":
             raise InvalidValue(f"dtype {dtype} cannot live in device memory (strings and objects stay on the host)",
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        self.check_allocation(nbytes, name, f"{dtype.name}{list(shape)}")
+        what = f"{_dtype_name(dtype)}{list(shape)}"
+        self.check_allocation(nbytes, name, what)
         try:
             buf = self.device.malloc(nbytes)
         except MemoryAllocation as exc:  # the device itself refused (CUDA's OOM, the host's)
-            raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, f"the device refused it: {exc}") from exc
+            raise self._refusal(name, what, nbytes, f"the device refused it: {exc}") from exc
         self._res.live[id(buf)] = buf
         self.counters.allocations += 1
         return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)
@@ -261,13 +292,13 @@ class Runtime:
     def _size_of(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> int:
         """The byte count of ``shape`` in Python ints; a negative dim, or a shape no int64 (numpy's
         size type) can count, is refused as an allocation failure, never a numpy overflow."""
-        what = f"{dtype.name}{list(shape)}"
         if any(d < 0 for d in shape):
-            raise self._refusal(name, what, None, "a negative dim is not a size")
+            raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
-        extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize  # numpy refuses past int64 even at size 0
+        # numpy refuses past int64 even at size 0 (with no zero dim, the extent is the byte count)
+        extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize if not nbytes else nbytes
         if max(nbytes, extent) > INT64_MAX:
-            raise self._refusal(name, what, nbytes, "its byte count overflows int64")
+            raise self._refusal(name, f"{dtype.name}{list(shape)}", nbytes, "its byte count overflows int64")
         return nbytes
 
     @primitive(

@@ -56,12 +56,14 @@ def _raw_dims(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
     return out
 
 
-def symbolic_shapes(model: onnx.ModelProto) -> tuple[dict[str, Symbol], dict[str, tuple[int | Symbol, ...]]]:
+def symbolic_shapes(model: onnx.ModelProto, *, checked: bool = False
+                    ) -> tuple[dict[str, Symbol], dict[str, tuple[int | Symbol, ...]]]:
     """Symbols by name and each value's dims. onnx's inference runs contained (``inference.infer``):
-    a model it crashes on, or that makes it run away, is a ``ModelError``."""
+    a model it crashes on, or that makes it run away, is a ``ModelError``. ``checked``: the model
+    passed ``load_model``'s checks (``check_for_inference`` need not run again)."""
     from .inference import infer
 
-    inferred = infer(model)
+    inferred = infer(model, checked=checked)
     g = inferred.graph
     raw = {vi.name: dims for vi in [*g.input, *g.value_info, *g.output] if (dims := _raw_dims(vi)) is not None}
     symbols: dict[str, Symbol] = {}

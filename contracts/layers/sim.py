@@ -168,8 +168,8 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "event_rerecord_keeps_first", _S,
-        old='event._last_record = self._enqueue("record", event=event)',
-        new='event._last_record = event._last_record or self._enqueue("record", event=event)',
+        old='event._last_record = self._enqueue("record")',
+        new='event._last_record = event._last_record or self._enqueue("record")',
         breaks="an event recorded again stands for its latest record (query, wait, synchronize follow it)",
         tests=_DEV_TESTS,
     ),

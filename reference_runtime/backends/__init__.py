@@ -11,6 +11,7 @@ Adding a backend: a module implementing ``_base.Device`` with a module-level ``a
 from __future__ import annotations
 
 import importlib
+import sys
 
 from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream
 
@@ -28,7 +29,8 @@ DEVICES = tuple(_BACKENDS)
 def _module(name: str):
     if name not in _BACKENDS:
         raise ValueError(f"unknown device {name!r}; devices are {list(DEVICES)}")
-    return importlib.import_module(f".{_BACKENDS[name][0]}", __name__)
+    module = sys.modules.get(f"{__name__}.{_BACKENDS[name][0]}")  # imported already: no import machinery
+    return module if module is not None else importlib.import_module(f".{_BACKENDS[name][0]}", __name__)
 
 
 def device_class(name: str) -> type[Device]:

@@ -20,12 +20,15 @@ Ordering guarantees, one sentence each (they are the contract the simulated devi
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from lockstep.kernels._kernel import Kernel
+
+from ..errors import InvalidValue
 
 
 @dataclass(eq=False)
@@ -58,7 +61,7 @@ class ArrayRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def __repr__(self) -> str:
         return f"<ArrayRef 0x{self.addr:x} {np.dtype(self.dtype).name}{list(self.shape)}>"
@@ -189,8 +192,6 @@ class Device(ABC):
 
 
 def check_buffer(device: Device, buffer: Buffer) -> None:
-    from ..errors import InvalidValue
-
     if buffer.device is not device:
         raise InvalidValue(f"{buffer!r} belongs to another device than {device.name}", subject=buffer)
     if buffer.freed:

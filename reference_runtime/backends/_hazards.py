@@ -30,7 +30,7 @@ def _merge(a: VC, b: VC) -> VC:
     return out
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Access:
     lo: int
     hi: int
@@ -65,7 +65,13 @@ class HazardTracker:
 
     def observed(self, vc: VC) -> None:
         """The host saw work up to ``vc`` complete: everything it enqueues later is ordered after."""
-        self.host = _merge(self.host, vc)
+        host = _merge(self.host, vc)
+        if host == self.host:
+            # Nothing newly observed: the last pruning kept only accesses not before the host, and an
+            # access recorded since has a tick past the host's on its stream (enqueue merges the host
+            # into the op's clock before ticking), so none is before it now either.
+            return
+        self.host = host
         for key in list(self._buckets):
             kept = [a for a in self._buckets[key] if not a.before(self.host)]
             if kept:
@@ -89,7 +95,10 @@ class HazardTracker:
         # An earlier access is superseded only where ``new`` is ordered after it AND covers its
         # bytes: whatever later conflicts with the old one then conflicts with ``new`` (or is
         # ordered after both). An access to other bytes of the allocation supersedes nothing.
-        entries = self._buckets.setdefault(bucket, [])
+        entries = self._buckets.get(bucket)
+        if not entries:  # a fresh allocation (or one whose records were all observed): nothing to supersede
+            self._buckets[bucket] = [new]
+            return
         entries[:] = [a for a in entries
                       if not (a.before(new.vc) and new.lo <= a.lo and a.hi <= new.hi and (new.write or not a.write))]
         entries.append(new)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -91,12 +92,14 @@ def _host_memory() -> int | None:
 def _backing(size: int, what: str) -> np.ndarray:
     """Host memory for ``size`` device bytes, poisoned; the host refusing it is the device's OOM."""
     try:
-        return np.full(size, POISON, dtype=np.uint8)
+        backing = np.empty(size, dtype=np.uint8)
     except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
         raise MemoryAllocation(f"{what} of {size} bytes: the host cannot back it ({exc})", nbytes=size) from None
+    backing.fill(POISON)
+    return backing
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Op:
     kind: str  # kernel | h2d | d2h | d2d | record | wait | graph
     stream: "SimStream"
@@ -126,8 +129,8 @@ def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
 
 
 def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
-    n = len(refs)
-    return [(f"kernel {kernel.name!r}", ref, i in kernel.writes or i - n in kernel.writes) for i, ref in enumerate(refs)]
+    n, who, writes = len(refs), f"kernel {kernel.name!r}", kernel.writes
+    return [(who, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
 
 
 class SimEvent(Event):
@@ -217,7 +220,7 @@ class SimStream(Stream):
         if self._capture is not None:
             self._capture.nodes.append(("record", dict(event=event)))
             return
-        event._last_record = self._enqueue("record", event=event)
+        event._last_record = self._enqueue("record")  # the op names no event: no event<->op cycle
 
     def wait(self, event: Event) -> None:
         self.device._check()
@@ -381,7 +384,7 @@ class SimDevice(Device):
 
     def _access(self, who: str, ref: tuple, write: bool) -> tuple[int, int, int, bool, str]:
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         return (m.start if m is not None else addr, addr, addr + nbytes, write, who)
 
@@ -432,7 +435,7 @@ class SimDevice(Device):
         """cudaMemcpyAsync validates its pointers at the call: a range not mapped now is refused
         (cudaErrorInvalidValue, not sticky), whatever is mapped there before the copy would run."""
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if self._lookup(addr, max(nbytes, 1)) is None:
             raise InvalidValue(
                 f"{what} on {stream.label}: 0x{addr:x}..0x{addr + nbytes:x} is not mapped at the call",
@@ -447,8 +450,9 @@ class SimDevice(Device):
 
     def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
         arrays = []
+        what = f"kernel {kernel.name!r}"
         for ref in refs:
-            view = self._resolve_or_fault(ref, f"kernel {kernel.name!r}", stream)
+            view = self._resolve_or_fault(ref, what, stream)
             if view is None:
                 return
             arrays.append(view)
@@ -494,7 +498,7 @@ class SimDevice(Device):
 
     def _resolve_or_fault(self, ref, what: str, stream) -> np.ndarray | None:
         addr, shape, dtype = ref
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         if m is None:
             self._latch(
