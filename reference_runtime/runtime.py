@@ -238,6 +238,9 @@ class Runtime:
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
         latch = self.empty((2,), np.int32, name="error_latch")
         self.error_latch: Tensor = _OwnTensor(self, latch.ref, owned=True, name="error_latch")
+        # True while the latch is known clear: read clear since the last launch, replay, write or
+        # copy that could set it (a download then skips the latch read; the answer is the same)
+        self._latch_quiet = False
         self.launch(primitives.fill, self.error_latch, value=0)
 
     # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)
@@ -402,8 +405,11 @@ class Runtime:
         guarantee="enqueue a kernel on the compute stream and return; kernel-to-kernel order on that stream is "
                   "guaranteed with no host synchronisation")
     def launch(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> None:
+        latch = self.error_latch.ref.buffer if self._latch_quiet else None
         for t in tensors:
             self._check_live(t)
+            if t.ref.buffer is latch:
+                self._latch_quiet = False
         self.compute.launch(kernel, [t.ref for t in tensors], scalars)
         self._enqueued += 1
         self.counters.launches += 1
@@ -497,7 +503,7 @@ class Runtime:
     def upload(self, host: Any, *, name: str = "") -> Tensor:
         arr = np.asarray(host, order="C")  # keeps 0-d arrays 0-d, unlike ascontiguousarray
         t = self.empty(arr.shape, arr.dtype, name=name)
-        self.write(t, arr)
+        self._write(t, arr, fresh=True)
         return t
 
     @primitive(
@@ -507,14 +513,22 @@ class Runtime:
     def write(self, t: Tensor, host: Any) -> None:
         """Host-to-device on the copy stream, ordered after queued compute work that may read ``t``
         and before compute work enqueued later."""
+        self._write(t, host)
+
+    def _write(self, t: Tensor, host: Any, *, fresh: bool = False) -> None:
+        """``write``; ``fresh``: ``t`` was allocated just now (``upload``), so no queued work can
+        touch its memory (a free gives memory back only once its readers ran): no compute wait."""
         self._check_live(t)
         if self._capturing is not None:
             raise StreamCaptureUnsupported(f"write to {t!r} during capture: host-to-device copies are not captured")
-        after_compute = self.device.event()
-        self.compute.record(after_compute)
-        self.copy_stream.wait(after_compute)
+        if not fresh:
+            after_compute = self.device.event()
+            self.compute.record(after_compute)
+            self.copy_stream.wait(after_compute)
         self.device.memcpy_htod_async(t.ref, np.asarray(host), self._res.copy)
         self._enqueued += 1
+        if t.ref.buffer is self.error_latch.ref.buffer:
+            self._latch_quiet = False
         written = self.device.event()
         self.copy_stream.record(written)
         self.compute.wait(written)
@@ -554,6 +568,8 @@ class Runtime:
         self._check_live(dst)
         self._check_live(src)
         self._enqueued += 1
+        if dst.ref.buffer is self.error_latch.ref.buffer:
+            self._latch_quiet = False
         if self._capturing is not None:
             self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.compute)
             return
@@ -567,6 +583,8 @@ class Runtime:
         return self.device.memcpy_dtoh(self.error_latch.ref, self._res.copy)
 
     def _raise_if_latched(self) -> None:
+        if self._latch_quiet:  # read clear, and nothing enqueued since could have set it
+            return
         latch = self._read_latch()
         if latch[0] != 0:
             site = int(latch[1])
@@ -575,6 +593,7 @@ class Runtime:
                 "reset_error_latch() clears it",
                 subject=self._sites.get(site, site),
             )
+        self._latch_quiet = True
 
     # -- capture into graph slots
     @primitive(
@@ -648,6 +667,7 @@ class Runtime:
             raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)
         graph.launch(self._res.compute)
         self._enqueued += 1
+        self._latch_quiet = False  # a graph's kernels may set the latch
         self.counters.replays += 1
         self.counters.replays_by_slot[slot.value] += 1
 
@@ -706,6 +726,7 @@ class Runtime:
             raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)
         seg.graph.launch(self._res.compute)
         self._enqueued += 1
+        self._latch_quiet = False  # a graph's kernels may set the latch
         self.counters.replays += 1
         self.counters.segment_replays += 1
 

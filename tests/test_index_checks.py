@@ -307,3 +307,23 @@ def test_onnxruntime_refuses_the_bad_seqlens_too(name):
         feeds["cos"], feeds["sin"] = feeds["cos"][:8], feeds["sin"][:8]
     with pytest.raises(Exception, match="seqlens_k"):
         _ORT.prepare(contrib_model(node, feeds, outs))(feeds)
+
+
+def test_an_index_out_of_range_in_a_replayed_graph_is_raised(make_runtime):
+    """Contract: a kernel of a replayed graph may set the latch too: after a replay whose Gather
+    reads an out-of-range index, the next synchronising read raises DeviceAssert naming the node
+    (the runtime skips a latch read only when nothing that could set it ran since the last one)."""
+    from lockstep.reference_runtime.segments import CaptureSession
+
+    data = np.arange(8, dtype=F).reshape(4, 2)
+    node = helper.make_node("Gather", ["d", "i"], ["y"], name="Gather_under_test")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("i", 7, [1])],
+                          [helper.make_tensor_value_info("y", 1, [1, 2])], [numpy_helper.from_array(data, "d")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    session = CaptureSession(Executor(model, make_runtime()))
+    for k in (1, 2):  # eager warm-up, then recorded and replayed
+        assert session.run({"i": np.asarray([k], I)})["y"].tolist() == [data[k].tolist()]
+    assert session.counters.captures == 1
+    with pytest.raises(DeviceAssert, match="Gather_under_test"):
+        session.run({"i": np.asarray([7], I)})  # a replay: only the graph touched the latch
+    assert session.counters.replays == 2

@@ -190,4 +190,18 @@ MUTANTS = [
         breaks="upload keeps a 0-d array 0-d (its tensor's shape is ())",
         tests=_T + ("tests/test_executor.py",), select=_SEL,
     ),
+    Mutant(
+        "runtime", "latch_launch_keeps_quiet", _R,
+        old="            if t.ref.buffer is latch:\n                self._latch_quiet = False",
+        new="            if t.ref.buffer is latch:\n                pass",
+        breaks="a launch that may set the error latch makes the next synchronising read look at it (DeviceAssert)",
+        tests=_T + ("tests/test_index_checks.py",), select=_SEL + " or out_of_range or golden_model_past",
+    ),
+    Mutant(
+        "runtime", "latch_replay_keeps_quiet", _R,
+        old="        seg.graph.launch(self._res.compute)\n        self._enqueued += 1\n        self._latch_quiet = False",
+        new="        seg.graph.launch(self._res.compute)\n        self._enqueued += 1",
+        breaks="a replayed graph's kernels may set the error latch: the next synchronising read looks at it",
+        tests=("tests/test_index_checks.py", "tests/test_segments.py"), select="capture or replay",
+    ),
 ]
