@@ -16,11 +16,13 @@ values (shapes, attributes, ``Spec.value``), so every launch is capture-safe.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ._index_util import fix_index
+from ._op import dtype_name
 
 __all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
            "sigmoid_into", "where_into", "range_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
@@ -37,11 +39,12 @@ def is_cupy(xp) -> bool:
     return xp.__name__ == "cupy"
 
 
-def raw_kernel(xp, src: str, name: str):
-    """``xp.RawKernel(src, name)`` compiled once per (name) and cached; ``name`` encodes the variant."""
+def raw_kernel(xp, src, name: str):
+    """``xp.RawKernel(src, name)`` compiled once per (name) and cached; ``name`` encodes the variant.
+    ``src`` may be a callable making the source (formatted only on a cache miss)."""
     k = _CACHE.get(name)
     if k is None:
-        k = _CACHE[name] = xp.RawKernel(src, name)
+        k = _CACHE[name] = xp.RawKernel(src() if callable(src) else src, name)
     return k
 
 
@@ -89,7 +92,7 @@ extern "C" __global__ void lockstep_gather_{S}_{I}(
 def gather(xp, out, data, idx, axis: int) -> bool:
     """``out = take(data, fix_index(idx), axis)`` in one launch (C-contiguous data, idx and out)."""
     itemsize = data.dtype.itemsize
-    if (out.dtype != data.dtype or idx.dtype.name not in _INDEX_CTYPE or itemsize not in ITEM_CTYPE
+    if (out.dtype != data.dtype or dtype_name(idx.dtype) not in _INDEX_CTYPE or itemsize not in ITEM_CTYPE
             or not _contiguous(out, data, idx) or same_buffer(xp, out, data, idx)):
         return False
     dim = int(data.shape[axis])
@@ -99,9 +102,10 @@ def gather(xp, out, data, idx, axis: int) -> bool:
     total = int(out.size)
     if total == 0:
         return True
-    inner = int(np.prod(data.shape[axis + 1:], dtype=np.int64))
-    name = f"lockstep_gather_{itemsize}_{idx.dtype.name}"
-    src = GATHER_SRC.format(S=itemsize, I=idx.dtype.name, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[idx.dtype.name])
+    inner = math.prod(data.shape[axis + 1:])
+    iname = dtype_name(idx.dtype)
+    name = f"lockstep_gather_{itemsize}_{iname}"
+    src = lambda: GATHER_SRC.format(S=itemsize, I=iname, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[iname])  # noqa: E731
     launch_1d(raw_kernel(xp, src, name), total,
               (data, idx, out, np.int64(dim), np.int64(inner), np.int64(idx.size), np.int64(total)))
     return True
@@ -131,7 +135,7 @@ def flag_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None, 
     """CuPy only: set ``latch = [1, site]`` (site only if ``latch[0]`` was 0) when any index (of
     column ``column`` of the last axis, when given) lies outside ``[lo, hi)`` and differs from
     ``ignore``; one launch. False (nothing launched) for other index dtypes or layouts."""
-    if (not is_cupy(xp) or idx.dtype.name not in _INDEX_CTYPE or latch.dtype != np.int32
+    if (not is_cupy(xp) or dtype_name(idx.dtype) not in _INDEX_CTYPE or latch.dtype != np.int32
             or not idx.flags.c_contiguous):
         return False
     if column is None:
@@ -141,8 +145,9 @@ def flag_range(xp, latch, idx, lo: int, hi: int, site: int, ignore: int | None, 
         n, stride, offset = int(idx.size) // max(cols, 1), cols, int(column)
     if n == 0:
         return True
-    name = f"lockstep_flag_{idx.dtype.name}"
-    src = FLAG_SRC.format(I=idx.dtype.name, IT=_INDEX_CTYPE[idx.dtype.name])
+    iname = dtype_name(idx.dtype)
+    name = f"lockstep_flag_{iname}"
+    src = lambda: FLAG_SRC.format(I=iname, IT=_INDEX_CTYPE[iname])  # noqa: E731
     launch_1d(raw_kernel(xp, src, name), n,
               (idx, np.int64(n), np.int64(stride), np.int64(offset), np.int64(lo), np.int64(hi),
                np.int32(ignore is not None), np.int64(0 if ignore is None else ignore), latch, np.int32(site)))
@@ -196,7 +201,7 @@ def fill_value(xp, out, value) -> bool:
     bits = flat.view(np.dtype(f"u{itemsize}"))
     vals = [bits.dtype.type(b) for b in bits] + [bits.dtype.type(0)] * (_FILL_MAX - flat.size)
     name = f"lockstep_fill8_{itemsize}"
-    kernel = raw_kernel(xp, FILL_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), name)
+    kernel = raw_kernel(xp, lambda: FILL_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), name)
     kernel((1,), (32,), (out, np.int64(flat.size), *vals))
     return True
 
@@ -212,10 +217,10 @@ _SIGMOID_BODY = {
 def sigmoid_into(xp, out, x) -> bool:
     """CuPy only: ``out = sigmoid(x)`` for float32/float64 x of out's dtype, one ElementwiseKernel:
     the same IEEE operations as ``_nn_util.sigmoid`` (no multiply-add to contract), so the same bits."""
-    body = _SIGMOID_BODY.get(x.dtype.name)
+    body = _SIGMOID_BODY.get(dtype_name(x.dtype))
     if not is_cupy(xp) or body is None or out.dtype != x.dtype:
         return False
-    name = f"lockstep_sigmoid_{x.dtype.name}"
+    name = f"lockstep_sigmoid_{dtype_name(x.dtype)}"
     k = _CACHE.get(name)
     if k is None:
         k = _CACHE[name] = xp.ElementwiseKernel("T x", "T y", body, name)
@@ -239,7 +244,7 @@ def where_into(xp, out, c, x, y) -> bool:
 def range_into(xp, out, start: int, delta: int) -> bool:
     """``out[i] = start + i * delta`` for a 1-D int32/int64 ``out`` (host ints start and delta),
     wrapping as int64 arithmetic does and truncated to out's type as ``astype`` truncates."""
-    if out.dtype.name not in ("int32", "int64") or out.ndim != 1:
+    if dtype_name(out.dtype) not in ("int32", "int64") or out.ndim != 1:
         return False
     if not is_cupy(xp):
         xp.copyto(out, xp.arange(out.shape[0], dtype=xp.int64) * np.int64(delta) + np.int64(start), casting="unsafe")

@@ -24,9 +24,12 @@ CuPy's reduction kernel uses its own order: last-bit differences in float32, det
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._fast import ITEM_CTYPE, is_cupy, launch_1d, raw_kernel, same_buffer
+from ._op import dtype_name
 
 __all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into",
            "RMS_NORM_SRC", "ROPE_SRC", "TS_FULL_SRC", "TS_UPDATE_SRC", "KV_CONCAT_SRC", "ATTENTION_SRC"]
@@ -85,7 +88,7 @@ def rms_norm_into(xp, out, x, scale, axis: int, eps: float) -> bool:
     lead = len(scale.shape) - len(tail)
     if lead < 0 or tuple(scale.shape[lead:]) != tail or any(d != 1 for d in scale.shape[:lead]):
         return False
-    cols = int(np.prod(tail, dtype=np.int64))
+    cols = math.prod(tail)
     rows = int(x.size) // cols if cols else 0
     if rows == 0 or cols == 0:
         return False
@@ -266,14 +269,14 @@ def tensor_scatter_into(xp, out, past, upd, wi, axis: int, circular: bool) -> bo
     if (past.dtype != out.dtype or upd.dtype != out.dtype or itemsize not in ITEM_CTYPE
             or not (out.flags.c_contiguous and past.flags.c_contiguous and upd.flags.c_contiguous)):
         return False
-    if wi is not None and (wi.dtype.name not in _INDEX_CTYPE or not wi.flags.c_contiguous):
+    if wi is not None and (dtype_name(wi.dtype) not in _INDEX_CTYPE or not wi.flags.c_contiguous):
         return False
     in_place = _address(xp, out) == _address(xp, past)  # the cache bound in place as its own output
     if same_buffer(xp, out, upd, wi) or (not in_place and same_buffer(xp, out, past)):
         return False
     B, L, Sn = int(past.shape[0]), int(past.shape[axis]), int(upd.shape[axis])
-    P = int(np.prod(past.shape[1:axis], dtype=np.int64))
-    Q = int(np.prod(past.shape[axis + 1:], dtype=np.int64))
+    P = math.prod(past.shape[1:axis])
+    Q = math.prod(past.shape[axis + 1:])
     if not is_cupy(xp):  # the full kernel's arithmetic (the update kernel writes the same values)
         if Sn == 0:
             xp.copyto(out, past)
@@ -286,19 +289,19 @@ def tensor_scatter_into(xp, out, past, upd, wi, axis: int, circular: bool) -> bo
         picked = np.take_along_axis(upd.reshape(B, P, Sn, Q), idx, axis=2)
         xp.copyto(out, np.where((src >= 0) & (src < Sn), picked, past.reshape(B, P, L, Q)).reshape(out.shape))
         return True
-    iname = wi.dtype.name if wi is not None else "int64"
+    iname = dtype_name(wi.dtype) if wi is not None else "int64"
     fmt = dict(S=itemsize, I=iname, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[iname])
     wptr = wi if wi is not None else upd
     if in_place:
         total = int(upd.size)
         if total:
-            k = raw_kernel(xp, TS_UPDATE_SRC.format(**fmt), f"lockstep_ts_update_{itemsize}_{iname}")
+            k = raw_kernel(xp, lambda: TS_UPDATE_SRC.format(**fmt), f"lockstep_ts_update_{itemsize}_{iname}")
             launch_1d(k, total, (upd, wptr, out, np.int64(P), np.int64(L), np.int64(Q), np.int64(Sn),
                                  np.int32(wi is not None), np.int32(circular), np.int64(total)))
         return True
     total = int(out.size)
     if total:
-        k = raw_kernel(xp, TS_FULL_SRC.format(**fmt), f"lockstep_ts_full_{itemsize}_{iname}")
+        k = raw_kernel(xp, lambda: TS_FULL_SRC.format(**fmt), f"lockstep_ts_full_{itemsize}_{iname}")
         launch_1d(k, total, (past, upd, wptr, out, np.int64(P), np.int64(L), np.int64(Q), np.int64(Sn),
                              np.int32(wi is not None), np.int32(circular), np.int64(total)))
     return True

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import numpy as np
 
 from ._fast import launch_1d, raw_kernel, same_buffer
+from ._op import dtype_name
 
 __all__ = ["matmul", "matmul_into", "matmul_shape", "bf16_as_float32"]
 
@@ -98,7 +100,7 @@ def _launch_tile(xp, work, A, B, C, batch: int, M: int, N: int, K: int) -> None:
     """The tiled kernel over contiguous ``A`` (batch, M, K), ``B`` (batch, K, N) into ``C``."""
     if batch * M * N > 0:
         grid = ((N + _TILE - 1) // _TILE, (M + _TILE - 1) // _TILE, min(batch, 65535))
-        _kernel(xp, work.name)(grid, (_TILE, _TILE, 1),
+        _kernel(xp, dtype_name(work))(grid, (_TILE, _TILE, 1),
                                (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)))
 
 
@@ -132,7 +134,8 @@ def matmul_into(xp, out, a, b) -> bool:
     (A's batch and rows flattened: the same products) or A and B of one batch shape. False, having
     written nothing, otherwise (``matmul`` then computes it). numpy: ``np.matmul(a, b, out=)``."""
     dt = out.dtype
-    if (a.dtype != dt or b.dtype != dt or dt.name not in _CTYPES or a.ndim < 2 or b.ndim < 2
+    dname = dtype_name(dt)
+    if (a.dtype != dt or b.dtype != dt or dname not in _CTYPES or a.ndim < 2 or b.ndim < 2
             or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)
             or same_buffer(xp, out, a, b)):
         return False
@@ -143,14 +146,14 @@ def matmul_into(xp, out, a, b) -> bool:
         return True
     K, N = int(b.shape[-2]), int(b.shape[-1])
     if b.ndim == 2:
-        batch, M = 1, int(np.prod(a.shape[:-1], dtype=np.int64))
+        batch, M = 1, math.prod(a.shape[:-1])
     else:
-        batch, M = int(np.prod(a.shape[:-2], dtype=np.int64)), int(a.shape[-2])
+        batch, M = math.prod(a.shape[:-2]), int(a.shape[-2])
     if batch == 1 and M <= _ROWS_MAX:
         if M * N > 0:
-            t, acc = _CTYPES[dt.name]
-            name = f"lockstep_matmul_rows_{dt.name}"
-            launch_1d(raw_kernel(xp, _ROWS_SRC.format(name=dt.name, T=t, ACC=acc), name), M * N,
+            t, acc = _CTYPES[dname]
+            name = f"lockstep_matmul_rows_{dname}"
+            launch_1d(raw_kernel(xp, lambda: _ROWS_SRC.format(name=dname, T=t, ACC=acc), name), M * N,
                       (a, b, out, np.int64(M), np.int64(N), np.int64(K)))
         return True
     _launch_tile(xp, dt, a, b, out, batch, M, N, K)
@@ -233,10 +236,10 @@ def _bf16_encode(xp, f, dtype):
 def bf16_as_float32(compute):
     @functools.wraps(compute)
     def wrapped(xp, node, *args):
-        bf = [np.dtype(s.dtype).name == "bfloat16" for s in node.out_specs]
+        bf = [dtype_name(s.dtype) == "bfloat16" for s in node.out_specs]
         if not any(bf) or (xp.__name__ == "numpy" and not BF16_ON_NUMPY):
             return compute(xp, node, *args)
-        args = [_bf16_decode(xp, a) if a is not None and (a.dtype == np.uint16 or a.dtype.name == "bfloat16") else a
+        args = [_bf16_decode(xp, a) if a is not None and (a.dtype == np.uint16 or dtype_name(a.dtype) == "bfloat16") else a
                 for a in args]
         specs = tuple(dataclasses.replace(s, dtype=np.dtype(np.float32)) if b else s for s, b in zip(node.out_specs, bf))
         res = compute(xp, dataclasses.replace(node, out_specs=specs), *args)

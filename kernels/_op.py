@@ -41,8 +41,20 @@ import numpy as np
 
 __all__ = [
     "Spec", "NodeInfo", "OpKernel", "Unary", "Binary", "Variadic", "broadcast", "OpError",
-    "normalize_axis",
+    "normalize_axis", "dtype_name",
 ]
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, memoised: numpy builds ``.name`` in Python on every access (a few
+    microseconds, twice per launch on the hot paths that pick a kernel by dtype)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 class OpError(ValueError):

@@ -260,46 +260,67 @@ class Executor:
         return _Value(self.runtime.upload(value, name=name), spec)
 
     # -- feeds
+    def _feed_rules(self) -> list[tuple[str, Any, int | None, tuple[tuple[int, int | None, str | None], ...]]]:
+        """Per declared input, what ``_check_feeds`` checks, read from the graph once: (name, dtype,
+        rank or None, ((axis, fixed dim or None, symbol or None), ...))."""
+        rules = self.__dict__.get("_rules")
+        if rules is None:
+            rules = []
+            for vi in self.inputs:
+                if not vi.type.HasField("tensor_type"):
+                    rules.append((vi.name, None, None, ()))
+                    continue
+                tt = vi.type.tensor_type
+                if not tt.HasField("shape"):
+                    rules.append((vi.name, np_dtype(tt.elem_type), None, ()))
+                    continue
+                dims = tuple((k, d.dim_value if d.HasField("dim_value") else None,
+                              d.dim_param if d.HasField("dim_param") else None) for k, d in enumerate(tt.shape.dim))
+                rules.append((vi.name, np_dtype(tt.elem_type), len(dims), dims))
+            self._rules = rules
+        return rules
+
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, "np.ndarray | Tensor"]:
-        declared = {vi.name: vi for vi in self.inputs}
-        keys = [k for k in feeds if not isinstance(k, str)]
-        if keys:
-            raise FeedError(f"feed names must be strings, got {keys[:5]!r}; the model's inputs are {sorted(declared)}")
-        unknown = sorted(set(feeds) - set(declared))
-        if unknown:
-            raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {sorted(declared)}")
-        missing = [n for n in declared if n not in feeds]
-        if missing:
-            raise FeedError(f"missing feed(s) {missing}")
+        rules = self._feed_rules()
+        declared = [r[0] for r in rules]
+        if len(feeds) != len(declared) or any(k not in feeds for k in declared):
+            keys = [k for k in feeds if not isinstance(k, str)]
+            if keys:
+                raise FeedError(f"feed names must be strings, got {keys[:5]!r}; the model's inputs are {sorted(declared)}")
+            unknown = sorted(set(feeds) - set(declared))
+            if unknown:
+                raise FeedError(f"unknown feed(s) {unknown}; the model's inputs are {sorted(declared)}")
+            missing = [n for n in declared if n not in feeds]
+            if missing:
+                raise FeedError(f"missing feed(s) {missing}")
         symbols: dict[str, tuple[int, str]] = {}
         out = {}
-        for name, vi in declared.items():
+        for name, want, rank, dims in rules:
             value = feeds[name]
             if isinstance(value, Tensor):
                 if value.runtime is not self.runtime or value.freed:
                     raise FeedError(f"input {name!r}: device tensor {value!r} is freed or belongs to another runtime")
             elif not isinstance(value, np.ndarray):
                 raise FeedError(f"input {name!r}: expected a numpy array or a device Tensor, got {type(value).__name__}")
-            tt = vi.type.tensor_type
-            if not vi.type.HasField("tensor_type"):
+            if want is None:
                 raise UnsupportedModel("inputs", [f"{name}: only tensor inputs are supported"])
-            want = np_dtype(tt.elem_type)
             if value.dtype != want:
                 raise FeedError(f"input {name!r}: dtype {value.dtype} given, {want} declared")
-            if tt.HasField("shape"):
-                dims = tt.shape.dim
-                if len(dims) != len(value.shape):
+            if rank is not None:
+                shape = value.shape
+                if rank != len(shape):
                     raise FeedError(
-                        f"input {name!r}: rank {len(value.shape)} given (shape {tuple(value.shape)}), rank {len(dims)} declared"
+                        f"input {name!r}: rank {len(shape)} given (shape {tuple(shape)}), rank {rank} declared"
                     )
-                for axis, (d, n) in enumerate(zip(dims, value.shape)):
-                    if d.HasField("dim_value") and d.dim_value != n:
-                        raise FeedError(f"input {name!r}: dim {axis} is {n}, declared {d.dim_value}")
-                    if d.HasField("dim_param"):
-                        prev = symbols.setdefault(d.dim_param, (n, name))
+                for axis, fixed, param in dims:
+                    n = shape[axis]
+                    if fixed is not None and fixed != n:
+                        raise FeedError(f"input {name!r}: dim {axis} is {n}, declared {fixed}")
+                    if param is not None:
+                        prev = symbols.setdefault(param, (n, name))
                         if prev[0] != n:
                             raise FeedError(
-                                f"input {name!r}: dim {axis} ({d.dim_param!r}) is {n}, but {prev[1]!r} bound it to {prev[0]}"
+                                f"input {name!r}: dim {axis} ({param!r}) is {n}, but {prev[1]!r} bound it to {prev[0]}"
                             )
             out[name] = value
         return out

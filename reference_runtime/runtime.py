@@ -407,7 +407,8 @@ class Runtime:
     def launch(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> None:
         latch = self.error_latch.ref.buffer if self._latch_quiet else None
         for t in tensors:
-            self._check_live(t)
+            if type(t) is not Tensor or t.freed or t.runtime is not self:
+                self._check_live(t)  # raises, naming what is wrong (the runtime's own latch passes)
             if t.ref.buffer is latch:
                 self._latch_quiet = False
         self.compute.launch(kernel, [t.ref for t in tensors], scalars)

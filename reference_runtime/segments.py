@@ -103,6 +103,7 @@ class CaptureSession:
         self.quarantined: set[str] = set()
         self.warmed: set[str] = set()
         self._growing: set[Symbol] = growing_symbols(executor)
+        self._masks: dict[str, tuple[bool, ...]] = {}  # input name -> which of its dims grow
         self._sigs: dict[tuple, _Signature] = {}
         self.plan: CapturePlan | None = None
         self.failure: str | None = None  # the first recording failure of the session ("Type: message")
@@ -111,16 +112,19 @@ class CaptureSession:
     # are not part of it: a segment reads them through a persistent buffer they are copied into.
     # Bound outputs are (by identity): a segment writes them in place.
     def _signature(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> tuple:
-        declared = self.ex.symbolic_shapes
+        masks = self._masks
         parts = []
         for name in sorted(feeds):
             v = feeds[name]
-            dims = declared.get(name, ())
-            shape = tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing else int(n)
+            mask = masks.get(name)
+            if mask is None:  # which dims of this input grow (declared once; unknown names: none)
+                dims = self.ex.symbolic_shapes.get(name, ())
+                mask = masks[name] = tuple(isinstance(d, Symbol) and d in self._growing for d in dims)
+            shape = tuple("*" if k < len(mask) and mask[k] else int(n)
                           for k, n in enumerate(np.shape(v) if not isinstance(v, Tensor) else v.shape))
             parts.append((name, shape, str(v.dtype)))
         parts.append(tuple(sorted((k, id(t)) for k, t in bind.items())))
-        parts.append(tuple(sorted(self._in_place(feeds, bind))))
+        parts.append(tuple(sorted(self._in_place(feeds, bind).items())))
         return tuple(parts)
 
     @staticmethod

@@ -27,38 +27,67 @@ from lockstep.reference_runtime.engine import RefDecoder  # noqa: E402
 
 
 def _by_op(dec, logits, steps: int) -> None:
-    """Host wall time of each node's launch (``Executor._launch``), summed by op type (no profiler).
-    Views (Reshape and friends) launch nothing and are not in the table."""
+    """Host wall time of each node's launch (``Executor._launch``), summed by op type (no profiler),
+    and on CuPy the device time of its kernels (CUDA events recorded around the launch on the
+    compute stream). Views (Reshape and friends) launch nothing and are not in the table."""
     from collections import defaultdict
 
     from lockstep.reference_runtime import executor as exmod
 
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    events: list[tuple[str, object, object]] = []
+    stream = getattr(dec.rt._res.compute, "s", None)  # the CuPy stream (None on the simulator)
     real = exmod.Executor._launch
 
     def timed(self, step, *a, **k):
         t0 = time.perf_counter()
+        if stream is not None:
+            import cupy
+
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record(stream)
         try:
             return real(self, step, *a, **k)
         finally:
             row = totals[step.info.op_type]
             row[0] += time.perf_counter() - t0
             row[1] += 1
+            if stream is not None:
+                e1.record(stream)
+                events.append((step.info.op_type, e0, e1))
 
-    exmod.Executor._launch = timed
-    t0 = time.perf_counter()
-    try:
-        for _ in range(steps):
-            logits = dec.forward([int(np.argmax(logits))])[-1]
-    finally:
-        exmod.Executor._launch = real
-    wall = time.perf_counter() - t0
+    wall = 0.0
+    spin_buf = dec.rt.empty((1,), np.int32, name="spin") if stream is not None else None
+    for _ in range(steps):
+        token = int(np.argmax(logits))
+        if stream is not None:
+            # the GPU spins while the host enqueues the step: the events then time kernels back to
+            # back, not the host's launch gaps (device time); host time is measured as before
+            from lockstep.kernels import primitives
+
+            dec.rt.launch(primitives.spin, spin_buf, microseconds=20000)
+        exmod.Executor._launch = timed
+        t0 = time.perf_counter()
+        try:
+            logits = dec.forward([token])[-1]
+        finally:
+            exmod.Executor._launch = real
+        wall += time.perf_counter() - t0
     nodes = sum(r[1] for r in totals.values())
     print(f"# per op type, {steps} steps: {1e3 * wall / steps:.2f} ms/step, {nodes / steps:.0f} nodes/step, "
-          f"{1e6 * wall / max(nodes, 1):.1f} us wall per node")
-    print(f"{'op type':24} {'nodes/step':>10} {'us/node':>9} {'ms/step':>8}")
+          f"{1e6 * wall / max(nodes, 1):.1f} us wall per node (with the timing wrapper; on CuPy each step "
+          "waits for a 20 ms spin at its end: read the per-node columns)")
+    device: dict[str, float] = defaultdict(float)
+    if events:
+        import cupy
+
+        stream.synchronize()
+        for op, e0, e1 in events:
+            device[op] += cupy.cuda.get_elapsed_time(e0, e1) * 1e-3
+    print(f"{'op type':24} {'nodes/step':>10} {'host us/node':>12} {'ms/step':>8} {'device us/node':>14}")
     for op, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        print(f"{op:24} {n / steps:10.1f} {1e6 * t / n:9.1f} {1e3 * t / steps:8.2f}")
+        dev = f"{1e6 * device[op] / n:14.1f}" if events else f"{'n/a':>14}"
+        print(f"{op:24} {n / steps:10.1f} {1e6 * t / n:12.1f} {1e3 * t / steps:8.2f} {dev}")
 
 
 def main(argv=None) -> int:

@@ -24,8 +24,8 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "signature_keeps_growing_dims", _S,
-        old='shape = tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing else int(n)',
-        new='shape = tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] not in self._growing else int(n)',
+        old="mask = masks[name] = tuple(isinstance(d, Symbol) and d in self._growing for d in dims)",
+        new="mask = masks[name] = tuple(isinstance(d, Symbol) and d not in self._growing for d in dims)",
         breaks="a step signature masks the growing dims, so each decode step of a growing cache replays the same graphs",
         tests=_SEG, select="growing_cache_decode",
     ),

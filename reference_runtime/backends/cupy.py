@@ -149,13 +149,16 @@ class CupyStream(Stream):
             raise dev._sticky
         xs = [dev._as_cupy(a) for a in arrays]
         scalars = scalars if scalars is not None else {}
-        with _Errors(dev, "launch", kernel.name):
+        try:
             if self._capture_keep is not None:
                 with dev.xp.cuda.using_allocator(self._hold_alloc), self.s:
                     self._run(dev.xp, kernel, xs, scalars)
             else:
                 with self.s:
                     self._run(dev.xp, kernel, xs, scalars)
+        except BaseException as exc:  # translated (CUDA statuses, OOM, D2H in capture) or re-raised as is
+            _Errors(dev, "launch", kernel.name).__exit__(type(exc), exc, None)
+            raise
         self._since_sync.append(kernel.name)
         if len(self._since_sync) > 64:
             del self._since_sync[:-32]
