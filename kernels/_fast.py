@@ -25,7 +25,8 @@ from ._index_util import fix_index
 from ._op import dtype_name
 
 __all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
-           "sigmoid_into", "where_into", "range_into", "GATHER_SRC", "FLAG_SRC", "FILL_SRC"]
+           "sigmoid_into", "where_into", "range_into", "binary_into", "permute_into", "GATHER_SRC", "FLAG_SRC",
+           "FILL_SRC", "BINARY_SRC", "PERMUTE_SRC"]
 
 # Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
 ITEM_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
@@ -256,4 +257,137 @@ def range_into(xp, out, start: int, delta: int) -> bool:
             "y = (T)(long long)((unsigned long long)start + (unsigned long long)i * (unsigned long long)delta)",
             "lockstep_range")
     k(np.int64(start), np.int64(delta), out)
+    return True
+
+
+# -- Strided elementwise launches: one RawKernel instead of a CuPy ufunc or copyto -----------------
+# (a RawKernel call costs the host ~7 us on the H200's Xeon, a ufunc ~14: scripts/host_costs.py).
+# Shapes of up to _ND dims, passed as arguments: the output's dims and, per operand, its element
+# strides in the output's index space (0 where it broadcasts). Every element is one IEEE operation
+# of the operands' type (no contraction across operations), so the bits are the ufunc's.
+
+_ND = 6
+_BINARY_OPS = {"add": "x + y", "subtract": "x - y", "multiply": "x * y", "divide": "x / y",
+               "equal": "x == y", "less": "x < y", "less_equal": "x <= y", "greater": "x > y",
+               "greater_equal": "x >= y"}
+_COMPARE = {"equal", "less", "less_equal", "greater", "greater_equal"}
+_VALUE_CTYPE = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long"}
+
+BINARY_SRC = r"""
+extern "C" __global__ void lockstep_binary_{op}_{dt}(
+        const {T}* __restrict__ A, const {T}* __restrict__ B, {OT}* __restrict__ C, long long n,
+        long long d0, long long d1, long long d2, long long d3, long long d4, long long d5,
+        long long a0, long long a1, long long a2, long long a3, long long a4, long long a5,
+        long long b0, long long b1, long long b2, long long b3, long long b4, long long b5) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {{
+        long long r = e, ia = 0, ib = 0, k;
+        k = r % d5; r /= d5; ia += k * a5; ib += k * b5;
+        k = r % d4; r /= d4; ia += k * a4; ib += k * b4;
+        k = r % d3; r /= d3; ia += k * a3; ib += k * b3;
+        k = r % d2; r /= d2; ia += k * a2; ib += k * b2;
+        k = r % d1; r /= d1; ia += k * a1; ib += k * b1;
+        ia += r * a0; ib += r * b0;
+        const {T} x = A[ia];
+        const {T} y = B[ib];
+        C[e] = ({OT})({EXPR});
+    }}
+}}
+"""
+
+PERMUTE_SRC = r"""
+extern "C" __global__ void lockstep_permute_{S}(
+        const {T}* __restrict__ X, {T}* __restrict__ Y, long long n,
+        long long d0, long long d1, long long d2, long long d3, long long d4, long long d5,
+        long long s0, long long s1, long long s2, long long s3, long long s4, long long s5) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {{
+        long long r = e, ix = 0, k;
+        k = r % d5; r /= d5; ix += k * s5;
+        k = r % d4; r /= d4; ix += k * s4;
+        k = r % d3; r /= d3; ix += k * s3;
+        k = r % d2; r /= d2; ix += k * s2;
+        k = r % d1; r /= d1; ix += k * s1;
+        ix += r * s0;
+        Y[e] = X[ix];
+    }}
+}}
+"""
+
+
+def _pad(dims: tuple[int, ...], fill: int) -> tuple[int, ...]:
+    return (fill,) * (_ND - len(dims)) + tuple(dims)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def _broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Element strides of a C-contiguous operand of ``shape`` indexed by ``out_shape`` (numpy's
+    right-aligned broadcasting), or None when it does not broadcast to it."""
+    if len(shape) > len(out_shape):
+        return None
+    shape = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    strides = _contiguous_strides(shape)
+    out = []
+    for d, o, s in zip(shape, out_shape, strides):
+        if d == o:
+            out.append(s if d != 1 else 0)
+        elif d == 1:
+            out.append(0)
+        else:
+            return None
+    return tuple(out)
+
+
+def binary_into(xp, ufunc: str, out, a, b) -> bool:
+    """``out = ufunc(a, b)`` for a, b of one dtype (float32/64, int32/64) broadcasting to ``out``
+    (of their dtype, or bool for a comparison), up to 6 dims, C-contiguous: one RawKernel on
+    CuPy. False, having written nothing, otherwise (integer division: ONNX truncates)."""
+    expr = _BINARY_OPS.get(ufunc)
+    dt = dtype_name(a.dtype)
+    if (not is_cupy(xp) or expr is None or dt not in _VALUE_CTYPE or b.dtype != a.dtype or out.ndim > _ND
+            or (ufunc == "divide" and dt not in ("float32", "float64"))):
+        return False
+    odt = dtype_name(out.dtype)
+    if odt != ("bool" if ufunc in _COMPARE else dt):
+        return False
+    if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    shape = tuple(out.shape)
+    sa, sb = _broadcast_strides(tuple(a.shape), shape), _broadcast_strides(tuple(b.shape), shape)
+    if sa is None or sb is None:
+        return False
+    n = math.prod(shape)
+    if n == 0:
+        return True
+    name = f"lockstep_binary_{ufunc}_{dt}"
+    ot = "unsigned char" if odt == "bool" else _VALUE_CTYPE[dt]
+    k = raw_kernel(xp, lambda: BINARY_SRC.format(op=ufunc, dt=dt, T=_VALUE_CTYPE[dt], OT=ot, EXPR=expr), name)
+    i64 = np.int64
+    launch_1d(k, n, (a, b, out, i64(n), *map(i64, _pad(shape, 1)), *map(i64, _pad(sa, 0)), *map(i64, _pad(sb, 0))))
+    return True
+
+
+def permute_into(xp, out, x, perm: tuple[int, ...]) -> bool:
+    """``out = x.transpose(perm)`` (C-contiguous, up to 6 dims, 1/2/4/8-byte elements): one
+    RawKernel moving bits on CuPy. False, having written nothing, otherwise."""
+    itemsize = x.dtype.itemsize
+    if (not is_cupy(xp) or x.ndim > _ND or itemsize not in ITEM_CTYPE or out.dtype != x.dtype
+            or not (x.flags.c_contiguous and out.flags.c_contiguous)):
+        return False
+    src = _contiguous_strides(tuple(x.shape))
+    strides = tuple(src[p] for p in perm)  # out index i along axis j reads x along axis perm[j]
+    shape = tuple(out.shape)
+    n = math.prod(shape)
+    if n == 0:
+        return True
+    k = raw_kernel(xp, lambda: PERMUTE_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), f"lockstep_permute_{itemsize}")
+    i64 = np.int64
+    launch_1d(k, n, (x, out, i64(n), *map(i64, _pad(shape, 1)), *map(i64, _pad(strides, 0))))
     return True

@@ -106,26 +106,31 @@ def _launch_tile(xp, work, A, B, C, batch: int, M: int, N: int, K: int) -> None:
 
 # Decode rows (M small, B shared): one thread per output element, k ascending, the same
 # ``acc += a * b`` as the tiled kernel (whose zero padding beyond K adds exact zeros), so the same
-# bits; reads of B are coalesced across a warp's columns.
+# bits; reads of B are coalesced across a warp's columns. 32-bit indexing (the caller checks the
+# sizes fit) and an unrolled k loop: the loads of eight k are issued before their multiply-adds,
+# which run in the same order (a serial chain on ``acc``), so unrolling changes no bit. Measured
+# on the H200 before unrolling: ~11 us per decode product, latency-bound on the serial loads.
 _ROWS_SRC = r"""
 extern "C" __global__ void lockstep_matmul_rows_{name}(
         const {T}* __restrict__ A, const {T}* __restrict__ B, {T}* __restrict__ C,
-        long long M, long long N, long long K) {{
-    const long long total = M * N;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {{
-        const long long row = e / N;
-        const long long col = e - row * N;
-        const {T}* Ar = A + row * K;
+        int M, int N, int K) {{
+    const int total = M * N;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {{
+        const int row = e / N;
+        const int col = e - row * N;
+        const {T}* __restrict__ Ar = A + (long long)row * K;
+        const {T}* __restrict__ Bc = B + col;
         {ACC} acc = ({ACC})0;
-        for (long long k = 0; k < K; ++k) {{
-            acc += ({ACC})Ar[k] * ({ACC})B[k * N + col];
+        #pragma unroll 8
+        for (int k = 0; k < K; ++k) {{
+            acc += ({ACC})__ldg(Ar + k) * ({ACC})__ldg(Bc + k * N);
         }}
         C[e] = ({T})acc;
     }}
 }}
 """
 _ROWS_MAX = 16  # rows of A up to which the row kernel beats 16x16 tiles (decode: 1 per sequence)
+_INT32 = 1 << 31
 
 
 def matmul_into(xp, out, a, b) -> bool:
@@ -149,12 +154,12 @@ def matmul_into(xp, out, a, b) -> bool:
         batch, M = 1, math.prod(a.shape[:-1])
     else:
         batch, M = math.prod(a.shape[:-2]), int(a.shape[-2])
-    if batch == 1 and M <= _ROWS_MAX:
+    if batch == 1 and M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32:
         if M * N > 0:
             t, acc = _CTYPES[dname]
             name = f"lockstep_matmul_rows_{dname}"
             launch_1d(raw_kernel(xp, lambda: _ROWS_SRC.format(name=dname, T=t, ACC=acc), name), M * N,
-                      (a, b, out, np.int64(M), np.int64(N), np.int64(K)))
+                      (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
         return True
     _launch_tile(xp, dt, a, b, out, batch, M, N, K)
     return True

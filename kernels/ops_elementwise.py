@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _elementwise_util as U
-from ._fast import same_buffer, where_into
+from ._fast import binary_into, same_buffer, where_into
 from ._op import NodeInfo, OpKernel, Spec, broadcast
 
 __all__ = ["OPS"]
@@ -84,7 +84,8 @@ def _binary(op_type: str, fn: Callable[..., Any], *, out_dtype: Any = None, same
         legacy = _legacy_b_shape(node, tuple(a.shape), tuple(b.shape))
         if legacy is not None:
             b = b.reshape(legacy)
-        getattr(xp, name)(a, b, out=out)
+        if not binary_into(xp, name, out, a, b):  # one RawKernel on CuPy where it can
+            getattr(xp, name)(a, b, out=out)
         return True
 
     return OpKernel(op_type, shapes, compute, since=since, until=until, into=into if name else None)

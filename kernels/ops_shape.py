@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import fill_value, range_into, same_buffer
+from ._fast import fill_value, permute_into, range_into, same_buffer
 from ._op import NodeInfo, OpKernel, Spec, broadcast, normalize_axis
 from ._shape_util import (
     I64,
@@ -200,8 +200,11 @@ def _transpose_compute(xp, node, x):
 
 
 def _transpose_into(xp, node, outs, x):
-    """One strided copy of the permuted view into the output (compute's view, copied)."""
-    xp.copyto(outs[0], xp.transpose(x, _perm(node, x.ndim)))
+    """One strided copy of the permuted view into the output (compute's view, copied): one
+    RawKernel on CuPy where it can (``_fast.permute_into``), else ``copyto``."""
+    perm = _perm(node, x.ndim)
+    if not permute_into(xp, outs[0], x, tuple(perm)):
+        xp.copyto(outs[0], xp.transpose(x, perm))
     return True
 
 

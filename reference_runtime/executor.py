@@ -532,14 +532,19 @@ class Executor:
         return folded + out_specs[len(folded):]
 
     def _check_in_place(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> None:
+        fed = {}  # device feeds by identity: the ones an output may be bound over
+        if bind:
+            for name, value in feeds.items():
+                if isinstance(value, Tensor):
+                    fed.setdefault(id(value), []).append(name)
         for out, t in bind.items():
             if not isinstance(t, Tensor) or t.runtime is not self.runtime or t.freed:
                 raise FeedError(f"output {out!r}: bind needs a live device Tensor of this runtime, got {t!r}")
             producer = self._producer.get(out)
             if producer is None or self.steps[producer].kernel is None:
                 raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
-            for name, value in feeds.items():
-                if value is t and any(i > producer for i in self._readers.get(name, ())):
+            for name in fed.get(id(t), ()):
+                if any(i > producer for i in self._readers.get(name, ())):
                     raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
 
 

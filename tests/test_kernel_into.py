@@ -172,13 +172,16 @@ _SOURCES = {
     "ts_update": _fused.TS_UPDATE_SRC.format(S=4, I="int64", T="unsigned int", IT="long long"),
     "kv_concat": _fused.KV_CONCAT_SRC,
     "attention": _fused.ATTENTION_SRC,
+    "binary": _fast.BINARY_SRC.format(op="less_equal", dt="int64", T="long long", OT="unsigned char", EXPR="x <= y"),
+    "permute": _fast.PERMUTE_SRC.format(S=4, T="unsigned int"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_SOURCES))
 def test_cuda_sources_format_as_c(name):
     """Contract: each RawKernel source formats (no stray braces) into balanced C with one
-    ``extern "C" __global__`` entry named ``lockstep_*``; the lead compiles them on the GPU."""
+    ``extern "C" __global__`` entry named ``lockstep_*``; the GPU lane compiles and runs them
+    (the node suite on ref-cuda)."""
     src = _SOURCES[name]
     assert src.count("{") == src.count("}") and src.count("(") == src.count(")")
     entries = re.findall(r'extern "C" __global__ void (lockstep_\w+)\(', src)
@@ -276,3 +279,45 @@ def test_attention_kernel_agrees_with_compute(causal, mask_kind, past):
     (want,) = _attention_compute(np, info, q, k, v, mask, pk, pv)
     got = _attention_kernel_numpy(q, k, v, mask, pk, pv, 0.3, causal)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _unravel(e: int, dims: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """The index arithmetic of BINARY_SRC/PERMUTE_SRC (kernels/_fast.py), transliterated."""
+    r, i = e, 0
+    for j in range(len(dims) - 1, 0, -1):
+        k = r % dims[j]
+        r //= dims[j]
+        i += k * strides[j]
+    return i + r * strides[0]
+
+
+@pytest.mark.parametrize("sa,sb", [((2, 3, 4), (4,)), ((2, 1, 4), (1, 3, 1)), ((1,), (5, 2)), ((3, 4), (3, 4)),
+                                   ((2, 3, 1, 5), (3, 4, 1)), ((), (2, 2))])
+def test_the_strided_binary_kernels_index_as_numpy_broadcasts(sa, sb):
+    """Result: the CuPy binary RawKernel's operand indices (transliterated, padded to 6 dims)
+    give numpy's broadcast of a + b, element for element (the GPU lane runs the kernel itself)."""
+    from lockstep.kernels._fast import _broadcast_strides, _pad
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    out = np.broadcast_shapes(sa, sb)
+    d, ia, ib = _pad(out, 1), _pad(_broadcast_strides(sa, out), 0), _pad(_broadcast_strides(sb, out), 0)
+    got = [a.ravel()[_unravel(e, d, ia)] + b.ravel()[_unravel(e, d, ib)] for e in range(int(np.prod(out)))]
+    assert np.array_equal(np.asarray(got, np.float32).reshape(out), a + b)
+    assert _broadcast_strides((3,), (2, 4)) is None, "contract: a shape that does not broadcast is refused"
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 2, 3, 4), (5,), (2, 3, 4, 5, 6)])
+def test_the_permute_kernel_indexes_as_numpy_transposes(shape):
+    """Result: the CuPy permute RawKernel's source indices (transliterated) give ``x.transpose(perm)``."""
+    import itertools
+
+    from lockstep.kernels._fast import _contiguous_strides, _pad
+
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    src = _contiguous_strides(shape)
+    for perm in list(itertools.permutations(range(len(shape))))[:24]:
+        out = tuple(shape[p] for p in perm)
+        d, s = _pad(out, 1), _pad(tuple(src[p] for p in perm), 0)
+        got = [x.ravel()[_unravel(e, d, s)] for e in range(x.size)]
+        assert np.array_equal(np.asarray(got, np.float32).reshape(out), x.transpose(perm)), perm
