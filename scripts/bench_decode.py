@@ -183,8 +183,9 @@ def targets(rows: list[dict]) -> list[str]:
         deferred = by.get((model, "eager, deferred"))
         per_op = by.get((model, "eager, per-op sync"))
         captured = by.get((model, "captured"))
-        if deferred:
-            check(f"{model}: eager wall per node <= 30 us", deferred["us_per_node"], deferred["us_per_node"] <= 30)
+        if deferred:  # the measure: wall / launches (views launch nothing, so this is the stricter one)
+            check(f"{model}: eager host time per node (wall / launches) <= 30 us", deferred["us_per_launch"],
+                  deferred["us_per_launch"] <= 30)
         if deferred and per_op:
             ratio = deferred["tokens_per_s"] / per_op["tokens_per_s"]
             check(f"{model}: deferred >= 1.5x per-op sync", ratio, ratio >= 1.5)
