@@ -352,7 +352,7 @@ extern "C" __global__ void lockstep_attention_f32(
     __shared__ float red[128];
     float* qs = sh;
     float* sc = sh + D;
-    const float NEG_INF = __int_as_float(0xff800000);
+    const float NEG_INF = __int_as_float((int)0xff800000);
     const int tid = threadIdx.x;
     const int nt = blockDim.x;
     const long long T = P + Skv;

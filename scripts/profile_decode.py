@@ -120,6 +120,9 @@ def main(argv=None) -> int:
     stats = pstats.Stats(prof).strip_dirs()
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
+    # who copies host memory to the device or reduces on the host path inside a step (each is a
+    # CUDA call and, for pageable memory, a staged copy): callers, to find the node
+    stats.print_callers(r"copy_from_async|copy_from_host|method 'sum'|method 'get'")
     for defer in (True, False):
         r = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=defer))
         r.synchronize()
