@@ -114,6 +114,14 @@ MUTANTS = [
         new="y = xw * (1.0 / (xp.sqrt(ms) + _f(node, \"epsilon\", 1e-5)))",
         breaks="RMSNormalization adds epsilon to the mean square, inside the square root",
         tests=_NODE, select=_node("test_rms_normalization"),
+        devices=("sim",),  # on CuPy the fused RawKernel (rms_norm_cuda_epsilon_outside_sqrt) runs instead
+    ),
+    Mutant(
+        "kernels", "rms_norm_cuda_epsilon_outside_sqrt", _K + "_fused",
+        old="const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));",
+        new="const float inv = __fdiv_rn(1.0f, __fadd_rn(__fsqrt_rn(ms), eps));",
+        breaks="RMSNormalization adds epsilon to the mean square, inside the square root (the fused CUDA kernel)",
+        tests=_NODE, select=_node("test_rms_normalization"), devices=("cupy",),
     ),
     # -- attention, rotary ------------------------------------------------------------------------
     Mutant(
@@ -144,6 +152,14 @@ MUTANTS = [
         new="bad = xp.logical_or(idx < lo, idx > hi)",
         breaks="an index equal to the axis size is out of range and flagged into the error latch",
         tests=_INDEX, select="device_assert and not golden", ci=True,
+        devices=("sim",),  # on CuPy one RawKernel flags (latch_cuda_upper_bound_inclusive)
+    ),
+    Mutant(
+        "kernels", "latch_cuda_upper_bound_inclusive", _K + "_fast",
+        old="bool bad = (v < lo) || (v >= hi);",
+        new="bool bad = (v < lo) || (v > hi);",
+        breaks="an index equal to the axis size is out of range and flagged into the error latch (the CUDA flag kernel)",
+        tests=_INDEX, select="device_assert and not golden", devices=("cupy",),
     ),
     Mutant(
         "kernels", "latch_later_site_overwrites", _K + "_latch",
@@ -151,6 +167,14 @@ MUTANTS = [
         new="where=flag)",
         breaks="a latch already set keeps the site that set it first (DeviceAssert names the first node)",
         tests=_CASES, select="latch",
+        devices=("sim",),  # on CuPy one RawKernel flags (latch_cuda_later_site_overwrites)
+    ),
+    Mutant(
+        "kernels", "latch_cuda_later_site_overwrites", _K + "_fast",
+        old="if (atomicCAS(&latch[0], 0, 1) == 0) latch[1] = site;",
+        new="atomicExch(&latch[0], 1); latch[1] = site;",
+        breaks="a latch already set keeps the site that set it first (the CUDA flag kernel)",
+        tests=_CASES, select="latch", devices=("cupy",),
     ),
     Mutant(
         "kernels", "gather_checked_allows_negative", _K + "primitives",
