@@ -193,7 +193,7 @@ class PlanCache:
 
     @staticmethod
     def _raw(feeds: dict[str, Any]) -> tuple:
-        return tuple((name, tuple(int(d) for d in feeds[name].shape), str(feeds[name].dtype)) for name in sorted(feeds))
+        return tuple((name, tuple(int(d) for d in feeds[name].shape), feeds[name].dtype) for name in sorted(feeds))
 
     def _key(self, raw: tuple) -> tuple:
         """The step signature: ``raw`` with the dims that grow with the KV length masked."""

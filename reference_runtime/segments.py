@@ -122,7 +122,7 @@ class CaptureSession:
                 mask = masks[name] = tuple(isinstance(d, Symbol) and d in self._growing for d in dims)
             shape = tuple("*" if k < len(mask) and mask[k] else int(n)
                           for k, n in enumerate(np.shape(v) if not isinstance(v, Tensor) else v.shape))
-            parts.append((name, shape, str(v.dtype)))
+            parts.append((name, shape, v.dtype))  # the dtype object: hashable, and no str() of it per step
         parts.append(tuple(sorted((k, id(t)) for k, t in bind.items())))
         parts.append(tuple(sorted(self._in_place(feeds, bind).items())))
         return tuple(parts)

@@ -31,7 +31,7 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "signature_ignores_dtype", _S,
-        old="parts.append((name, shape, str(v.dtype)))",
+        old="parts.append((name, shape, v.dtype))",
         new="parts.append((name, shape))",
         breaks="a feed of another dtype is another step signature (graphs bake their buffers' dtypes)",
         tests=_SEG, select="dtype",
