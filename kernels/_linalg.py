@@ -129,6 +129,37 @@ extern "C" __global__ void lockstep_matmul_rows_{name}(
     }}
 }}
 """
+# Decode rows of floats: one warp per output element, each lane summing k = lane, lane + 32, ...
+# (k ascending within a lane), then a fixed shuffle tree (offsets 16, 8, 4, 2, 1): deterministic,
+# but another order than the tiles' (not the same bits as the tile kernel or numpy: within the node
+# suite's tolerances; decode steps and their captured replays use this one kernel alike). A serial
+# chain of K multiply-adds per output becomes K/32 plus five, for the latency-bound M=1 products.
+_WARP_SRC = r"""
+extern "C" __global__ void lockstep_matmul_warp_{name}(
+        const {T}* __restrict__ A, const {T}* __restrict__ B, {T}* __restrict__ C,
+        int M, int N, int K) {{
+    const int lane = threadIdx.x & 31;
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int nwarps = (int)((gridDim.x * blockDim.x) >> 5);
+    const int total = M * N;
+    for (int e = warp; e < total; e += nwarps) {{
+        const int row = e / N;
+        const int col = e - row * N;
+        const {T}* __restrict__ Ar = A + (long long)row * K;
+        {ACC} acc = ({ACC})0;
+        for (int k = lane; k < K; k += 32) {{
+            acc += ({ACC})__ldg(Ar + k) * ({ACC})__ldg(B + (long long)k * N + col);
+        }}
+        for (int off = 16; off > 0; off >>= 1) {{
+            acc += __shfl_down_sync(0xffffffffu, acc, off);
+        }}
+        if (lane == 0) {{
+            C[e] = ({T})acc;
+        }}
+    }}
+}}
+"""
+_WARP_TYPES = ("float32", "float64")
 _ROWS_MAX = 16  # rows of A up to which the row kernel beats 16x16 tiles (decode: 1 per sequence)
 _INT32 = 1 << 31
 
@@ -154,8 +185,14 @@ def matmul_into(xp, out, a, b) -> bool:
         batch, M = 1, math.prod(a.shape[:-1])
     else:
         batch, M = math.prod(a.shape[:-2]), int(a.shape[-2])
-    if batch == 1 and M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32:
-        if M * N > 0:
+    if batch == 1 and M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32 // 32:
+        if M * N > 0 and dname in _WARP_TYPES:
+            t, acc = _CTYPES[dname]
+            name = f"lockstep_matmul_warp_{dname}"
+            k = raw_kernel(xp, lambda: _WARP_SRC.format(name=dname, T=t, ACC=acc), name)
+            blocks = max(1, min((M * N + 7) // 8, 65535))  # 8 warps of 32 per block of 256
+            k((blocks,), (256,), (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
+        elif M * N > 0:
             t, acc = _CTYPES[dname]
             name = f"lockstep_matmul_rows_{dname}"
             launch_1d(raw_kernel(xp, lambda: _ROWS_SRC.format(name=dname, T=t, ACC=acc), name), M * N,

@@ -166,6 +166,7 @@ _SOURCES = {
     "flag": _fast.FLAG_SRC.format(I="int64", IT="long long"),
     "fill": _fast.FILL_SRC.format(S=8, T="unsigned long long"),
     "matmul_rows": _linalg._ROWS_SRC.format(name="float32", T="float", ACC="float"),
+    "matmul_warp": _linalg._WARP_SRC.format(name="float32", T="float", ACC="float"),
     "rms_norm": _fused.RMS_NORM_SRC,
     "rope": _fused.ROPE_SRC,
     "ts_full": _fused.TS_FULL_SRC.format(S=4, I="int64", T="unsigned int", IT="long long"),
@@ -360,3 +361,25 @@ def test_into_on_cupy_matches_compute_on_cupy(name, call):
             np.testing.assert_allclose(got, w, rtol=case.rtol, atol=case.atol)
         else:
             assert got.tobytes() == w.tobytes(), f"{name}: into's bytes differ from compute's on CuPy"
+
+
+def test_the_warp_matmul_order_stays_within_float32_rounding():
+    """Result: the decode products' warp kernel (kernels/_linalg.py ``_WARP_SRC``), transliterated:
+    32 lane sums (k = lane, lane + 32, ...) folded by the shuffle tree 16, 8, 4, 2, 1, in float32,
+    agree with numpy's product to float32 rounding (another order than the tiles, not another sum)."""
+    rng = np.random.default_rng(1)
+    for K, N in ((64, 64), (256, 64), (64, 256), (7, 3)):
+        a = rng.standard_normal((1, K)).astype(np.float32)
+        b = rng.standard_normal((K, N)).astype(np.float32)
+        got = np.empty((1, N), np.float32)
+        for col in range(N):
+            lanes = [np.float32(0)] * 32
+            for lane in range(32):
+                for k in range(lane, K, 32):
+                    lanes[lane] = np.float32(lanes[lane] + np.float32(a[0, k] * b[k, col]))
+            off = 16
+            while off:
+                lanes = [np.float32(lanes[i] + lanes[i + off]) if i + off < 32 else lanes[i] for i in range(32)]
+                off //= 2
+            got[0, col] = lanes[0]
+        np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)

@@ -86,6 +86,14 @@ MUTANTS = [
         breaks="int64 matrix products accumulate in int64 (no wrap at 32 bits)",
         tests=_CASES, select="matmul_int64", devices=("cupy",),
     ),
+    Mutant(
+        "kernels", "matmul_warp_tree_drops_half", _K + "_linalg",
+        old="for (int off = 16; off > 0; off >>= 1) {{",
+        new="for (int off = 8; off > 0; off >>= 1) {{",
+        breaks="a decode product sums every k: the warp kernel folds all 32 lanes (the CUDA source)",
+        tests=_NODE + _CASES + ("tests/test_decode.py",), select=_node("test_matmul_", "matmul", "greedy"),
+        devices=("cupy",),
+    ),
     # -- softmax, normalizations ------------------------------------------------------------------
     Mutant(
         "kernels", "softmax_no_max_shift", _K + "ops_nn",
