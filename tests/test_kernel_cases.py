@@ -163,6 +163,17 @@ def test_matmul_spans_several_tiles_and_batches(make_runtime):
     np.testing.assert_allclose(_run(make_runtime, model, feeds), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("k", [7, 33, 64, 256])
+def test_matmul_decode_rows_sum_every_k(make_runtime, k):
+    """Result: decode-shaped products (one row of A, a 2-D weight; the GPU's warp kernel, whose 32
+    lanes each sum every 32nd k before a shuffle tree) match onnx's reference for K below, at and
+    far past one warp's width."""
+    rng = np.random.default_rng(3)
+    feeds = {"a": rng.standard_normal((1, 1, k)).astype(F), "b": rng.standard_normal((k, 40)).astype(F)}
+    model, want = _one("MatMul", feeds, F, opset=13)
+    np.testing.assert_allclose(_run(make_runtime, model, feeds), want, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_int64_accumulates_past_32_bits(make_runtime):
     """Result: an int64 MatMul accumulates in int64 (products and sums past 2**31 do not wrap)."""
     a = np.array([[3_000_000_000, 5, -7], [1, 2**20, 3]], I)  # no int64 overflow: C leaves it undefined

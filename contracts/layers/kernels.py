@@ -91,8 +91,7 @@ MUTANTS = [
         old="for (int off = 16; off > 0; off >>= 1) {{",
         new="for (int off = 8; off > 0; off >>= 1) {{",
         breaks="a decode product sums every k: the warp kernel folds all 32 lanes (the CUDA source)",
-        tests=_NODE + _CASES + ("tests/test_decode.py",), select=_node("test_matmul_", "matmul", "greedy"),
-        devices=("cupy",),
+        tests=_CASES, select="decode_rows", devices=("cupy",),
     ),
     # -- softmax, normalizations ------------------------------------------------------------------
     Mutant(
