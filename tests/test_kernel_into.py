@@ -92,6 +92,21 @@ def test_into_kernels_exist_and_have_node_cases():
             "Shape", "MatMul", "RMSNormalization", "RotaryEmbedding", "TensorScatter", "Attention"} <= covered
 
 
+def _computed(xp, kernel, info, arrays, refused: str) -> list:
+    """``compute``'s outputs copied into arrays of the promised specs with the executor's casting
+    (what ``into`` must equal); a case ``compute`` refuses is skipped with ``refused``."""
+    try:
+        results = kernel.compute(xp, info, *arrays)
+    except Exception:
+        pytest.skip(refused)
+    want = []
+    for spec, res in zip(info.out_specs, results):
+        w = xp.empty(spec.shape, spec.dtype)
+        xp.copyto(w, xp.asarray(res), casting="unsafe")
+        want.append(w)
+    return want
+
+
 @pytest.mark.parametrize("name,call", _CASES, ids=[n for n, _ in _CASES])
 def test_into_writes_computes_bytes_or_nothing(name, call):
     """Contract: ``into`` returning True wrote exactly ``compute``'s bytes (copied with the executor's
@@ -99,15 +114,7 @@ def test_into_writes_computes_bytes_or_nothing(name, call):
     kernel, info, arrays = call
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            results = kernel.compute(np, info, *arrays)
-        except Exception:
-            pytest.skip("compute refuses this case (an error case of the op)")
-        want = []
-        for spec, res in zip(info.out_specs, results):
-            w = np.empty(spec.shape, spec.dtype)
-            np.copyto(w, np.asarray(res), casting="unsafe")
-            want.append(w)
+        want = _computed(np, kernel, info, arrays, "compute refuses this case (an error case of the op)")
         outs = _sentinel_outs(info.out_specs)
         took = kernel.into(np, info, outs, *arrays)
     assert took in (True, False)
@@ -343,15 +350,7 @@ def test_into_on_cupy_matches_compute_on_cupy(name, call):
     dev = [None if a is None else cp.asarray(a) for a in arrays]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            results = kernel.compute(cp, info, *dev)
-        except Exception:
-            pytest.skip("compute refuses this case on CuPy")
-        want = []
-        for spec, res in zip(info.out_specs, results):
-            w = cp.empty(spec.shape, spec.dtype)
-            cp.copyto(w, cp.asarray(res), casting="unsafe")
-            want.append(cp.asnumpy(w))
+        want = [cp.asnumpy(w) for w in _computed(cp, kernel, info, dev, "compute refuses this case on CuPy")]
         outs = tuple(cp.asarray(o) for o in _sentinel_outs(info.out_specs))
         took = kernel.into(cp, info, outs, *dev)
     case = next(c for c in load_cases() if c.name == name)
