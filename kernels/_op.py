@@ -92,6 +92,13 @@ class NodeInfo:
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
 
+    def for_run(self, out_specs: tuple["Spec", ...], host: dict[int, np.ndarray],
+                index_checks: tuple[Any, ...] = ()) -> "NodeInfo":
+        """This node with one run's output specs, host values and index checks (what
+        ``dataclasses.replace`` does, without its per-call field introspection: once per node run)."""
+        return NodeInfo(self.name, self.op_type, self.domain, self.opset, self.attrs, self.n_inputs,
+                        self.n_outputs, out_specs, host, index_checks)
+
     def error(self, msg: str) -> OpError:
         return OpError(f"node {self.name!r} ({self.op_type}, opset {self.opset}): {msg}")
 

@@ -8,7 +8,6 @@ shapes from host values (attributes, ``node.host``, ``node.out_specs``), never a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -115,7 +114,7 @@ def op(op_type: str, shapes: Callable, compute: Callable, *, fold: bool = True, 
             and all(prod(s.shape) <= FOLD_MAX for s in outs)
         ):
             host = {i: specs[i].value for i in host_inputs if i < len(specs) and specs[i] is not None}
-            call = dataclasses.replace(node, out_specs=tuple(outs), host=host)
+            call = node.for_run(tuple(outs), host)
             res = compute(np, call, *[None if s is None else np.asarray(s.value) for s in specs])
             outs = [
                 s if s.value is not None else Spec(s.shape, s.dtype, np.asarray(r).astype(s.dtype).reshape(s.shape))

@@ -455,7 +455,7 @@ class Executor:
         out_specs = self._fold_host_values(step, info, specs, out_specs)
         host = {k: specs[k].value for k in step.kernel.host_inputs if k < len(specs) and specs[k] is not None}
         checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
-        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host, index_checks=checks)
+        call = info.for_run(tuple(out_specs), host, checks)
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
         if step.alias and not (persist and node.output[0] in persist):
@@ -520,7 +520,7 @@ class Executor:
         if any(math.prod(o.shape) > self.FOLD_LIMIT for o in out_specs):  # Python ints: no int64 wrap
             return out_specs
         host = {i: specs[i].value for i in step.kernel.host_inputs if i < len(specs) and specs[i] is not None}
-        call = dataclasses.replace(info, out_specs=tuple(out_specs), host=host)
+        call = info.for_run(tuple(out_specs), host)
         try:
             results = step.kernel.compute(np, call, *[sp.value if sp is not None else None for sp in specs])
         except Exception:

@@ -35,9 +35,14 @@ class Access:
     lo: int
     hi: int
     write: bool
-    who: str
+    what: str  # the operation (its message is built only when it races: ``who``)
     stream: int
     vc: VC
+    label: str = ""
+
+    @property
+    def who(self) -> str:
+        return f"{self.what} on {self.label}"
 
     def before(self, vc: VC) -> bool:
         return self.vc[self.stream] <= vc.get(self.stream, 0)
@@ -52,7 +57,8 @@ class HazardTracker:
         """Give the op its clock and check its accesses ``(bucket, lo, hi, write, who)``."""
         vc = _merge(stream.vc, self.host)
         vc[stream.index] = vc.get(stream.index, 0) + 1
-        new = [(b, Access(lo, hi, w, f"{who} on {stream.label}", stream.index, vc)) for b, lo, hi, w, who in accesses]
+        label, index = stream.label, stream.index
+        new = [(b, Access(lo, hi, w, who, index, vc, label)) for b, lo, hi, w, who in accesses]
         for bucket, access in new:  # check every access before recording any: a refused op leaves no trace
             self._check(bucket, access)
         for bucket, access in new:
