@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from lockstep.kernels import primitives
 from lockstep.kernels._kernel import Kernel, KernelHostError
+from lockstep.kernels._op import dtype_name
 
 from . import primitive as _primitive
 from . import sync_debug as _sd
@@ -50,17 +51,6 @@ from .primitive import primitive
 __all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
 
 INT64_MAX = (1 << 63) - 1
-
-
-_DTYPE_NAMES: dict[np.dtype, str] = {}
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    """``dtype.name``, memoised (numpy computes it in Python on every access; every ``empty`` needs it)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.name
-    return name
 
 
 def _human(n: int) -> str:
@@ -282,7 +272,7 @@ class Runtime:
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        what = f"{_dtype_name(dtype)}{list(shape)}"
+        what = f"{dtype_name(dtype)}{list(shape)}"  # memoised: every empty() builds it
         self.check_allocation(nbytes, name, what)
         try:
             buf = self.device.malloc(nbytes)

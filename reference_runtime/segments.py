@@ -111,7 +111,7 @@ class CaptureSession:
     # -- signature: what fixes the shapes and the baked addresses of a step's segments. Device feeds
     # are not part of it: a segment reads them through a persistent buffer they are copied into.
     # Bound outputs are (by identity): a segment writes them in place.
-    def _signature(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> tuple:
+    def _signature(self, feeds: dict[str, Any], bind: dict[str, Tensor], in_place: dict[str, int]) -> tuple:
         masks = self._masks
         parts = []
         for name in sorted(feeds):
@@ -124,7 +124,7 @@ class CaptureSession:
                           for k, n in enumerate(np.shape(v) if not isinstance(v, Tensor) else v.shape))
             parts.append((name, shape, v.dtype))  # the dtype object: hashable, and no str() of it per step
         parts.append(tuple(sorted((k, id(t)) for k, t in bind.items())))
-        parts.append(tuple(sorted(self._in_place(feeds, bind).items())))
+        parts.append(tuple(sorted(in_place.items())))
         return tuple(parts)
 
     @staticmethod
@@ -182,7 +182,8 @@ class CaptureSession:
     def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
             bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
         bind = dict(bind or {})
-        sig_key = self._signature(feeds, bind)
+        in_place = self._in_place(feeds, bind)
+        sig_key = self._signature(feeds, bind, in_place)
         sig = self._sigs.setdefault(sig_key, _Signature())
         if sig.seen < self.warmup:
             sig.seen += 1
@@ -199,7 +200,7 @@ class CaptureSession:
             # after splitting by the paging budget, if any
             self.counters.segments = sum(kind == "segment" for kind, _ in sig.items)
         self.counters.captured_steps += 1
-        return self._run_segmented(sig, feeds, keep, bind)
+        return self._run_segmented(sig, feeds, keep, bind, in_place)
 
     def _stage(self, sig: _Signature, name: str, value: _Value) -> _Value:
         """The persistent buffer for ``name`` holding this step's value (allocated on first use)."""
@@ -214,7 +215,8 @@ class CaptureSession:
             rt.launch(primitives.copy, held, value.tensor)  # on the compute stream, in order: no sync
         return _Value(held, value.spec)
 
-    def _run_segmented(self, sig: _Signature, feeds: dict[str, Any], keep, bind: dict[str, Tensor]) -> dict[str, Any]:
+    def _run_segmented(self, sig: _Signature, feeds: dict[str, Any], keep, bind: dict[str, Tensor],
+                       in_place: dict[str, int]) -> dict[str, Any]:
         ex, rt = self.ex, self.rt
         # host feeds a segment reads (the only feeds with a persistent buffer) go straight into
         # that buffer: no upload and copy
@@ -225,7 +227,6 @@ class CaptureSession:
                 direct[name] = sig.persist[name]
         run = ex.start({**feeds, **direct}, keep=keep, bind=bind)
         env = run.env
-        in_place = self._in_place(feeds, bind)
         for name in in_place:
             sig.baked.setdefault(f"in-place feed {name}", feeds[name])
         invalid = False

@@ -65,19 +65,23 @@ class _Errors:
             raise self.dev._sticky
 
     def __exit__(self, et: Any, exc: Any, tb: Any) -> bool:
-        if exc is None:
-            return False
-        what = f"{self.what} {self.name}" if self.name else self.what
-        if isinstance(exc, _CUDA_ERRORS):
-            err = self.dev._translate(exc, what)
-            if err.sticky:
-                self.dev._poison(err)
-            raise err from exc
-        if isinstance(exc, MemoryError):  # CuPy's OutOfMemoryError (its pool found no memory), or the host's
-            raise MemoryAllocation(f"{what}: {exc}") from exc
-        if isinstance(exc, RuntimeError) and "is capturing" in str(exc) and not isinstance(exc, CudaError):
-            raise CaptureD2HRefused(f"{what}: {exc}") from exc
+        if exc is not None:
+            _translate_and_raise(self.dev, exc, f"{self.what} {self.name}" if self.name else self.what)
         return False
+
+
+def _translate_and_raise(dev: "CupyDevice", exc: BaseException, what: str) -> None:
+    """Raise lockstep's error for ``exc`` when it has one (see ``_Errors``); return otherwise, and
+    the caller re-raises ``exc`` as it is."""
+    if isinstance(exc, _CUDA_ERRORS):
+        err = dev._translate(exc, what)
+        if err.sticky:
+            dev._poison(err)
+        raise err from exc
+    if isinstance(exc, MemoryError):  # CuPy's OutOfMemoryError (its pool found no memory), or the host's
+        raise MemoryAllocation(f"{what}: {exc}") from exc
+    if isinstance(exc, RuntimeError) and "is capturing" in str(exc) and not isinstance(exc, CudaError):
+        raise CaptureD2HRefused(f"{what}: {exc}") from exc
 
 
 def _cuda_error_classes() -> dict[str, type[CudaError]]:
@@ -157,7 +161,7 @@ class CupyStream(Stream):
                 with self.s:
                     self._run(dev.xp, kernel, xs, scalars)
         except BaseException as exc:  # translated (CUDA statuses, OOM, D2H in capture) or re-raised as is
-            _Errors(dev, "launch", kernel.name).__exit__(type(exc), exc, None)
+            _translate_and_raise(dev, exc, f"launch {kernel.name}")
             raise
         self._since_sync.append(kernel.name)
         if len(self._since_sync) > 64:
