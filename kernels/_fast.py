@@ -12,6 +12,18 @@ copies are exact by construction; ``sigmoid`` uses the very float32 operations o
 
 Nothing here synchronises or reads device values on the host: scalars passed to kernels are host
 values (shapes, attributes, ``Spec.value``), so every launch is capture-safe.
+
+Launch records (the planned eager step's replay, ``reference_runtime/plan.py``): every RawKernel
+launch of the kernels goes through ``launch``, which appends ``(function, grid, block, args,
+shared_mem)`` to the active ``LaunchRecorder`` when one is set (``recording``). A body whose launches
+were all recorded can be relaunched from the record alone, without its host code, as long as it
+gets the same buffers and host values (a static node of an execution plan does). Anything else a
+body does on the device (a ufunc, an ElementwiseKernel, ``copyto``, an array method that launches
+or allocates) must not be replayed: the backend hands recorded bodies a ``RecordingModule`` in
+place of ``cupy``, which refuses the record on any attribute that is not a type or a kernel
+constructor, and the paths here that launch without ``launch`` refuse it themselves
+(``unrecordable``). ``tests/test_kernel_into.py`` replays every node case's recorded ``into`` on the
+GPU over changed inputs and poisoned outputs, against a fresh run.
 """
 
 from __future__ import annotations
@@ -24,8 +36,10 @@ import numpy as np
 from ._index_util import fix_index
 from ._op import dtype_name
 
-__all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch_1d", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
+__all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch", "launch_1d", "LaunchRecorder", "RecordingModule",
+           "recording", "unrecordable", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
            "sigmoid_into", "where_into", "range_into", "binary_into", "permute_into", "GATHER_SRC", "FLAG_SRC",
+           "SIGMOID_SRC", "RANGE_SRC",
            "FILL_SRC", "BINARY_SRC", "PERMUTE_SRC"]
 
 # Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
@@ -49,10 +63,82 @@ def raw_kernel(xp, src, name: str):
     return k
 
 
+class LaunchRecorder:
+    """The RawKernel launches one kernel body issued, in order, and why the record is unusable
+    (``refused``: the body did something on the device that is not in ``launches``)."""
+
+    __slots__ = ("launches", "refused")
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+        self.refused: str | None = None
+
+    def refuse(self, why: str) -> None:
+        if self.refused is None:
+            self.refused = why
+
+    @property
+    def complete(self) -> bool:
+        """Whether relaunching ``launches`` does everything the body did (at least one launch)."""
+        return self.refused is None and bool(self.launches)
+
+
+_RECORDER: LaunchRecorder | None = None  # set only inside ``recording`` (the runtime is single-threaded)
+
+
+class recording:
+    """``with recording(rec):`` makes ``launch`` append to ``rec`` (nested uses restore the outer one)."""
+
+    def __init__(self, rec: LaunchRecorder):
+        self.rec = rec
+        self.outer: LaunchRecorder | None = None
+
+    def __enter__(self) -> LaunchRecorder:
+        global _RECORDER
+        self.outer, _RECORDER = _RECORDER, self.rec
+        return self.rec
+
+    def __exit__(self, *exc) -> None:
+        global _RECORDER
+        _RECORDER = self.outer
+
+
+def unrecordable(why: str) -> None:
+    """A path about to do device work ``launch`` does not see: a record being taken is refused."""
+    if _RECORDER is not None:
+        _RECORDER.refuse(why)
+
+
+class RecordingModule:
+    """The array module a recorded body sees on CuPy: ``cupy`` itself, except that reaching for
+    anything but a scalar type or a kernel constructor refuses the record (that attribute may launch
+    or allocate: ufuncs, ``copyto``, ``empty``, ...)."""
+
+    SAFE = frozenset({"RawKernel", "ElementwiseKernel", "ndarray", "dtype", "bool_", "float16", "float32",
+                      "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+
+    def __init__(self, xp: Any, rec: LaunchRecorder):
+        self.__name__ = xp.__name__
+        self._xp = xp
+        self._rec = rec
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.SAFE:
+            self._rec.refuse(f"xp.{name}")
+        return getattr(self._xp, name)
+
+
+def launch(kernel, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+    """Launch a RawKernel on the current stream (recorded when a ``LaunchRecorder`` is active)."""
+    if _RECORDER is not None:
+        _RECORDER.launches.append((kernel.kernel, grid, block, args, shared_mem))
+    kernel(grid, block, args, shared_mem=shared_mem)
+
+
 def launch_1d(kernel, total: int, args: tuple, shared_mem: int = 0) -> None:
     """A grid-stride launch over ``total`` elements (kernels loop ``e += gridDim.x * blockDim.x``)."""
     blocks = max(1, min((int(total) + _THREADS - 1) // _THREADS, 65535))
-    kernel((blocks,), (_THREADS,), args, shared_mem=shared_mem)
+    launch(kernel, (blocks,), (_THREADS,), args, shared_mem)
 
 
 def same_buffer(xp, out, *arrays) -> bool:
@@ -188,13 +274,15 @@ def fill_value(xp, out, value) -> bool:
     flat = value.reshape(-1)
     if flat.size == 0:
         return True
-    if bool(np.all(flat == flat[0])):  # the test device_const makes
-        out.fill(flat[0])
-        return True
     itemsize = flat.dtype.itemsize
-    if flat.size > _FILL_MAX or itemsize not in (4, 8):
-        return False
-    if not is_cupy(xp):
+    small = flat.size <= _FILL_MAX and itemsize in (4, 8)
+    if not (small and is_cupy(xp)):  # (on CuPy, small values take the launch below, uniform or not)
+        if bool(np.all(flat == flat[0])):  # the test device_const makes
+            unrecordable("ndarray.fill")
+            out.fill(flat[0])
+            return True
+        if not small:
+            return False
         view = out.reshape(-1)
         for i, v in enumerate(flat):
             view[i] = v
@@ -203,7 +291,7 @@ def fill_value(xp, out, value) -> bool:
     vals = [bits.dtype.type(b) for b in bits] + [bits.dtype.type(0)] * (_FILL_MAX - flat.size)
     name = f"lockstep_fill8_{itemsize}"
     kernel = raw_kernel(xp, lambda: FILL_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), name)
-    kernel((1,), (32,), (out, np.int64(flat.size), *vals))
+    launch(kernel, (1,), (32,), (out, np.int64(flat.size), *vals))
     return True
 
 
@@ -215,16 +303,39 @@ _SIGMOID_BODY = {
 }
 
 
+SIGMOID_SRC = r"""
+extern "C" __global__ void lockstep_sigmoid_raw_{dt}(const {T}* __restrict__ xs, {T}* __restrict__ ys, long long n) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {{
+        {T} x = xs[e];
+        {T} y;
+        {BODY}
+        ys[e] = y;
+    }}
+}}
+"""
+
+
 def sigmoid_into(xp, out, x) -> bool:
-    """CuPy only: ``out = sigmoid(x)`` for float32/float64 x of out's dtype, one ElementwiseKernel:
-    the same IEEE operations as ``_nn_util.sigmoid`` (no multiply-add to contract), so the same bits."""
-    body = _SIGMOID_BODY.get(dtype_name(x.dtype))
+    """CuPy only: ``out = sigmoid(x)`` for float32/float64 x of out's dtype, one launch (a RawKernel
+    for contiguous operands, else an ElementwiseKernel): the same IEEE operations as
+    ``_nn_util.sigmoid`` (no multiply-add to contract), so the same bits."""
+    dt = dtype_name(x.dtype)
+    body = _SIGMOID_BODY.get(dt)
     if not is_cupy(xp) or body is None or out.dtype != x.dtype:
         return False
-    name = f"lockstep_sigmoid_{dtype_name(x.dtype)}"
+    if x.flags.c_contiguous and out.flags.c_contiguous and x.shape == out.shape:
+        n = int(out.size)
+        if n:
+            k = raw_kernel(xp, lambda: SIGMOID_SRC.format(dt=dt, T=_VALUE_CTYPE[dt], BODY=body),
+                           f"lockstep_sigmoid_raw_{dt}")
+            launch_1d(k, n, (x, out, np.int64(n)))
+        return True
+    name = f"lockstep_sigmoid_{dt}"
     k = _CACHE.get(name)
     if k is None:
         k = _CACHE[name] = xp.ElementwiseKernel("T x", "T y", body, name)
+    unrecordable("ElementwiseKernel " + name)
     k(x, out)
     return True
 
@@ -238,25 +349,34 @@ def where_into(xp, out, c, x, y) -> bool:
     if k is None:
         k = _CACHE["lockstep_where"] = xp.ElementwiseKernel("bool c, T x, T y", "T z", "z = c ? x : y",
                                                             "lockstep_where")
+    unrecordable("ElementwiseKernel lockstep_where")
     k(c, x, y, out)
     return True
+
+
+RANGE_SRC = r"""
+extern "C" __global__ void lockstep_range_{dt}({T}* __restrict__ y, long long start, long long delta, long long n) {{
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {{
+        y[e] = ({T})(long long)((unsigned long long)start + (unsigned long long)e * (unsigned long long)delta);
+    }}
+}}
+"""
 
 
 def range_into(xp, out, start: int, delta: int) -> bool:
     """``out[i] = start + i * delta`` for a 1-D int32/int64 ``out`` (host ints start and delta),
     wrapping as int64 arithmetic does and truncated to out's type as ``astype`` truncates."""
-    if dtype_name(out.dtype) not in ("int32", "int64") or out.ndim != 1:
+    dt = dtype_name(out.dtype)
+    if dt not in ("int32", "int64") or out.ndim != 1:
         return False
     if not is_cupy(xp):
         xp.copyto(out, xp.arange(out.shape[0], dtype=xp.int64) * np.int64(delta) + np.int64(start), casting="unsafe")
         return True
-    k = _CACHE.get("lockstep_range")
-    if k is None:
-        k = _CACHE["lockstep_range"] = xp.ElementwiseKernel(
-            "int64 start, int64 delta", "T y",
-            "y = (T)(long long)((unsigned long long)start + (unsigned long long)i * (unsigned long long)delta)",
-            "lockstep_range")
-    k(np.int64(start), np.int64(delta), out)
+    n = int(out.shape[0])
+    if n:
+        k = raw_kernel(xp, lambda: RANGE_SRC.format(dt=dt, T=_VALUE_CTYPE[dt]), f"lockstep_range_{dt}")
+        launch_1d(k, n, (out, np.int64(start), np.int64(delta), np.int64(n)))
     return True
 
 

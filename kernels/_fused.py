@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from ._fast import ITEM_CTYPE, is_cupy, launch_1d, raw_kernel, same_buffer
+from ._fast import ITEM_CTYPE, is_cupy, launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
 __all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into",
@@ -93,7 +93,7 @@ def rms_norm_into(xp, out, x, scale, axis: int, eps: float) -> bool:
     if rows == 0 or cols == 0:
         return False
     k = raw_kernel(xp, RMS_NORM_SRC, "lockstep_rms_norm_f32")
-    k((min(rows, 65535),), (256,), (x, scale, out, np.int64(rows), np.int64(cols), np.float32(eps)))
+    launch(k, (min(rows, 65535),), (256,), (x, scale, out, np.int64(rows), np.int64(cols), np.float32(eps)))
     return True
 
 
@@ -481,9 +481,9 @@ def attention_into(xp, outs, q, k, v, mask, past_k, past_v, scale: float, causal
     m = _mask_strides(mask, B, Hq, Sq) if mask is not None else (0, 0, 0, 0)
     tm = int(mask.shape[-1]) if mask is not None else 0
     attn = raw_kernel(xp, ATTENTION_SRC, "lockstep_attention_f32")
-    attn((B * Hq * Sq,), (_ATT_THREADS,),
+    launch(attn, (B * Hq * Sq,), (_ATT_THREADS,),
          (q, kp, k, vp, v, mask if mask is not None else q, outs[0], np.int64(Hq), np.int64(Hkv), np.int64(Sq),
           np.int64(P), np.int64(Skv), np.int64(D), np.int64(Dv), np.float32(np.sqrt(scale)), np.int32(kind),
           *(np.int64(x) for x in m), np.int64(tm), np.int32(causal)),
-         shared_mem=(D + P + Skv) * 4)
+         (D + P + Skv) * 4)
     return True

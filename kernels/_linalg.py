@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import launch_1d, raw_kernel, same_buffer
+from ._fast import launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
 __all__ = ["matmul", "matmul_into", "matmul_shape", "bf16_as_float32"]
@@ -100,8 +100,8 @@ def _launch_tile(xp, work, A, B, C, batch: int, M: int, N: int, K: int) -> None:
     """The tiled kernel over contiguous ``A`` (batch, M, K), ``B`` (batch, K, N) into ``C``."""
     if batch * M * N > 0:
         grid = ((N + _TILE - 1) // _TILE, (M + _TILE - 1) // _TILE, min(batch, 65535))
-        _kernel(xp, dtype_name(work))(grid, (_TILE, _TILE, 1),
-                               (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)))
+        launch(_kernel(xp, dtype_name(work)), grid, (_TILE, _TILE, 1),
+               (A, B, C, np.int64(batch), np.int64(M), np.int64(N), np.int64(K)))
 
 
 # Decode rows (M small, B shared): one thread per output element, k ascending, the same
@@ -191,7 +191,7 @@ def matmul_into(xp, out, a, b) -> bool:
             name = f"lockstep_matmul_warp_{dname}"
             k = raw_kernel(xp, lambda: _WARP_SRC.format(name=dname, T=t, ACC=acc), name)
             blocks = max(1, min((M * N + 7) // 8, 65535))  # 8 warps of 32 per block of 256
-            k((blocks,), (256,), (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
+            launch(k, (blocks,), (256,), (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
         elif M * N > 0:
             t, acc = _CTYPES[dname]
             name = f"lockstep_matmul_rows_{dname}"

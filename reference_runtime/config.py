@@ -67,6 +67,12 @@ class RuntimeConfig:
         (``reference_runtime.plan``); off, every run infers and allocates node by node. Same
         launches, same bytes; a benchmark's baseline and a bisection aid.
         Environment: ``LOCKSTEP_EXECUTION_PLANS=0|false|off|no`` turns it off.
+    launch_replay: a plan records each static node's launch on its first planned run and relaunches
+        the record on later runs, without the kernel's host code, while the node gets the very same
+        tensors (default on; ``Runtime.launch_recorded``/``relaunch``). On CuPy a record holds the
+        RawKernel launches of a body that issued nothing else; on the simulated device it is the
+        launch itself. Off: every planned node runs its kernel body. Same launches, same bytes.
+        Environment: ``LOCKSTEP_LAUNCH_REPLAY=0|false|off|no`` turns it off.
     """
 
     defer_eager_sync: bool = True
@@ -74,6 +80,7 @@ class RuntimeConfig:
     vram_limit: int | None = None
     device_memory_limit: int | None = None
     execution_plans: bool = True
+    launch_replay: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vram_limit", "device_memory_limit"):
@@ -103,6 +110,9 @@ class RuntimeConfig:
         raw = env.get("LOCKSTEP_EXECUTION_PLANS")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, execution_plans=parse_bool("LOCKSTEP_EXECUTION_PLANS", raw))
+        raw = env.get("LOCKSTEP_LAUNCH_REPLAY")
+        if raw is not None and raw.strip() != "":
+            cfg = replace(cfg, launch_replay=parse_bool("LOCKSTEP_LAUNCH_REPLAY", raw))
         raw = env.get("LOCKSTEP_VRAM_LIMIT")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, vram_limit=parse_bytes("LOCKSTEP_VRAM_LIMIT", raw))

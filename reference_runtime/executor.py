@@ -35,7 +35,7 @@ from onnx import helper
 from .errors import IllegalState
 from .model import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
 from .plan import PlanCache
-from .runtime import Runtime, Tensor
+from .runtime import Relaunch, Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 
 __all__ = ["Executor", "Run", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
@@ -487,23 +487,31 @@ class Executor:
         self._launch(step, call, outs, [v.tensor for v in values if v is not None], specs)
 
     def _launch(self, step: _Step, call: NodeInfo, outs: list[Tensor], ins: list[Tensor],
-                specs: "list[Spec | None] | None", workspace: int | None = None) -> None:
+                specs: "list[Spec | None] | None", workspace: int | None = None, *,
+                record: bool = False, replay: "Relaunch | None" = None) -> "Relaunch | None":
         """Launch a node's kernel on its outputs and inputs (paged weights made resident, the
-        kernel's workspace checked against the budget first), then the per-op synchronisation point."""
+        kernel's workspace checked against the budget first), then the per-op synchronisation point.
+        ``record``: through ``Runtime.launch_recorded``, returning its ``Relaunch`` (or None);
+        ``replay``: that ``Relaunch`` enqueued again instead of the kernel's body (launch replay)."""
         rt = self.runtime
         if self.pager is not None:
             self.pager.ensure(self.paged_inputs.get(call.name, ()))
         if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
             nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
             rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
-        if call.index_checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+        if replay is not None:
+            rt.relaunch(replay)
         else:
-            rt.launch(step.launch, *outs, *ins, node=call)
+            go = rt.launch_recorded if record else rt.launch
+            if call.index_checks:
+                replay = go(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+            else:
+                replay = go(step.launch, *outs, *ins, node=call)
         if not rt.is_capturing:
             # A runtime's per-op synchronisation point (as in the runtimes of the seeds): a counted
             # no-op under eager-sync deferral, a real drain without it; never inside a capture.
             rt.synchronize()
+        return replay
 
     FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
 

@@ -20,7 +20,14 @@ executor does the same (``RuntimeConfig.execution_plans``, on by default):
   the next step is safe because every kernel runs on the runtime's one in-order compute stream; a
   host feed is written into a buffer of its plan (``Runtime.write``: ordered after the queued
   kernels that read the previous step's);
-- a step is then a loop of launches: no inference, no allocation, no frees.
+- a step is then a loop of launches: no inference, no allocation, no frees;
+- launch replay (``RuntimeConfig.launch_replay``, on by default): the first planned run of a static
+  node launches it through ``Runtime.launch_recorded``; later runs that hand the node the very same
+  tensors (planned buffers, constants, the same bound feeds and outputs: compared by identity)
+  ``Runtime.relaunch`` the record, skipping the kernel's host code (argument checks, launch
+  geometry, packing). On CuPy a record exists only when the body's device work was RawKernel
+  launches alone (``kernels._fast.LaunchRecorder``); otherwise, or when the tensors differ, the node
+  runs its body as before (and is not recorded again).
 
 The launches, their order and their arguments' shapes are the node-by-node run's, so the bytes
 are too (``tests/test_execution_plans.py`` runs both and compares; the simulated device's race
@@ -34,6 +41,7 @@ refuses is not built, and that signature keeps running node by node.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import is_
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +49,7 @@ from .errors import MemoryAllocation
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor, Run, _Value
-    from .runtime import Tensor
+    from .runtime import Relaunch, Tensor
 
 __all__ = ["PlanCache", "StepPlan", "DYNAMIC_REASONS"]
 
@@ -63,6 +71,8 @@ class _Node:
     planned: dict[int, "Tensor"] = field(default_factory=dict)  # position -> planned buffer
     alias: tuple[str, str, Any] | None = None  # (source, output, spec): a view built per run
     workspace: int | None = None
+    record: bool = False  # record the launch on the next run (launch replay)
+    replay: "Relaunch | None" = None  # the recorded launch, relaunched while the node gets the same tensors
 
 
 class StepPlan:
@@ -117,6 +127,7 @@ class StepPlan:
                     pn.outs = [pn.planned[k] for k in range(pn.n_out)]
                 if step.kernel.workspace is not None:
                     pn.workspace = step.kernel.workspace(call, in_specs)
+                pn.record = rt.config.launch_replay
                 if call.index_checks:
                     rt.latch_site(call.name)  # registered now: the launch's lookup is then a dict hit
         except BaseException:
@@ -163,10 +174,29 @@ class StepPlan:
                         temps.append(t)
                     outs[k] = t
                     env[name] = _Value(t, spec)
-            ex._launch(steps[pn.index], pn.call, outs, [env[n].tensor for n in pn.ins], pn.in_specs, pn.workspace)
+            ins = [env[n].tensor for n in pn.ins]
+            rep = pn.replay
+            if rep is not None:
+                if all(map(is_, rep.tensors, (*outs, *ins))):  # the very tensors it was recorded on
+                    ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, replay=rep)
+                    continue
+                pn.replay = None  # other tensors now (a new feed, a fresh output): the body runs from here on
+            elif pn.record:
+                pn.record = False
+                pn.replay = ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, record=True)
+                continue
+            ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace)
+
+    @property
+    def replays(self) -> int:
+        """Nodes that relaunch a recorded launch (a counter for tests and the benchmark)."""
+        return sum(pn.replay is not None for pn in self.nodes)
 
     def close(self) -> None:
-        """Free the plan's buffers (stream-ordered: a queued step still reading them is waited for)."""
+        """Free the plan's buffers (stream-ordered: a queued step still reading them is waited for)
+        and drop its launch records (on CuPy they hold views of the buffers they name)."""
+        for pn in self.nodes:
+            pn.replay = None
         for t in self.buffers:
             if not t.freed:
                 self.runtime.free(t)

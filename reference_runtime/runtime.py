@@ -48,7 +48,7 @@ from .errors import (
 )
 from .primitive import primitive
 
-__all__ = ["Runtime", "Tensor", "GraphSlot", "SegmentGraph", "Counters"]
+__all__ = ["Runtime", "Tensor", "Relaunch", "GraphSlot", "SegmentGraph", "Counters"]
 
 INT64_MAX = (1 << 63) - 1
 
@@ -139,6 +139,16 @@ class Tensor:
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
         return f"<Tensor {self.name} {self.dtype.name}{list(self.shape)} @0x{self.addr:x}{state}>"
+
+
+class Relaunch:
+    """A recorded launch (``Runtime.launch_recorded``): the tensors it names, in launch order, the
+    device's handle, and whether the error latch is among them."""
+
+    __slots__ = ("tensors", "handle", "latch")
+
+    def __init__(self, tensors: tuple[Tensor, ...], handle: Any, latch: bool):
+        self.tensors, self.handle, self.latch = tensors, handle, latch
 
 
 class _OwnTensor(Tensor):
@@ -395,17 +405,56 @@ class Runtime:
         guarantee="enqueue a kernel on the compute stream and return; kernel-to-kernel order on that stream is "
                   "guaranteed with no host synchronisation")
     def launch(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> None:
-        latch = self.error_latch.ref.buffer if self._latch_quiet else None
+        self._admit(tensors)
+        self.compute.launch(kernel, [t.ref for t in tensors], scalars)
+        self._launched()
+
+    def _admit(self, tensors: tuple[Tensor, ...]) -> bool:
+        """Refuse a launch naming a dead or foreign tensor; note one naming the error latch (it may be
+        set now: the next synchronising point reads it). Returns whether the latch is named."""
+        latch = self.error_latch.ref.buffer
+        named = False
         for t in tensors:
             if type(t) is not Tensor or t.freed or t.runtime is not self:
                 self._check_live(t)  # raises, naming what is wrong (the runtime's own latch passes)
             if t.ref.buffer is latch:
-                self._latch_quiet = False
-        self.compute.launch(kernel, [t.ref for t in tensors], scalars)
+                named = True
+        if named:
+            self._latch_quiet = False
+        return named
+
+    def _launched(self) -> None:
         self._enqueued += 1
         self.counters.launches += 1
         if self._capturing is not None:
             self.counters.captured_launches += 1
+
+    @primitive(
+        capture="captured", entry="a planned node's first launch, recorded",
+        guarantee="`launch`, returning a `Relaunch` when the device could record the kernel's device work "
+                  "(CuPy: RawKernel launches only), else None")
+    def launch_recorded(self, kernel: Kernel, *tensors: Tensor, **scalars: Any) -> "Relaunch | None":
+        """``launch``, returning a ``Relaunch`` of it when the device could record it (``relaunch``
+        then enqueues the same device work on the same tensors without the kernel's host code), else
+        None. The plan of an eager step records its static nodes so (reference_runtime/plan.py)."""
+        named = self._admit(tensors)
+        handle = self.compute.launch_recorded(kernel, [t.ref for t in tensors], scalars)
+        self._launched()
+        return None if handle is None else Relaunch(tensors, handle, named)
+
+    @primitive(
+        capture="captured", entry="a planned node's recorded launches",
+        guarantee="enqueue again, on the compute stream, the device work `launch_recorded` recorded, on the same "
+                  "tensors (refused with `UseAfterFree` if one was freed since): a launch without the kernel's "
+                  "host code")
+    def relaunch(self, r: "Relaunch") -> None:
+        for t in r.tensors:
+            if t.freed:
+                self._check_live(t)
+        if r.latch:
+            self._latch_quiet = False
+        self.compute.relaunch(r.handle)
+        self._launched()
 
     def latch_site(self, name: str) -> int:
         """Register a site (e.g. an ONNX node name) that may set the error latch; returns its id."""

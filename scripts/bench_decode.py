@@ -14,6 +14,9 @@ drifting machine does not favour the mode that ran first. Modes:
 - ``eager, deferred``: the default: ``synchronize()`` is a counted no-op;
 - ``captured``: ``segments.CaptureSession``: a fixed-capacity model replays its whole step as one
   segment graph; a growing one runs captured segments and eager seams;
+- ``eager, deferred, plans without launch replay``: ``launch_replay=False``: planned steps run
+  every kernel body (argument checks, launch geometry, CuPy's launch call), the in-process
+  baseline of launch replay's gain;
 - ``eager, deferred, node by node (no plans)``: deferred eager with ``execution_plans=False``: the
   executor infers and allocates every node of every step (the eager path before execution
   plans), the in-process baseline of the plans' gain;
@@ -82,8 +85,9 @@ def timed_decode(dec, steps: int) -> tuple[float, list[int], dict[str, float]]:
     return elapsed, tokens, per_token
 
 
-def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool, plans: bool = True) -> RefDecoder:
-    config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans)
+def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool, plans: bool = True,
+                replay: bool = True) -> RefDecoder:
+    config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans, launch_replay=replay)
     return RefDecoder(model, Runtime(make_device(device), config), capture=capture)
 
 
@@ -93,6 +97,8 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
         ("eager, per-op sync", lambda: ref_decoder(model, device, defer=False, capture=False)),
         ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False)),
         ("captured", lambda: ref_decoder(model, device, defer=True, capture=True)),
+        ("eager, deferred, plans without launch replay",
+         lambda: ref_decoder(model, device, defer=True, capture=False, replay=False)),
         ("eager, deferred, node by node (no plans)",
          lambda: ref_decoder(model, device, defer=True, capture=False, plans=False)),
     ]

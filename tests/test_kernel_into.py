@@ -182,6 +182,8 @@ _SOURCES = {
     "attention": _fused.ATTENTION_SRC,
     "binary": _fast.BINARY_SRC.format(op="less_equal", dt="int64", T="long long", OT="unsigned char", EXPR="x <= y"),
     "permute": _fast.PERMUTE_SRC.format(S=4, T="unsigned int"),
+    "sigmoid": _fast.SIGMOID_SRC.format(dt="float32", T="float", BODY=_fast._SIGMOID_BODY["float32"]),
+    "range": _fast.RANGE_SRC.format(dt="int64", T="long long"),
 }
 
 
@@ -384,3 +386,47 @@ def test_the_warp_matmul_order_stays_within_float32_rounding():
                 off //= 2
             got[0, col] = lanes[0]
         np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def _other_values(a: np.ndarray) -> np.ndarray:
+    """The same dtype and shape, other values from the same set (a roll: indices stay valid)."""
+    return np.roll(a.reshape(-1), 1).reshape(a.shape) if a.size > 1 else a
+
+
+@pytest.mark.parametrize("name,call", _CASES, ids=[n for n, _ in _CASES])
+def test_a_recorded_into_relaunches_its_bytes_on_cupy(name, call):
+    """Contract (GPU only): when ``into`` ran under a ``LaunchRecorder`` with a complete record (RawKernel
+    launches only, ``RecordingModule`` in place of cupy), relaunching the record after the inputs'
+    values changed in place writes, into poisoned outputs, the bytes a fresh ``into`` writes for the
+    new values: the record reads its inputs on the device and writes every output byte. A case
+    whose record is refused (other CuPy work) is skipped, naming what refused it."""
+    cp = pytest.importorskip("cupy")
+    kernel, info, arrays = call
+    from lockstep.reference_runtime.backends.cupy import CupyDevice
+
+    dtypes = [a.dtype for a in arrays if a is not None] + [np.dtype(s.dtype) for s in info.out_specs]
+    if any(dt.name not in CupyDevice.ARRAY_DTYPES for dt in dtypes):
+        pytest.skip("CuPy holds the small ONNX types as raw bits: compute's business")
+    dev = [None if a is None else cp.asarray(a) for a in arrays]
+    rec = _fast.LaunchRecorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = tuple(cp.asarray(o) for o in _sentinel_outs(info.out_specs))
+        with _fast.recording(rec):
+            took = kernel.into(_fast.RecordingModule(cp, rec), info, outs, *dev)
+    if not took or not rec.complete:
+        pytest.skip(f"not recorded: {'into declined' if not took else rec.refused or 'no launch'}")
+    for i, (a, d) in enumerate(zip(arrays, dev)):
+        if d is not None and i not in kernel.host_inputs:  # host values are baked in the call, as in a plan
+            d[...] = cp.asarray(_other_values(a))
+    for o in outs:
+        o.reshape(-1).view(cp.uint8)[...] = 0x5A
+    stream = cp.cuda.get_current_stream()
+    for fn, grid, block, args, shared_mem in rec.launches:
+        fn(grid, block, args, shared_mem, stream)
+    fresh = tuple(cp.asarray(o) for o in _sentinel_outs(info.out_specs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert kernel.into(cp, info, fresh, *dev)
+    for out, want in zip(outs, fresh):
+        assert cp.asnumpy(out).tobytes() == cp.asnumpy(want).tobytes(), f"{name}: the relaunch's bytes differ"

@@ -107,15 +107,23 @@ MUTANTS = [
         old="""        if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
             nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
             rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
-        if call.index_checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+        if replay is not None:
+            rt.relaunch(replay)
         else:
-            rt.launch(step.launch, *outs, *ins, node=call)
+            go = rt.launch_recorded if record else rt.launch
+            if call.index_checks:
+                replay = go(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+            else:
+                replay = go(step.launch, *outs, *ins, node=call)
 """,
-        new="""        if call.index_checks:
-            rt.launch(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+        new="""        if replay is not None:
+            rt.relaunch(replay)
         else:
-            rt.launch(step.launch, *outs, *ins, node=call)
+            go = rt.launch_recorded if record else rt.launch
+            if call.index_checks:
+                replay = go(step.launch, *outs, *ins, rt.error_latch, node=call, site=rt.latch_site(call.name))
+            else:
+                replay = go(step.launch, *outs, *ins, node=call)
         if step.kernel.workspace is not None:  # temporaries the kernel body allocates, within the budget
             nbytes = workspace if workspace is not None else step.kernel.workspace(call, specs)
             rt.check_allocation(nbytes, f"{call.name}:workspace", "(kernel temporaries)")
@@ -207,5 +215,19 @@ MUTANTS = [
         new="            pass",
         breaks="a signature whose plan the memory budget refused runs node by node without retrying the plan each step",
         tests=_PLANS, select="budget",
+    ),
+    Mutant(
+        "executor", "replay_ignores_tensor_identity", _P,
+        old="                if all(map(is_, rep.tensors, (*outs, *ins))):",
+        new="                if True:",
+        breaks="a recorded launch is relaunched only while the node gets the very tensors it was recorded on",
+        tests=("tests/test_launch_replay.py",), select="other_tensors", ci=True,
+    ),
+    Mutant(
+        "executor", "replay_never_recorded", _P,
+        old="                pn.replay = ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, record=True)",
+        new="                ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, record=True)",
+        breaks="a plan's static nodes are relaunched from their records (launch replay is on by default)",
+        tests=("tests/test_launch_replay.py",), select="byte_identical",
     ),
 ]

@@ -184,6 +184,13 @@ MUTANTS = [
         tests=_CASES, select="latch", devices=("cupy",),
     ),
     Mutant(
+        "kernels", "recording_module_refuses_nothing", _K + "_fast",
+        old='        if name not in self.SAFE:\n            self._rec.refuse(f"xp.{name}")',
+        new="        if False:\n            pass",
+        breaks="a body whose device work is more than RawKernel launches (CuPy ops) is never relaunched from a partial record",
+        tests=("tests/test_launch_replay.py",), select="latch", devices=("cupy",),
+    ),
+    Mutant(
         "kernels", "gather_checked_allows_negative", _K + "primitives",
         old="flag_out_of_range(xp, latch, idx, 0, n, site)",
         new="flag_out_of_range(xp, latch, idx, -n, n, site)",

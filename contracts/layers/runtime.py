@@ -192,8 +192,8 @@ MUTANTS = [
     ),
     Mutant(
         "runtime", "latch_launch_keeps_quiet", _R,
-        old="            if t.ref.buffer is latch:\n                self._latch_quiet = False",
-        new="            if t.ref.buffer is latch:\n                pass",
+        old="        if named:\n            self._latch_quiet = False",
+        new="        if named:\n            pass",
         breaks="a launch that may set the error latch makes the next synchronising read look at it (DeviceAssert)",
         tests=_T + ("tests/test_index_checks.py",), select=_SEL + " or out_of_range or golden_model_past",
     ),
@@ -203,5 +203,19 @@ MUTANTS = [
         new="        seg.graph.launch(self._res.compute)\n        self._enqueued += 1",
         breaks="a replayed graph's kernels may set the error latch: the next synchronising read looks at it",
         tests=("tests/test_index_checks.py", "tests/test_segments.py"), select="capture or replay",
+    ),
+    Mutant(
+        "runtime", "relaunch_keeps_latch_quiet", _R,
+        old="        if r.latch:\n            self._latch_quiet = False",
+        new="        if r.latch:\n            pass",
+        breaks="a relaunched index check may set the error latch: the next synchronising read looks at it",
+        tests=("tests/test_launch_replay.py",), select="latch",
+    ),
+    Mutant(
+        "runtime", "relaunch_of_freed_tensor", _R,
+        old="        for t in r.tensors:\n            if t.freed:\n                self._check_live(t)",
+        new="        for t in r.tensors:\n            pass",
+        breaks="a relaunch naming a tensor freed since it was recorded is refused (UseAfterFree), never run",
+        tests=("tests/test_launch_replay.py",), select="freed",
     ),
 ]

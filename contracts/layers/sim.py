@@ -247,9 +247,13 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "host_error_not_raised_at_launch", _S,
-        old="""        self.device._raise_host_error()
-        scalars = dict(scalars or {})""",
-        new="""        scalars = dict(scalars or {})""",
+        old="""        self.device._check()
+        self.device._raise_host_error()
+        if self._capture is not None:
+            if kernel.uses_cublas:""",
+        new="""        self.device._check()
+        if self._capture is not None:
+            if kernel.uses_cublas:""",
         breaks="a held kernel host error is raised at the next launch, not only at a synchronising call",
         tests=_DEV_TESTS,
     ),

@@ -86,6 +86,16 @@ class Stream(ABC):
     @abstractmethod
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None: ...
 
+    def launch_recorded(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any]) -> Any | None:
+        """``launch``, and a handle ``relaunch`` can enqueue again with the same arrays and scalars
+        without running the kernel's host code (None: this launch cannot be replayed so)."""
+        self.launch(kernel, arrays, scalars)
+        return None
+
+    def relaunch(self, handle: Any) -> None:
+        """Enqueue again what ``launch_recorded`` returned ``handle`` for."""
+        raise NotImplementedError(f"{type(self).__name__} records no launches")
+
     @abstractmethod
     def record(self, event: Event) -> None: ...
 

@@ -163,7 +163,50 @@ class CupyStream(Stream):
         except BaseException as exc:  # translated (CUDA statuses, OOM, D2H in capture) or re-raised as is
             _translate_and_raise(dev, exc, f"launch {kernel.name}")
             raise
-        self._since_sync.append(kernel.name)
+        self._note(kernel.name)
+
+    def launch_recorded(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any]) -> Any | None:
+        """``launch`` with the body's RawKernel launches recorded (``kernels._fast.LaunchRecorder``):
+        the handle is ``(name, launches)`` when every device operation of the body was one of them,
+        else None (a ufunc, an ElementwiseKernel, an allocation: the body must run again next time).
+        Not during a capture (a graph bakes its own launches)."""
+        if self._capture_keep is not None:
+            self.launch(kernel, arrays, scalars)
+            return None
+        from lockstep.kernels._fast import LaunchRecorder, RecordingModule, recording
+
+        dev = self.device
+        if dev._sticky is not None:
+            raise dev._sticky
+        xs = [dev._as_cupy(a) for a in arrays]
+        rec = LaunchRecorder()
+        try:
+            with self.s, recording(rec):
+                self._run(RecordingModule(dev.xp, rec), kernel, xs, scalars)
+        except BaseException as exc:
+            _translate_and_raise(dev, exc, f"launch {kernel.name}")
+            raise
+        self._note(kernel.name)
+        return (kernel.name, tuple(rec.launches)) if rec.complete else None
+
+    def relaunch(self, handle: Any) -> None:
+        """The recorded RawKernel launches again, on this stream, with the recorded arguments (the
+        same device buffers and host scalars): no kernel host code, no ``with stream``."""
+        dev = self.device
+        if dev._sticky is not None:
+            raise dev._sticky
+        name, launches = handle
+        s = self.s
+        try:
+            for fn, grid, block, args, shared_mem in launches:
+                fn(grid, block, args, shared_mem, s)
+        except BaseException as exc:
+            _translate_and_raise(dev, exc, f"launch {name}")
+            raise
+        self._note(name)
+
+    def _note(self, name: str) -> None:
+        self._since_sync.append(name)
         if len(self._since_sync) > 64:
             del self._since_sync[:-32]
 

@@ -201,18 +201,29 @@ class SimStream(Stream):
         return op
 
     def launch(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any] | None = None) -> None:
+        refs = [_node_payload(a) for a in arrays]
+        self.relaunch((kernel, refs, dict(scalars or {}), _kernel_accesses(kernel, refs)))
+
+    def launch_recorded(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any]) -> Any | None:
+        """The simulated device runs bodies lazily from the launch's own record: the handle is that
+        record (addresses resolved again, and every access race-checked, at each relaunch)."""
+        refs = [_node_payload(a) for a in arrays]
+        handle = (kernel, refs, dict(scalars), _kernel_accesses(kernel, refs))
+        self.relaunch(handle)
+        return handle
+
+    def relaunch(self, handle: Any) -> None:
+        kernel, refs, scalars, accesses = handle
         self.device._check()
         self.device._raise_host_error()
-        scalars = dict(scalars or {})
-        refs = [_node_payload(a) for a in arrays]
         if self._capture is not None:
             if kernel.uses_cublas:
                 raise CublasDuringCapture(
                     f"kernel {kernel.name!r} calls cuBLAS, which is unsupported during stream capture"
                 )
-            self._capture.nodes.append(("kernel", dict(kernel=kernel, refs=refs, scalars=scalars)))
+            self._capture.nodes.append(("kernel", dict(kernel=kernel, refs=refs, scalars=dict(scalars))))
             return
-        self._enqueue("kernel", _kernel_accesses(kernel, refs), kernel=kernel, refs=refs, scalars=scalars)
+        self._enqueue("kernel", accesses, kernel=kernel, refs=refs, scalars=scalars)
 
     def record(self, event: Event) -> None:
         self.device._check()
