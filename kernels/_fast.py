@@ -305,12 +305,12 @@ _SIGMOID_BODY = {
 
 SIGMOID_SRC = r"""
 extern "C" __global__ void lockstep_sigmoid_raw_{dt}(const {T}* __restrict__ xs, {T}* __restrict__ ys, long long n) {{
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
-         e += (long long)gridDim.x * blockDim.x) {{
-        {T} x = xs[e];
+    for (long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x; at < n;
+         at += (long long)gridDim.x * blockDim.x) {{
+        {T} x = xs[at];
         {T} y;
         {BODY}
-        ys[e] = y;
+        ys[at] = y;
     }}
 }}
 """

@@ -12,7 +12,8 @@ import onnx
 import pytest
 from lockstep.decoding import greedy
 from lockstep.golden.anchors import MODEL_DIR
-from lockstep.kernels import _fast, primitives
+from lockstep.kernels import _fast
+from lockstep.kernels._kernel import Kernel
 from lockstep.reference_runtime import DeviceAssert, RuntimeConfig
 from lockstep.reference_runtime.engine import RefDecoder
 from lockstep.reference_runtime.errors import UseAfterFree
@@ -128,10 +129,11 @@ def test_a_relaunch_naming_a_freed_tensor_is_refused(make_runtime):
     naming it; nothing is enqueued."""
     rt = make_runtime()
     t = rt.empty((4,), np.float32, name="victim")
-    r = rt.launch_recorded(primitives.fill, t, value=1.0)
-    rt.synchronize()
-    if r is None:
-        pytest.fail("the fill primitive's launch should be recordable on every device")
+    values = np.arange(4, dtype=np.float32)
+    fill = Kernel("test_fill4", lambda xp, out: _fast.fill_value(xp, out, values), writes=(0,))  # one RawKernel on CuPy
+    r = rt.launch_recorded(fill, t)
+    np.testing.assert_array_equal(rt.download(t), values)
+    assert r is not None, "a body of one RawKernel launch is recordable on every device"
     launches = rt.counters.launches
     rt.relaunch(r)
     assert rt.counters.launches == launches + 1
