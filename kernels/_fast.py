@@ -39,7 +39,7 @@ from ._op import dtype_name
 __all__ = ["is_cupy", "same_buffer", "raw_kernel", "launch", "launch_1d", "LaunchRecorder", "RecordingModule",
            "recording", "unrecordable", "ITEM_CTYPE", "gather", "flag_range", "fill_value",
            "sigmoid_into", "where_into", "range_into", "binary_into", "permute_into", "GATHER_SRC", "FLAG_SRC",
-           "SIGMOID_SRC", "RANGE_SRC",
+           "SIGMOID_SRC", "RANGE_SRC", "strided_copy_into", "cast_into", "CAST_SRC",
            "FILL_SRC", "BINARY_SRC", "PERMUTE_SRC"]
 
 # Element bytes -> an unsigned C type of that size: copies move bits, whatever the dtype.
@@ -511,3 +511,52 @@ def permute_into(xp, out, x, perm: tuple[int, ...]) -> bool:
     i64 = np.int64
     launch_1d(k, n, (x, out, i64(n), *map(i64, _pad(shape, 1)), *map(i64, _pad(strides, 0))))
     return True
+
+
+def strided_copy_into(xp, out, view) -> bool:
+    """``out[...] = view`` for a C-contiguous ``out`` and a view of its shape and dtype with any
+    element strides (a Slice's view, negative steps too; a reshaped contiguous array): the permute
+    RawKernel with the view's own strides, moving bits, on CuPy. False, having written nothing,
+    otherwise (numpy, more than 6 dims, other element sizes, strides not whole elements)."""
+    itemsize = out.dtype.itemsize
+    if (not is_cupy(xp) or view.dtype != out.dtype or tuple(view.shape) != tuple(out.shape) or out.ndim > _ND
+            or itemsize not in ITEM_CTYPE or not out.flags.c_contiguous or any(s % itemsize for s in view.strides)):
+        return False
+    n = int(out.size)
+    if n == 0:
+        return True
+    if same_buffer(xp, out, view):
+        return False
+    k = raw_kernel(xp, lambda: PERMUTE_SRC.format(S=itemsize, T=ITEM_CTYPE[itemsize]), f"lockstep_permute_{itemsize}")
+    i64 = np.int64
+    strides = tuple(s // itemsize for s in view.strides)
+    launch_1d(k, n, (view, out, i64(n), *map(i64, _pad(tuple(out.shape), 1)), *map(i64, _pad(strides, 0))))
+    return True
+
+
+CAST_SRC = r"""
+extern "C" __global__ void lockstep_cast_{src}_{dst}(const {S}* __restrict__ X, {D}* __restrict__ Y, long long n) {{
+    for (long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x; at < n;
+         at += (long long)gridDim.x * blockDim.x) {{
+        Y[at] = ({D})X[at];
+    }}
+}}
+"""
+_CAST_FROM = {**_VALUE_CTYPE, "bool": "bool"}
+
+
+def cast_into(xp, out, x) -> bool:
+    """``out[...] = x.astype(out.dtype)`` for C-contiguous operands of one shape, from float32/64,
+    int32/64 or bool to float32/64 or int32/64: one RawKernel doing C's conversion (the conversion
+    CuPy's own casting copy compiles to), on CuPy. False, having written nothing, otherwise."""
+    src, dst = dtype_name(x.dtype), dtype_name(out.dtype)
+    if (not is_cupy(xp) or src not in _CAST_FROM or dst not in _VALUE_CTYPE or tuple(x.shape) != tuple(out.shape)
+            or not (x.flags.c_contiguous and out.flags.c_contiguous) or same_buffer(xp, out, x)):
+        return False
+    n = int(out.size)
+    if n:
+        k = raw_kernel(xp, lambda: CAST_SRC.format(src=src, dst=dst, S=_CAST_FROM[src], D=_VALUE_CTYPE[dst]),
+                       f"lockstep_cast_{src}_{dst}")
+        launch_1d(k, n, (x, out, np.int64(n)))
+    return True
+

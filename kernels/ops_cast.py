@@ -16,6 +16,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ._cast_util import E8M0, FloatFmt, bit_width, convert, encode, fmt_of, is_small, raw, to_float, wrap
+from ._fast import cast_into
 from ._op import NodeInfo, OpKernel, Spec, normalize_axis
 
 OPS: list[OpKernel] = []
@@ -82,7 +83,8 @@ def _cast_into(xp, node, outs, x, *_):
     out = outs[0]
     if is_small(x.dtype) or is_small(out.dtype) or out.dtype != node.out_specs[0].dtype:
         return False
-    xp.copyto(out, x, casting="unsafe")
+    if not cast_into(xp, out, x):  # one RawKernel on CuPy for the common types
+        xp.copyto(out, x, casting="unsafe")
     return True
 
 

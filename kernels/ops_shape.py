@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import fill_value, permute_into, range_into, same_buffer
+from ._fast import fill_value, permute_into, range_into, same_buffer, strided_copy_into
 from ._op import NodeInfo, OpKernel, Spec, broadcast, normalize_axis
 from ._shape_util import (
     I64,
@@ -123,6 +123,16 @@ def _reshape_compute(xp, node, x, *_):
     return (xp.reshape(x, node.out_specs[0].shape),)
 
 
+def _reshape_into(xp, node, outs, x, *_):
+    """When the executor cannot make the node a view (its input is a graph input or a paged
+    weight, its output a graph output): a contiguous input copied into the output, one RawKernel
+    on CuPy (``_fast.strided_copy_into``, the bytes of compute's reshape). Elsewhere: compute."""
+    out = outs[0]
+    if not x.flags.c_contiguous or x.size != out.size:
+        return False
+    return strided_copy_into(xp, out, x.reshape(out.shape))
+
+
 def _flatten_shapes(node, specs):
     x = specs[0]
     axis = int(node.attr("axis", 1))
@@ -134,9 +144,9 @@ def _flatten_shapes(node, specs):
 
 
 OPS += [
-    op("Reshape", _reshape_shapes, _reshape_compute, until=4),
-    op("Reshape", _reshape_shapes, _reshape_compute, since=5, host_inputs=(1,)),
-    op("Flatten", _flatten_shapes, _reshape_compute),
+    op("Reshape", _reshape_shapes, _reshape_compute, until=4, into=_reshape_into),
+    op("Reshape", _reshape_shapes, _reshape_compute, since=5, host_inputs=(1,), into=_reshape_into),
+    op("Flatten", _flatten_shapes, _reshape_compute, into=_reshape_into),
 ]
 
 
@@ -172,10 +182,10 @@ def _unsqueeze_shapes(node, specs):
 
 
 OPS += [
-    op("Squeeze", _squeeze_shapes, _reshape_compute, until=12),
-    op("Squeeze", _squeeze_shapes, _reshape_compute, since=13, host_inputs=(1,)),
-    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, until=12),
-    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, since=13, host_inputs=(1,)),
+    op("Squeeze", _squeeze_shapes, _reshape_compute, until=12, into=_reshape_into),
+    op("Squeeze", _squeeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into),
+    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, until=12, into=_reshape_into),
+    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into),
 ]
 
 
@@ -355,8 +365,11 @@ def _slice_compute(xp, node, x, *rest):
 
 
 def _slice_into(xp, node, outs, x, *rest):
-    """One strided copy of compute's view into the output."""
-    xp.copyto(outs[0], _slice_compute(xp, node, x, *rest)[0])
+    """One strided copy of compute's view into the output (one RawKernel on CuPy where it can:
+    ``_fast.strided_copy_into``)."""
+    view = _slice_compute(xp, node, x, *rest)[0]
+    if not strided_copy_into(xp, outs[0], view):
+        xp.copyto(outs[0], view)
     return True
 
 

@@ -475,8 +475,9 @@ class Executor:
             elif held is not None:
                 if tuple(held.shape) != tuple(spec.shape) or held.dtype != spec.dtype:
                     raise IllegalState(
-                        f"node {info.name!r}: value {name!r} is {spec.dtype}{list(spec.shape)} but the captured "
-                        f"segment that reads it baked {held!r}; the step signature missed a shape", subject=name)
+                        f"node {info.name!r}: value {name!r} is {spec.dtype}{list(spec.shape)} but the buffer "
+                        f"its readers were prepared with (a captured segment's or an execution plan's) is "
+                        f"{held!r}; the step signature missed a shape", subject=name)
                 t = held
             else:
                 t = rt.empty(spec.shape, spec.dtype, name=name or f"{info.name}:unused")

@@ -27,7 +27,9 @@ executor does the same (``RuntimeConfig.execution_plans``, on by default):
   ``Runtime.relaunch`` the record, skipping the kernel's host code (argument checks, launch
   geometry, packing). On CuPy a record exists only when the body's device work was RawKernel
   launches alone (``kernels._fast.LaunchRecorder``); otherwise, or when the tensors differ, the node
-  runs its body as before (and is not recorded again).
+  runs its body as before (and is not recorded again). A dynamic node's output read by a static
+  node is written into a planned buffer (its shape is fixed: the reader is static), so the reader
+  gets the same tensor every step.
 
 The launches, their order and their arguments' shapes are the node-by-node run's, so the bytes
 are too (``tests/test_execution_plans.py`` runs both and compares; the simulated device's race
@@ -88,6 +90,7 @@ class StepPlan:
         self.buffers: list[Tensor] = []  # everything this plan allocated (freed by close)
         self.fixed: dict[str, _Value] = {}  # planned buffers and prebuilt views, put in a run's env up front
         self.feed_buffers: dict[str, Tensor] = {}
+        self.persist: dict[str, Tensor] = {}  # dynamic nodes' outputs that static nodes read: planned buffers
         self.nodes: list[_Node] = []
         outputs = set(ex.outputs)
         constant = ex._const_values
@@ -130,6 +133,18 @@ class StepPlan:
                 pn.record = rt.config.launch_replay
                 if call.index_checks:
                     rt.latch_site(call.name)  # registered now: the launch's lookup is then a dict hit
+            # A dynamic node's output that a static node reads has the shape the static node was
+            # planned with (else that node would grow too): it gets a planned buffer, which the
+            # dynamic node writes every step (Executor.step's ``persist``, which refuses another
+            # shape), so the static reader sees the same tensor each step and can be relaunched.
+            read = {n for pn in self.nodes if not pn.slow for n in pn.ins}
+            for pn in self.nodes:
+                step = ex.steps[pn.index]
+                if not pn.slow or step.kernel is None or pn.index not in record:
+                    continue
+                for name, spec in zip(step.node.output, record[pn.index][0]):
+                    if name and name in read and name not in outputs:
+                        self.persist[name] = self._alloc(spec.shape, spec.dtype, f"plan:{name}")
         except BaseException:
             self.close()
             raise
@@ -149,7 +164,7 @@ class StepPlan:
         steps = ex.steps
         for pn in self.nodes:
             if pn.slow:
-                ex.step(run, pn.index)
+                ex.step(run, pn.index, persist=self.persist)
                 continue
             if pn.call is None:  # a view
                 if pn.alias is not None:
@@ -203,6 +218,7 @@ class StepPlan:
         self.buffers.clear()
         self.fixed.clear()
         self.feed_buffers.clear()
+        self.persist.clear()
 
 
 class PlanCache:

@@ -184,6 +184,7 @@ _SOURCES = {
     "permute": _fast.PERMUTE_SRC.format(S=4, T="unsigned int"),
     "sigmoid": _fast.SIGMOID_SRC.format(dt="float32", T="float", BODY=_fast._SIGMOID_BODY["float32"]),
     "range": _fast.RANGE_SRC.format(dt="int64", T="long long"),
+    "cast": _fast.CAST_SRC.format(src="bool", dst="float32", S="bool", D="float"),
 }
 
 

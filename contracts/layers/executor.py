@@ -230,4 +230,11 @@ MUTANTS = [
         breaks="a plan's static nodes are relaunched from their records (launch replay is on by default)",
         tests=("tests/test_launch_replay.py",), select="byte_identical",
     ),
+    Mutant(
+        "executor", "plan_dynamic_outputs_fresh", _P,
+        old="                ex.step(run, pn.index, persist=self.persist)",
+        new="                ex.step(run, pn.index)",
+        breaks="a dynamic node's output that static nodes read goes into a planned buffer (its readers replay)",
+        tests=("tests/test_launch_replay.py",), select="byte_identical",
+    ),
 ]
