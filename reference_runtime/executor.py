@@ -57,13 +57,27 @@ class _Step:
     info: NodeInfo
     kernel: OpKernel | None  # None: handled by the executor (Identity)
     launch: Kernel | None
-    alias: bool = False  # the output is a view of input 0 (Reshape and friends): no allocation, no launch
+    alias: bool = False  # the output may be a view of input 0 (``is_view``): no allocation, no launch
+
+    def is_view(self, spec: "Spec | None") -> bool:
+        """Whether this run's output is a view of input 0 (of ``spec``): always for the Reshape
+        family; for a Transpose when the permutation moves only dims of size 1 (the elements keep
+        their memory order: a decode step's [1, 1, H, D] -> [1, H, 1, D])."""
+        if not self.alias or spec is None:
+            return False
+        if self.info.op_type != "Transpose":
+            return True
+        perm = self.info.attrs.get("perm")
+        perm = list(perm) if perm is not None else list(range(len(spec.shape)))[::-1]
+        moved = [a for a in perm if spec.shape[a] != 1]
+        return moved == sorted(moved)
 
 
 # Ops whose output is the input's bytes under another shape: the executor makes it a view (as a
 # real runtime does) when the input is an intermediate or a constant and the output is not a graph
 # output (a graph output is the caller's, and a view of a feed could be overwritten in place).
-ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# A Transpose is one when it moves only dims of size 1 (``_Step.is_view``).
+ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
@@ -458,7 +472,7 @@ class Executor:
         call = info.for_run(tuple(out_specs), host, checks)
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
-        if step.alias and not (persist and node.output[0] in persist):
+        if step.alias and not (persist and node.output[0] in persist) and step.is_view(specs[0]):
             src = values[0].tensor  # type: ignore[union-attr]
             spec = out_specs[0]
             view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=node.output[0])

@@ -98,15 +98,28 @@ class StepPlan:
             for name, value in feeds.items():
                 if not isinstance(value, Tensor):
                     self.feed_buffers[name] = self._alloc(value.shape, value.dtype, f"plan:feed:{name}")
+            # A dynamic node's output that a static node (or a static view) reads has the shape the
+            # reader was planned with (else the reader would grow too): it gets a planned buffer,
+            # which the dynamic node writes every step (Executor.step's ``persist``, which refuses
+            # another shape), so the reader sees the same tensor each step and can be relaunched.
+            slow = {i for i, step in enumerate(ex.steps) if step.kernel is None or i in dynamic or i not in record}
+            read = {n for i, step in enumerate(ex.steps) if i not in slow for n in step.node.input if n}
+            for i in sorted(slow):
+                if ex.steps[i].kernel is None or i not in record:
+                    continue
+                for name, spec in zip(ex.steps[i].node.output, record[i][0]):
+                    if name and name in read and name not in outputs:
+                        self.persist[name] = t = self._alloc(spec.shape, spec.dtype, f"plan:{name}")
+                        self.fixed[name] = _Value(t, spec)  # (views of it are built once, below)
             for i, step in enumerate(ex.steps):
                 pn = _Node(i, step.info.name)
                 self.nodes.append(pn)
-                if step.kernel is None or i in dynamic or i not in record:
+                if i in slow:
                     pn.slow = True
                     continue
                 out_specs, call, in_specs = record[i]
                 node = step.node
-                if step.alias:
+                if step.is_view(in_specs[0] if in_specs else None):
                     src, out, spec = node.input[0], node.output[0], out_specs[0]
                     base = self.fixed.get(src) or constant.get(src)
                     if base is not None:  # a view of a planned buffer or a constant: built once
@@ -133,18 +146,6 @@ class StepPlan:
                 pn.record = rt.config.launch_replay
                 if call.index_checks:
                     rt.latch_site(call.name)  # registered now: the launch's lookup is then a dict hit
-            # A dynamic node's output that a static node reads has the shape the static node was
-            # planned with (else that node would grow too): it gets a planned buffer, which the
-            # dynamic node writes every step (Executor.step's ``persist``, which refuses another
-            # shape), so the static reader sees the same tensor each step and can be relaunched.
-            read = {n for pn in self.nodes if not pn.slow for n in pn.ins}
-            for pn in self.nodes:
-                step = ex.steps[pn.index]
-                if not pn.slow or step.kernel is None or pn.index not in record:
-                    continue
-                for name, spec in zip(step.node.output, record[pn.index][0]):
-                    if name and name in read and name not in outputs:
-                        self.persist[name] = self._alloc(spec.shape, spec.dtype, f"plan:{name}")
         except BaseException:
             self.close()
             raise

@@ -39,12 +39,13 @@ def test_a_planned_decode_is_byte_identical_to_node_by_node(model):
 
 
 def test_views_launch_nothing_and_planned_steps_allocate_nothing():
-    """Contract: Reshape/Squeeze/Unsqueeze of an intermediate are views (no launch); a planned step
-    allocates only its graph outputs (logits here: the cache is bound in place)."""
+    """Contract: Reshape/Squeeze/Unsqueeze of an intermediate are views (no launch), and so is a
+    Transpose that moves only dims of size 1 (every Transpose of this decode step: S = 1); a
+    planned step allocates only its graph outputs (logits here: the cache is bound in place)."""
     dec, _ = _decode("tiny-fp32-standard-kv64", True, tokens=4)
     ex, rt = dec.ex, dec.rt
     views = [st for st in ex.steps if st.alias]
-    assert views and {st.info.op_type for st in views} <= {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+    assert views and {st.info.op_type for st in views} == {"Reshape", "Squeeze", "Unsqueeze", "Transpose"}
     before = (rt.counters.launches, rt.counters.allocations)
     dec.forward([66])
     launches = rt.counters.launches - before[0]
@@ -113,3 +114,18 @@ def test_planned_runs_keep_feed_checks():
     feeds["input_ids"] = feeds["input_ids"].astype(np.int32)
     with pytest.raises(FeedError, match="input_ids"):
         dec.ex.run(feeds, bind={dec.present_of[p]: t for p, t in dec.cache.items()})
+
+
+def test_a_transpose_is_a_view_only_when_it_moves_unit_dims():
+    """Contract (``_Step.is_view``): a Transpose keeps the elements' memory order, and is a view,
+    exactly when the dims it moves past each other have size 1; the prefill's (S > 1) is a launch.
+    Result: the decode's logits equal the node-by-node run's (checked above) and the prefill's too."""
+    dec, _ = _decode("tiny-fp32-standard", True, tokens=3)
+    tr = next(st for st in dec.ex.steps if st.info.op_type == "Transpose" and st.alias)
+    from lockstep.kernels._op import Spec
+
+    perm = list(tr.info.attrs["perm"])
+    assert perm == [0, 2, 1, 3]
+    assert tr.is_view(Spec((1, 1, 4, 16), np.float32)), "[1, 1, H, D] -> [1, H, 1, D] moves a unit dim"
+    assert not tr.is_view(Spec((1, 5, 4, 16), np.float32)), "S = 5 and H = 4 swap: a real transpose"
+    assert tr.is_view(Spec((1, 5, 1, 16), np.float32)), "one head: S moves past a unit dim"

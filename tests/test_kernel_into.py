@@ -397,8 +397,9 @@ def _other_values(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("name,call", _CASES, ids=[n for n, _ in _CASES])
 def test_a_recorded_into_relaunches_its_bytes_on_cupy(name, call):
     """Contract (GPU only): when ``into`` ran under a ``LaunchRecorder`` with a complete record (RawKernel
-    launches only, ``RecordingModule`` in place of cupy), relaunching the record after the inputs'
-    values changed in place writes, into poisoned outputs, the bytes a fresh ``into`` writes for the
+    launches only, ``RecordingModule`` in place of cupy), relaunching the record through the driver
+    with the parameter blocks CupyStream packs (``_pack``) after the inputs' values changed in place
+    writes, into poisoned outputs, the bytes a fresh ``into`` writes for the
     new values: the record reads its inputs on the device and writes every output byte. A case
     whose record is refused (other CuPy work) is skipped, naming what refused it."""
     cp = pytest.importorskip("cupy")
@@ -422,9 +423,13 @@ def test_a_recorded_into_relaunches_its_bytes_on_cupy(name, call):
             d[...] = cp.asarray(_other_values(a))
     for o in outs:
         o.reshape(-1).view(cp.uint8)[...] = 0x5A
+    from lockstep.reference_runtime.backends.cupy import _pack
+
     stream = cp.cuda.get_current_stream()
-    for fn, grid, block, args, shared_mem in rec.launches:
-        fn(grid, block, args, shared_mem, stream)
+    packed = [_pack(cp, *launch) for launch in rec.launches]  # as CupyStream.relaunch does
+    assert all(p is not None for p in packed), "the kernels pass device arrays and numpy scalars only"
+    for fn, gx, gy, gz, bx, by, bz, smem, params, _blob in packed:
+        cp.cuda.driver.launchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream.ptr, params, 0)
     fresh = tuple(cp.asarray(o) for o in _sentinel_outs(info.out_specs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -209,3 +209,38 @@ def test_the_recording_module_refuses_what_may_launch():
         _fast.launch(_FakeRaw(), (1,), (1,), ())
         _fast.unrecordable("ndarray.fill")
     assert other.refused == "ndarray.fill" and not other.complete
+
+
+def test_a_recorded_launch_packs_its_arguments_as_cupy_passes_them():
+    """Contract: the CUDA backend's parameter block for ``cuLaunchKernel`` (``backends.cupy._pack``):
+    a device array passes its data pointer, numpy scalars their own bytes, Python int/float/bool
+    as int64/float64/bool (CuPy's conversions), each at an 8-aligned offset, grid and block padded
+    to three dims; any other argument makes the launch unrecordable. (Checked with stand-ins here;
+    the GPU lane relaunches every node case's record through it.)"""
+    import ctypes
+
+    from lockstep.reference_runtime.backends.cupy import _pack
+
+    class FakeXp:
+        class ndarray:
+            def __init__(self, ptr):
+                self.data = type("Mem", (), {"ptr": ptr})()
+
+    class Fn:
+        ptr = 0xF00
+
+    args = (FakeXp.ndarray(0xABC0), np.int32(-2), np.float32(1.5), 7, 0.25, True, np.uint8(9))
+    packed = _pack(FakeXp, Fn(), (5,), (256, 2), args, 64)
+    fn, gx, gy, gz, bx, by, bz, smem, params, (blob, ptrs) = packed
+    assert (fn, gx, gy, gz, bx, by, bz, smem) == (0xF00, 5, 1, 1, 256, 2, 1, 64)
+    assert params == ptrs.ctypes.data and list(ptrs) == [blob.ctypes.data + 8 * i for i in range(len(args))]
+
+    def at(i, ctype):
+        return ctypes.cast(int(ptrs[i]), ctypes.POINTER(ctype)).contents.value
+
+    assert at(0, ctypes.c_uint64) == 0xABC0 and at(1, ctypes.c_int32) == -2 and at(2, ctypes.c_float) == 1.5
+    assert at(3, ctypes.c_int64) == 7 and at(4, ctypes.c_double) == 0.25 and at(5, ctypes.c_bool) is True
+    assert at(6, ctypes.c_uint8) == 9
+    assert _pack(FakeXp, Fn(), (1,), (1,), (None,), 0) is None, "None is not an argument CuPy packs"
+    assert _pack(FakeXp, Fn(), (1,), (1,), ("x",), 0) is None
+    assert _pack(FakeXp, object(), (1,), (1,), (), 0) is None, "a function without a handle"

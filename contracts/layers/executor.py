@@ -231,6 +231,13 @@ MUTANTS = [
         tests=("tests/test_launch_replay.py",), select="byte_identical",
     ),
     Mutant(
+        "executor", "transpose_always_a_view", _E,
+        old="        return moved == sorted(moved)",
+        new="        return True",
+        breaks="a Transpose is a view only when it moves dims of size 1 past each other (the elements keep their order)",
+        tests=_PLANS, select="transpose or byte_identical",
+    ),
+    Mutant(
         "executor", "plan_dynamic_outputs_fresh", _P,
         old="                ex.step(run, pn.index, persist=self.persist)",
         new="                ex.step(run, pn.index)",

@@ -127,6 +127,43 @@ class CupyGraph(Graph):
             self.graph.launch(stream=stream.s)
 
 
+_launch_kernel: Any = None  # cupy.cuda.driver.launchKernel, bound on the first CupyDevice
+
+
+def _pack(xp: Any, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int) -> tuple | None:
+    """A recorded RawKernel launch as ``cuLaunchKernel``'s arguments: the function handle, the grid
+    and block padded to three dims (as CuPy pads them), and a parameter block built once: each
+    argument's bytes at an 8-aligned offset of one host buffer, and the array of their addresses
+    (``kernelParams``). Arguments as CuPy converts them: a device array passes its data pointer, a
+    numpy scalar its bytes, a Python int/float/bool as int64/float64/bool. None for anything else."""
+    values = []
+    for a in args:
+        if isinstance(a, xp.ndarray):
+            values.append(np.uint64(a.data.ptr).tobytes())
+        elif isinstance(a, np.generic) and a.dtype.kind in "biuf" and a.dtype.itemsize <= 8:
+            values.append(a.tobytes())
+        elif isinstance(a, bool):
+            values.append(np.bool_(a).tobytes())
+        elif isinstance(a, int):
+            values.append(np.int64(a).tobytes())
+        elif isinstance(a, float):
+            values.append(np.float64(a).tobytes())
+        else:
+            return None
+    blob = np.zeros(max(1, 8 * len(values)), np.uint8)
+    for i, v in enumerate(values):
+        blob[8 * i:8 * i + len(v)] = np.frombuffer(v, np.uint8)
+    base = blob.ctypes.data
+    params = np.array([base + 8 * i for i in range(len(values))] or [0], np.uint64)
+    ptr = getattr(fn, "ptr", None)
+    if not isinstance(ptr, int):
+        return None
+    g = (tuple(grid) + (1, 1))[:3]
+    b = (tuple(block) + (1, 1))[:3]
+    return (ptr, *(max(1, int(d)) for d in g), *(max(1, int(d)) for d in b), int(shared_mem),
+            params.ctypes.data, (blob, params))
+
+
 class CupyStream(Stream):
     def __init__(self, device: "CupyDevice", s: Any, *, legacy: bool = False):
         self.device = device
@@ -167,9 +204,10 @@ class CupyStream(Stream):
 
     def launch_recorded(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any]) -> Any | None:
         """``launch`` with the body's RawKernel launches recorded (``kernels._fast.LaunchRecorder``):
-        the handle is ``(name, launches)`` when every device operation of the body was one of them,
-        else None (a ufunc, an ElementwiseKernel, an allocation: the body must run again next time).
-        Not during a capture (a graph bakes its own launches)."""
+        the handle is ``(name, packed launches, arguments)`` when every device operation of the
+        body was one of them and their arguments could be packed (``_pack``), else None (a ufunc,
+        an ElementwiseKernel, an allocation: the body must run again next time). Not during a
+        capture (a graph bakes its own launches)."""
         if self._capture_keep is not None:
             self.launch(kernel, arrays, scalars)
             return None
@@ -187,19 +225,27 @@ class CupyStream(Stream):
             _translate_and_raise(dev, exc, f"launch {kernel.name}")
             raise
         self._note(kernel.name)
-        return (kernel.name, tuple(rec.launches)) if rec.complete else None
+        if not rec.complete:
+            return None
+        packed = [_pack(dev.xp, *launch) for launch in rec.launches]
+        if any(p is None for p in packed):
+            return None
+        # the recorded arguments are kept: their arrays hold the memory the packed pointers name
+        return (kernel.name, tuple(packed), tuple(rec.launches))
 
     def relaunch(self, handle: Any) -> None:
-        """The recorded RawKernel launches again, on this stream, with the recorded arguments (the
-        same device buffers and host scalars): no kernel host code, no ``with stream``."""
+        """The recorded launches again, on this stream, through the driver's ``cuLaunchKernel`` with
+        the parameter block packed at record time (the same device buffers and host scalars): no
+        kernel host code, no ``with stream``, no argument conversion."""
         dev = self.device
         if dev._sticky is not None:
             raise dev._sticky
-        name, launches = handle
-        s = self.s
+        name, packed, _ = handle
+        s = self.s.ptr
+        go = _launch_kernel
         try:
-            for fn, grid, block, args, shared_mem in launches:
-                fn(grid, block, args, shared_mem, s)
+            for fn, gx, gy, gz, bx, by, bz, smem, params, _blob in packed:
+                go(fn, gx, gy, gz, bx, by, bz, smem, s, params, 0)
         except BaseException as exc:
             _translate_and_raise(dev, exc, f"launch {name}")
             raise
@@ -278,11 +324,12 @@ class CupyDevice(Device):
     SHARED = True  # one CUDA context per process
 
     def __init__(self, device_id: int = 0):
-        global _CUDA_ERRORS
+        global _CUDA_ERRORS, _launch_kernel
         import cupy
         from cupy.cuda import driver, runtime
 
         _CUDA_ERRORS = (runtime.CUDARuntimeError, driver.CUDADriverError)
+        _launch_kernel = driver.launchKernel
         self.xp = cupy
         self.device_id = device_id
         cupy.cuda.Device(device_id).use()
