@@ -4,7 +4,9 @@ Load: the model is checked (``model.load_model``; opsets newer than onnx knows a
 ``UnsupportedModel``), its nodes are put in topological order,
 ``Constant`` nodes and initializers become device tensors once, and every other node is matched to
 a kernel (``kernels.registry``). Any node without one is reported before anything executes,
-with op type, domain and opset (``UnsupportedModel``).
+with op type, domain and opset (``UnsupportedModel``). The model's symbolic dims (onnx's shape
+inference, contained: ``symbols``, ``symbolic_shapes``) are worked out on first need, by the
+capture planner or a second run of a step signature; a one-shot run never needs them.
 
 Run: feeds are checked against the graph's declared inputs (names, dtypes, ranks, fixed dims, and
 symbolic dims bound consistently: one symbol, one value), uploaded, then each node's output specs
@@ -157,10 +159,8 @@ class Executor:
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
-        try:
-            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model, checked=True)  # load_model checked it
-        except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
-            raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
+        self._source = model if isinstance(model, (str, os.PathLike)) else None  # named in inference errors
+        self._symbolic: "tuple[dict[str, Symbol], dict[str, tuple]] | None" = None  # on first need
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]
@@ -229,6 +229,26 @@ class Executor:
         # whose residency the pager decides per node
         self.plans: PlanCache | None = (PlanCache(self) if runtime.config.execution_plans and self.pager is None
                                         else None)
+
+    def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
+        if self._symbolic is None:
+            try:
+                self._symbolic = symbolic_shapes(self.model, checked=True)  # load_model checked it
+            except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
+                raise ModelError(f"{self._source}: {exc}" if self._source is not None else str(exc)) from None
+        return self._symbolic
+
+    @property
+    def symbols(self) -> "dict[str, Symbol]":
+        """The model's symbolic dims by name (``symbols.symbolic_shapes``). Computed on first need (the
+        capture planner, a second run of a step signature): onnx's inference, contained
+        (``inference.infer``), is not spent on a one-shot run, which never reads it."""
+        return self._symbolic_dims()[0]
+
+    @property
+    def symbolic_shapes(self) -> "dict[str, tuple[int | Symbol, ...]]":
+        """Each value's dims, ints or ``Symbol`` (see ``symbols``; computed on first need)."""
+        return self._symbolic_dims()[1]
 
     @property
     def constants(self) -> "MappingProxyType[str, np.ndarray]":
