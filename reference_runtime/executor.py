@@ -540,10 +540,13 @@ class Executor:
         arithmetic: Shape -> Gather -> Range ...), compute the outputs' host values with the same
         kernel body on numpy, so a later node that needs them (``host_inputs``) reads no device
         memory. The device still computes them; this only saves readbacks (host seams)."""
-        if all(o.value is not None for o in out_specs) or step.kernel.capture != "safe":
-            return out_specs
-        present = [sp for sp in specs if sp is not None]
-        if not present or any(sp.value is None for sp in present):
+        present = False
+        for sp in specs:  # (a plain loop: most nodes have an input the host does not know, and leave here)
+            if sp is not None:
+                if sp.value is None:
+                    return out_specs
+                present = True
+        if not present or step.kernel.capture != "safe" or all(o.value is not None for o in out_specs):
             return out_specs
         if any(math.prod(o.shape) > self.FOLD_LIMIT for o in out_specs):  # Python ints: no int64 wrap
             return out_specs

@@ -206,7 +206,8 @@ def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
 def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
     """Every tensor of the model: a known type, data matching its dims; external data (only on the
     main graph's initializers, only from inside ``base``) read in."""
-    for t, where in _graph_tensors(model.graph):
+    tensors = list(_graph_tensors(model.graph))  # one walk of the graph and its subgraphs
+    for t, where in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL and not where.startswith("initializer "):
             raise ModelError(f"{where}: external data is allowed on the graph's initializers only")
     for t in model.graph.initializer:
@@ -215,7 +216,7 @@ def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
             if base is None:
                 raise ModelError(f"{where}: external data, but the model was not loaded from a file")
             _load_external(t, where, base.resolve())
-    for t, where in _graph_tensors(model.graph):
+    for t, where in tensors:
         _check_tensor(t, where)
 
 

@@ -282,12 +282,13 @@ class Runtime:
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        what = f"{dtype_name(dtype)}{list(shape)}"  # memoised: every empty() builds it
-        self.check_allocation(nbytes, name, what)
+        if self.device.allocated_bytes + nbytes > self.memory_limit:  # (what names it only in a refusal)
+            self.check_allocation(nbytes, name, f"{dtype_name(dtype)}{list(shape)}")
         try:
             buf = self.device.malloc(nbytes)
         except MemoryAllocation as exc:  # the device itself refused (CUDA's OOM, the host's)
-            raise self._refusal(name, what, nbytes, f"the device refused it: {exc}") from exc
+            raise self._refusal(name, f"{dtype_name(dtype)}{list(shape)}", nbytes,
+                                f"the device refused it: {exc}") from exc
         self._res.live[id(buf)] = buf
         self.counters.allocations += 1
         return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)

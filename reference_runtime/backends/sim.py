@@ -81,12 +81,17 @@ def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
+_HOST_MEMORY: list[int | None] = []  # asked once per process: every runtime reads it for its budget
+
+
 def _host_memory() -> int | None:
     """The host's physical memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None
+    if not _HOST_MEMORY:
+        try:
+            _HOST_MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, OSError, ValueError):
+            _HOST_MEMORY.append(None)
+    return _HOST_MEMORY[0]
 
 
 def _backing(size: int, what: str) -> np.ndarray:
