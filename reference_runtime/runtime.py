@@ -235,6 +235,9 @@ class Runtime:
         self._enqueued = 0  # device work items enqueued (launches, copies, replays): frees batch on it
         self._free_event: Event | None = None
         self._free_mark = -1
+        # ``_enqueued`` when both streams were last drained by this runtime: while it is still that,
+        # no device work is queued, so a free goes back at once (no event: there is no reader to wait for)
+        self._drained = -1
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
         latch = self.empty((2,), np.int32, name="error_latch")
         self.error_latch: Tensor = _OwnTensor(self, latch.ref, owned=True, name="error_latch")
@@ -359,6 +362,13 @@ class Runtime:
         self._release_after_queued_work(buf)
 
     def _release_after_queued_work(self, buf: Buffer) -> None:
+        if self._drained == self._enqueued:
+            # Nothing enqueued since both streams drained: no queued work can read ``buf``, and every
+            # pending free's readers ran too. They go back first (oldest first, as ``_reap`` would).
+            self._reap()
+            self.device.free(buf)
+            self.counters.frees_released += 1
+            return
         # Frees with no device work enqueued between them share one "queued readers done" event
         # (an executor releases a step's temporaries in a batch): the set of queued readers is the same.
         if self._free_event is None or self._free_mark != self._enqueued:
@@ -496,6 +506,7 @@ class Runtime:
         self.counters.syncs_real += 1
         self.compute.synchronize()  # inside a capture: StreamCaptureUnsupported, capture invalidated
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
         self._reap()
         self._raise_if_latched()
 
@@ -513,6 +524,7 @@ class Runtime:
         self.counters.forced_syncs += 1
         self.compute.synchronize()
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
 
     @primitive(
         records=("drain_for_unmap",), barrier=True, capture="refused", kind="drain",
@@ -535,6 +547,7 @@ class Runtime:
         self.counters.drains += 1
         self.compute.synchronize()
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
         self._reap()
 
     # -- copies
@@ -592,8 +605,12 @@ class Runtime:
         self._reap()
         self._raise_if_latched()
         self.counters.downloads += 1
+        drained = self._drained == self._enqueued
         self._enqueued += 1
-        return self.device.memcpy_dtoh(t.ref, self._res.copy)
+        host = self.device.memcpy_dtoh(t.ref, self._res.copy)
+        if drained:  # the copy waited for itself on the drained copy stream: both are drained still
+            self._drained = self._enqueued
+        return host
 
     @primitive(
         records=("copy",), capture="captured", kind="runtime-copy", receiver="runtime",
