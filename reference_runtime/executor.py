@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -226,9 +227,11 @@ class Executor:
                 if name:
                     self._readers.setdefault(name, []).append(i)
         # execution plans per step signature (``reference_runtime.plan``); off with paged weights,
-        # whose residency the pager decides per node
-        self.plans: PlanCache | None = (PlanCache(self) if runtime.config.execution_plans and self.pager is None
-                                        else None)
+        # whose residency the pager decides per node. The cache names this executor through a weak
+        # proxy: no executor<->cache cycle, so a dropped executor (and its runtime, whose finalizer
+        # drains and frees) goes at once, not at the next cyclic garbage collection
+        self.plans: PlanCache | None = (PlanCache(weakref.proxy(self))
+                                        if runtime.config.execution_plans and self.pager is None else None)
 
     def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
         if self._symbolic is None:

@@ -46,6 +46,7 @@ import bisect
 import itertools
 import math
 import os
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,14 +183,22 @@ class SimGraph(Graph):
 
 
 class SimStream(Stream):
+    """A stream names its device through a weak reference (the device holds its streams): device and
+    streams form no reference cycle, so a dropped device, its memory and its race records go at
+    once, not at the next cyclic garbage collection. Whoever holds a stream holds its device too."""
+
     def __init__(self, device: "SimDevice", *, legacy: bool = False, label: str = ""):
-        self.device = device
+        self._device = weakref.ref(device)
         self.legacy = legacy
         self.index = next(device._stream_ids)
         self.label = label or ("legacy" if legacy else f"stream{self.index}")
         self.vc: dict[int, int] = {}
         self.queue: deque[_Op] = deque()
         self._capture: _Capture | None = None
+
+    @property
+    def device(self) -> "SimDevice":
+        return self._device()  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"<SimStream {self.label} queued={len(self.queue)}>"
