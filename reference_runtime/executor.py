@@ -54,13 +54,18 @@ class _Value:
     spec: Spec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class _Step:
     node: onnx.NodeProto
     info: NodeInfo
     kernel: OpKernel | None  # None: handled by the executor (Identity)
     launch: Kernel | None
     alias: bool = False  # the output is a view of input 0 (Reshape and friends): no allocation, no launch
+
+    def __init__(self, node: onnx.NodeProto, info: NodeInfo, kernel: OpKernel | None, launch: Kernel | None,
+                 alias: bool = False):
+        d = self.__dict__  # one per node at load: the frozen fields written directly (as kernels' Spec)
+        d["node"], d["info"], d["kernel"], d["launch"], d["alias"] = node, info, kernel, launch, alias
 
 
 # Ops whose output is the input's bytes under another shape: the executor makes it a view (as a

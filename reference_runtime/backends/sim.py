@@ -533,8 +533,8 @@ class SimDevice(Device):
                 )
             )
             return None
-        off = addr - m.start
-        return m.backing[off : off + nbytes].view(dtype).reshape(shape)
+        # a view of the mapping's bytes (one constructor call; the slice-view-reshape chain is three)
+        return np.ndarray(shape, dtype, buffer=m.backing, offset=addr - m.start)
 
     def _map(self, start: int, backing: np.ndarray, kind: str) -> None:
         size = backing.nbytes
