@@ -245,6 +245,10 @@ class Runtime:
         # copy that could set it (a download then skips the latch read; the answer is the same)
         self._latch_quiet = False
         self.launch(primitives.fill, self.error_latch, value=0)
+        # Nothing but that fill has touched the latch: once it runs the latch reads clear, so the
+        # first download need not read it (the next launch, replay, write or copy that may set it
+        # makes the next synchronising point read it again)
+        self._latch_quiet = True
 
     # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)
     @property
@@ -299,7 +303,7 @@ class Runtime:
     def _size_of(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> int:
         """The byte count of ``shape`` in Python ints; a negative dim, or a shape no int64 (numpy's
         size type) can count, is refused as an allocation failure, never a numpy overflow."""
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
         # numpy refuses past int64 even at size 0 (with no zero dim, the extent is the byte count)
