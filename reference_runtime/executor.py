@@ -61,11 +61,16 @@ class _Step:
     kernel: OpKernel | None  # None: handled by the executor (Identity)
     launch: Kernel | None
     alias: bool = False  # the output is a view of input 0 (Reshape and friends): no allocation, no launch
+    # node.input and node.output, read once: each read of a protobuf repeated field builds new strings
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
 
     def __init__(self, node: onnx.NodeProto, info: NodeInfo, kernel: OpKernel | None, launch: Kernel | None,
-                 alias: bool = False):
+                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None):
         d = self.__dict__  # one per node at load: the frozen fields written directly (as kernels' Spec)
         d["node"], d["info"], d["kernel"], d["launch"], d["alias"] = node, info, kernel, launch, alias
+        d["inputs"] = tuple(node.input) if inputs is None else inputs
+        d["outputs"] = tuple(node.output) if outputs is None else outputs
 
 
 # Ops whose output is the input's bytes under another shape: the executor makes it a view (as a
@@ -178,32 +183,34 @@ class Executor:
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
         unsupported: list[str] = []
+        fed = {vi.name for vi in self.inputs}
         for node in order:
+            op_type, ins, outs = node.op_type, tuple(node.input), tuple(node.output)
             domain = "" if node.domain == "ai.onnx" else node.domain
             opset = self.opsets.get(domain)
-            name = node.name or f"{node.op_type}_{next(self._names)}"
+            name = node.name or f"{op_type}_{next(self._names)}"
             if opset is None:
                 unsupported.append(f"{name}: domain {domain!r} is not imported by the model")
                 continue
             try:
                 attrs = _attrs(node, self.base_dir)
             except Exception as exc:
-                raise ModelError(f"node {name!r} ({node.op_type}): bad attribute: {exc}") from exc
-            info = NodeInfo(name, node.op_type, domain, opset, attrs, len(node.input), len(node.output))
-            if (domain, node.op_type) in EXECUTOR_OPS:
-                if node.op_type == "Constant":
-                    self._constants[node.output[0]] = self._constant_value(info)
+                raise ModelError(f"node {name!r} ({op_type}): bad attribute: {exc}") from exc
+            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins), len(outs))
+            if (domain, op_type) in EXECUTOR_OPS:
+                if op_type == "Constant":
+                    self._constants[outs[0]] = self._constant_value(info)
                 else:
-                    self.steps.append(_Step(node, info, None, None))
+                    self.steps.append(_Step(node, info, None, None, False, ins, outs))
                 continue
-            kernel = registry.lookup(domain, node.op_type, opset)
+            kernel = registry.lookup(domain, op_type, opset)
             if kernel is None:
-                unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")
+                unsupported.append(f"{name}: {registry.why_not(domain, op_type, opset)}")
                 continue
             kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
-            present = tuple(bool(i) for i in node.input)
-            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output)),
-                                    alias=self._aliases(node, domain, graph)))
+            present = tuple(bool(i) for i in ins)
+            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(outs)),
+                                    self._aliases(op_type, domain, ins, outs, fed), ins, outs))
         if unsupported:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
         self._const_values: dict[str, _Value] = {}
@@ -221,14 +228,14 @@ class Executor:
                 self._const_values[name] = self._place(value, name)
         # per step: the paged weights it reads (made resident before it launches)
         self.paged_inputs: dict[str, list[str]] = {} if self.pager is None else {
-            st.info.name: [i for i in st.node.input if i and self.pager.is_paged(i)] for st in self.steps}
+            st.info.name: [i for i in st.inputs if i and self.pager.is_paged(i)] for st in self.steps}
         if self.pager is not None:  # a view of a paged weight would escape the pager's residency
-            self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.node.input[0])
+            self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.inputs[0])
                           else st for st in self.steps]
-        self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.node.output if o}
+        self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.outputs if o}
         self._readers: dict[str, list[int]] = {}
         for i, st in enumerate(self.steps):
-            for name in st.node.input:
+            for name in st.inputs:
                 if name:
                     self._readers.setdefault(name, []).append(i)
         # execution plans per step signature (``reference_runtime.plan``); off with paged weights,
@@ -263,10 +270,11 @@ class Executor:
         """The model's constant values (initializers and Constant nodes) on the host, read-only."""
         return MappingProxyType(self._constants)
 
-    def _aliases(self, node: onnx.NodeProto, domain: str, graph: onnx.GraphProto) -> bool:
-        if domain != "" or node.op_type not in ALIAS_OPS or not node.input or not node.input[0]:
+    def _aliases(self, op_type: str, domain: str, ins: tuple[str, ...], outs: tuple[str, ...], fed: set[str]) -> bool:
+        """Whether the node's output is a view of its input (``ALIAS_OPS``; ``fed``: the graph's inputs)."""
+        if domain != "" or op_type not in ALIAS_OPS or not ins or not ins[0]:
             return False
-        return node.input[0] not in {vi.name for vi in self.inputs} and node.output[0] not in self.outputs
+        return ins[0] not in fed and outs[0] not in self.outputs
 
     def _constant_value(self, info: NodeInfo) -> np.ndarray:
         a = info.attrs
@@ -461,12 +469,12 @@ class Executor:
         persistent buffers (segmented capture: a seam writes a value a captured segment reads into
         the buffer that segment's graph baked)."""
         step = self.steps[i]
-        node, info, rt = step.node, step.info, self.runtime
+        info, rt = step.info, self.runtime
         env = run.env
         temps = run.temps if temps is None else temps
-        values = [env[n] if n else None for n in node.input]
+        values = [env[n] if n else None for n in step.inputs]
         if step.kernel is None:  # Identity: alias, no launch
-            env[node.output[0]] = values[0]  # type: ignore[assignment]
+            env[step.outputs[0]] = values[0]  # type: ignore[assignment]
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
         rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
@@ -486,14 +494,14 @@ class Executor:
         call = info.for_run(tuple(out_specs), host, checks)
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
-        if step.alias and not (persist and node.output[0] in persist):
+        if step.alias and not (persist and step.outputs[0] in persist):
             src = values[0].tensor  # type: ignore[union-attr]
             spec = out_specs[0]
-            view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=node.output[0])
-            env[node.output[0]] = _Value(view, spec)
+            view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=step.outputs[0])
+            env[step.outputs[0]] = _Value(view, spec)
             return  # a view of its input: no allocation, no launch (as a real runtime's Reshape)
         outs: list[Tensor] = []
-        for name, spec in zip(node.output, out_specs):
+        for name, spec in zip(step.outputs, out_specs):
             bound = run.bind.get(name)
             held = persist.get(name) if persist else None
             if bound is not None:
