@@ -475,9 +475,8 @@ class SimDevice(Device):
 
     def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
         arrays = []
-        what = f"kernel {kernel.name!r}"
         for ref in refs:
-            view = self._resolve_or_fault(ref, what, stream)
+            view = self._resolve_or_fault(ref, kernel, stream)
             if view is None:
                 return
             arrays.append(view)
@@ -515,17 +514,23 @@ class SimDevice(Device):
         return DEFAULT_MEMORY_CAP if not host else min(DEFAULT_MEMORY_CAP, host // 4)
 
     def _lookup(self, addr: int, nbytes: int) -> _Mapping | None:
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0:
-            return None
-        m = self._maps[self._starts[i]]
+        m = self._maps.get(addr)  # most names are a mapping's first byte (mappings never overlap)
+        if m is None:
+            i = bisect.bisect_right(self._starts, addr) - 1
+            if i < 0:
+                return None
+            m = self._maps[self._starts[i]]
         return m if addr + nbytes <= m.start + m.size else None
 
-    def _resolve_or_fault(self, ref, what: str, stream) -> np.ndarray | None:
+    def _resolve_or_fault(self, ref, what: "str | Kernel", stream) -> np.ndarray | None:
+        """The array at ``ref`` now, or None after latching ``IllegalAddress`` naming ``what`` (the
+        operation, or the kernel: its message is built only when it faults)."""
         addr, shape, dtype = ref
         nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         if m is None:
+            if isinstance(what, Kernel):
+                what = f"kernel {what.name!r}"
             self._latch(
                 IllegalAddress(
                     f"{what} on {stream.label} touched 0x{addr:x}..0x{addr + nbytes:x}, which is not mapped",
