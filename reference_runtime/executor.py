@@ -93,27 +93,28 @@ def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
     return out
 
 
-def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto]:
-    """The nodes in waves: each wave is every node (in graph order) whose inputs are all known or
-    produced by earlier waves. Linear in nodes and edges (a chain of n nodes is n waves)."""
-    nodes = list(graph.node)
+def _topological(graph: onnx.GraphProto, known: set[str], io: list[tuple[tuple[str, ...], tuple[str, ...]]]
+                 ) -> list[int]:
+    """The indices of the graph's nodes in waves: each wave is every node (in graph order) whose
+    inputs are all known or produced by earlier waves. Linear in nodes and edges (a chain of n
+    nodes is n waves). ``io``: each node's (inputs, outputs), read from the protobuf once."""
     produced = set(known)
     waiting: dict[str, list[int]] = {}  # a value not produced yet -> the nodes waiting for it
-    missing = [0] * len(nodes)  # per node: how many of its (distinct) inputs are not produced yet
+    missing = [0] * len(io)  # per node: how many of its (distinct) inputs are not produced yet
     wave: list[int] = []
-    for k, n in enumerate(nodes):
-        need = {i for i in n.input if i and i not in produced}
+    for k, (ins, _) in enumerate(io):
+        need = {i for i in ins if i and i not in produced}
         missing[k] = len(need)
         for i in need:
             waiting.setdefault(i, []).append(k)
         if not need:
             wave.append(k)
-    order: list[onnx.NodeProto] = []
+    order: list[int] = []
     while wave:
         following: list[int] = []
         for k in wave:
-            order.append(nodes[k])
-            for o in nodes[k].output:
+            order.append(k)
+            for o in io[k][1]:
                 if o and o not in produced:
                     produced.add(o)
                     for j in waiting.pop(o, ()):
@@ -121,10 +122,10 @@ def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto
                         if not missing[j]:
                             following.append(j)
         wave = sorted(following)
-    if len(order) < len(nodes):
-        scheduled = {id(n) for n in order}
-        pending = [n for n in nodes if id(n) not in scheduled]
-        missing_names = sorted({i for n in pending for i in n.input if i and i not in produced})
+    if len(order) < len(io):
+        scheduled = set(order)
+        missing_names = sorted({i for k, (ins, _) in enumerate(io) if k not in scheduled
+                                for i in ins if i and i not in produced})
         raise ModelError(f"graph {graph.name!r}: inputs {missing_names[:5]} are never produced (cycle or dangling edge)")
     return order
 
@@ -179,13 +180,16 @@ class Executor:
                    if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.STRING]
         if strings:
             raise UnsupportedModel("string tensors cannot live in device memory", strings)
-        order = _topological(graph, init_names | {vi.name for vi in graph.input})
+        nodes = list(graph.node)
+        io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
+        order = _topological(graph, init_names | {vi.name for vi in graph.input}, io)
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
         unsupported: list[str] = []
         fed = {vi.name for vi in self.inputs}
-        for node in order:
-            op_type, ins, outs = node.op_type, tuple(node.input), tuple(node.output)
+        for k in order:
+            node, (ins, outs) = nodes[k], io[k]
+            op_type = node.op_type
             domain = "" if node.domain == "ai.onnx" else node.domain
             opset = self.opsets.get(domain)
             name = node.name or f"{op_type}_{next(self._names)}"

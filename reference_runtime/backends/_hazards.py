@@ -35,14 +35,15 @@ class Access:
     lo: int
     hi: int
     write: bool
-    what: str  # the operation (its message is built only when it races: ``who``)
+    what: Any  # the operation's words, or the kernel (the message is built only when it races: ``who``)
     stream: int
     vc: VC
     label: str = ""
 
     @property
     def who(self) -> str:
-        return f"{self.what} on {self.label}"
+        what = self.what if isinstance(self.what, str) else f"kernel {self.what.name!r}"
+        return f"{what} on {self.label}"
 
     def before(self, vc: VC) -> bool:
         return self.vc[self.stream] <= vc.get(self.stream, 0)

@@ -134,9 +134,9 @@ def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
     return (ref.addr, tuple(ref.shape), np.dtype(ref.dtype))
 
 
-def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
-    n, who, writes = len(refs), f"kernel {kernel.name!r}", kernel.writes
-    return [(who, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
+def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[Kernel, tuple, bool]]:
+    n, writes = len(refs), kernel.writes  # the kernel names the accesses (``Access.who`` words it)
+    return [(kernel, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
 
 
 class SimEvent(Event):
