@@ -21,7 +21,8 @@ __all__ = ["erf", "int_div", "mod", "power", "bitshift", "is_int", "is_signed", 
 def kind(dtype: Any) -> str:
     """numpy's dtype kind, with ml_dtypes' bfloat16 (kind 'V') counted as a float ('f')."""
     dt = np.dtype(dtype)
-    return "f" if dt.name == "bfloat16" else dt.kind
+    kind = dt.kind  # (numpy builds .name in Python: read only for the kind bfloat16 has)
+    return "f" if kind == "V" and dt.name == "bfloat16" else kind
 
 
 def is_int(dtype: Any) -> bool:

@@ -4,7 +4,9 @@ Load: the model is checked (``model.load_model``; opsets newer than onnx knows a
 ``UnsupportedModel``), its nodes are put in topological order,
 ``Constant`` nodes and initializers become device tensors once, and every other node is matched to
 a kernel (``kernels.registry``). Any node without one is reported before anything executes,
-with op type, domain and opset (``UnsupportedModel``).
+with op type, domain and opset (``UnsupportedModel``). The model's symbolic dims (onnx's shape
+inference, contained: ``symbols``, ``symbolic_shapes``) are worked out on first need, by the
+capture planner or a second run of a step signature; a one-shot run never needs them.
 
 Run: feeds are checked against the graph's declared inputs (names, dtypes, ranks, fixed dims, and
 symbolic dims bound consistently: one symbol, one value), uploaded, then each node's output specs
@@ -19,6 +21,7 @@ import dataclasses
 import itertools
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -51,13 +54,23 @@ class _Value:
     spec: Spec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class _Step:
     node: onnx.NodeProto
     info: NodeInfo
     kernel: OpKernel | None  # None: handled by the executor (Identity)
     launch: Kernel | None
     alias: bool = False  # the output may be a view of input 0 (``is_view``): no allocation, no launch
+    # node.input and node.output, read once: each read of a protobuf repeated field builds new strings
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def __init__(self, node: onnx.NodeProto, info: NodeInfo, kernel: OpKernel | None, launch: Kernel | None,
+                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None):
+        d = self.__dict__  # one per node at load: the frozen fields written directly (as kernels' Spec)
+        d["node"], d["info"], d["kernel"], d["launch"], d["alias"] = node, info, kernel, launch, alias
+        d["inputs"] = tuple(node.input) if inputs is None else inputs
+        d["outputs"] = tuple(node.output) if outputs is None else outputs
 
     def is_view(self, spec: "Spec | None") -> bool:
         """Whether this run's output is a view of input 0 (of ``spec``): always for the Reshape
@@ -94,27 +107,28 @@ def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
     return out
 
 
-def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto]:
-    """The nodes in waves: each wave is every node (in graph order) whose inputs are all known or
-    produced by earlier waves. Linear in nodes and edges (a chain of n nodes is n waves)."""
-    nodes = list(graph.node)
+def _topological(graph: onnx.GraphProto, known: set[str], io: list[tuple[tuple[str, ...], tuple[str, ...]]]
+                 ) -> list[int]:
+    """The indices of the graph's nodes in waves: each wave is every node (in graph order) whose
+    inputs are all known or produced by earlier waves. Linear in nodes and edges (a chain of n
+    nodes is n waves). ``io``: each node's (inputs, outputs), read from the protobuf once."""
     produced = set(known)
     waiting: dict[str, list[int]] = {}  # a value not produced yet -> the nodes waiting for it
-    missing = [0] * len(nodes)  # per node: how many of its (distinct) inputs are not produced yet
+    missing = [0] * len(io)  # per node: how many of its (distinct) inputs are not produced yet
     wave: list[int] = []
-    for k, n in enumerate(nodes):
-        need = {i for i in n.input if i and i not in produced}
+    for k, (ins, _) in enumerate(io):
+        need = {i for i in ins if i and i not in produced}
         missing[k] = len(need)
         for i in need:
             waiting.setdefault(i, []).append(k)
         if not need:
             wave.append(k)
-    order: list[onnx.NodeProto] = []
+    order: list[int] = []
     while wave:
         following: list[int] = []
         for k in wave:
-            order.append(nodes[k])
-            for o in nodes[k].output:
+            order.append(k)
+            for o in io[k][1]:
                 if o and o not in produced:
                     produced.add(o)
                     for j in waiting.pop(o, ()):
@@ -122,10 +136,10 @@ def _topological(graph: onnx.GraphProto, known: set[str]) -> list[onnx.NodeProto
                         if not missing[j]:
                             following.append(j)
         wave = sorted(following)
-    if len(order) < len(nodes):
-        scheduled = {id(n) for n in order}
-        pending = [n for n in nodes if id(n) not in scheduled]
-        missing_names = sorted({i for n in pending for i in n.input if i and i not in produced})
+    if len(order) < len(io):
+        scheduled = set(order)
+        missing_names = sorted({i for k, (ins, _) in enumerate(io) if k not in scheduled
+                                for i in ins if i and i not in produced})
         raise ModelError(f"graph {graph.name!r}: inputs {missing_names[:5]} are never produced (cycle or dangling edge)")
     return order
 
@@ -171,10 +185,8 @@ class Executor:
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
-        try:
-            self.symbols, self.symbolic_shapes = symbolic_shapes(self.model, checked=True)  # load_model checked it
-        except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
-            raise ModelError(f"{model}: {exc}" if isinstance(model, (str, os.PathLike)) else str(exc)) from None
+        self._source = model if isinstance(model, (str, os.PathLike)) else None  # named in inference errors
+        self._symbolic: "tuple[dict[str, Symbol], dict[str, tuple]] | None" = None  # on first need
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]
@@ -182,36 +194,41 @@ class Executor:
                    if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.STRING]
         if strings:
             raise UnsupportedModel("string tensors cannot live in device memory", strings)
-        order = _topological(graph, init_names | {vi.name for vi in graph.input})
+        nodes = list(graph.node)
+        io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
+        order = _topological(graph, init_names | {vi.name for vi in graph.input}, io)
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
         unsupported: list[str] = []
-        for node in order:
+        fed = {vi.name for vi in self.inputs}
+        for k in order:
+            node, (ins, outs) = nodes[k], io[k]
+            op_type = node.op_type
             domain = "" if node.domain == "ai.onnx" else node.domain
             opset = self.opsets.get(domain)
-            name = node.name or f"{node.op_type}_{next(self._names)}"
+            name = node.name or f"{op_type}_{next(self._names)}"
             if opset is None:
                 unsupported.append(f"{name}: domain {domain!r} is not imported by the model")
                 continue
             try:
                 attrs = _attrs(node, self.base_dir)
             except Exception as exc:
-                raise ModelError(f"node {name!r} ({node.op_type}): bad attribute: {exc}") from exc
-            info = NodeInfo(name, node.op_type, domain, opset, attrs, len(node.input), len(node.output))
-            if (domain, node.op_type) in EXECUTOR_OPS:
-                if node.op_type == "Constant":
-                    self._constants[node.output[0]] = self._constant_value(info)
+                raise ModelError(f"node {name!r} ({op_type}): bad attribute: {exc}") from exc
+            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins), len(outs))
+            if (domain, op_type) in EXECUTOR_OPS:
+                if op_type == "Constant":
+                    self._constants[outs[0]] = self._constant_value(info)
                 else:
-                    self.steps.append(_Step(node, info, None, None))
+                    self.steps.append(_Step(node, info, None, None, False, ins, outs))
                 continue
-            kernel = registry.lookup(domain, node.op_type, opset)
+            kernel = registry.lookup(domain, op_type, opset)
             if kernel is None:
-                unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")
+                unsupported.append(f"{name}: {registry.why_not(domain, op_type, opset)}")
                 continue
             kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
-            present = tuple(bool(i) for i in node.input)
-            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(node.output)),
-                                    alias=self._aliases(node, domain, graph)))
+            present = tuple(bool(i) for i in ins)
+            self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(outs)),
+                                    self._aliases(op_type, domain, ins, outs, fed), ins, outs))
         if unsupported:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
         self._const_values: dict[str, _Value] = {}
@@ -229,30 +246,53 @@ class Executor:
                 self._const_values[name] = self._place(value, name)
         # per step: the paged weights it reads (made resident before it launches)
         self.paged_inputs: dict[str, list[str]] = {} if self.pager is None else {
-            st.info.name: [i for i in st.node.input if i and self.pager.is_paged(i)] for st in self.steps}
+            st.info.name: [i for i in st.inputs if i and self.pager.is_paged(i)] for st in self.steps}
         if self.pager is not None:  # a view of a paged weight would escape the pager's residency
-            self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.node.input[0])
+            self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.inputs[0])
                           else st for st in self.steps]
-        self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.node.output if o}
+        self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.outputs if o}
         self._readers: dict[str, list[int]] = {}
         for i, st in enumerate(self.steps):
-            for name in st.node.input:
+            for name in st.inputs:
                 if name:
                     self._readers.setdefault(name, []).append(i)
         # execution plans per step signature (``reference_runtime.plan``); off with paged weights,
-        # whose residency the pager decides per node
-        self.plans: PlanCache | None = (PlanCache(self) if runtime.config.execution_plans and self.pager is None
-                                        else None)
+        # whose residency the pager decides per node. The cache names this executor through a weak
+        # proxy: no executor<->cache cycle, so a dropped executor (and its runtime, whose finalizer
+        # drains and frees) goes at once, not at the next cyclic garbage collection
+        self.plans: PlanCache | None = (PlanCache(weakref.proxy(self))
+                                        if runtime.config.execution_plans and self.pager is None else None)
+
+    def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
+        if self._symbolic is None:
+            try:
+                self._symbolic = symbolic_shapes(self.model, checked=True)  # load_model checked it
+            except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
+                raise ModelError(f"{self._source}: {exc}" if self._source is not None else str(exc)) from None
+        return self._symbolic
+
+    @property
+    def symbols(self) -> "dict[str, Symbol]":
+        """The model's symbolic dims by name (``symbols.symbolic_shapes``). Computed on first need (the
+        capture planner, a second run of a step signature): onnx's inference, contained
+        (``inference.infer``), is not spent on a one-shot run, which never reads it."""
+        return self._symbolic_dims()[0]
+
+    @property
+    def symbolic_shapes(self) -> "dict[str, tuple[int | Symbol, ...]]":
+        """Each value's dims, ints or ``Symbol`` (see ``symbols``; computed on first need)."""
+        return self._symbolic_dims()[1]
 
     @property
     def constants(self) -> "MappingProxyType[str, np.ndarray]":
         """The model's constant values (initializers and Constant nodes) on the host, read-only."""
         return MappingProxyType(self._constants)
 
-    def _aliases(self, node: onnx.NodeProto, domain: str, graph: onnx.GraphProto) -> bool:
-        if domain != "" or node.op_type not in ALIAS_OPS or not node.input or not node.input[0]:
+    def _aliases(self, op_type: str, domain: str, ins: tuple[str, ...], outs: tuple[str, ...], fed: set[str]) -> bool:
+        """Whether the node's output is a view of its input (``ALIAS_OPS``; ``fed``: the graph's inputs)."""
+        if domain != "" or op_type not in ALIAS_OPS or not ins or not ins[0]:
             return False
-        return node.input[0] not in {vi.name for vi in self.inputs} and node.output[0] not in self.outputs
+        return ins[0] not in fed and outs[0] not in self.outputs
 
     def _constant_value(self, info: NodeInfo) -> np.ndarray:
         a = info.attrs
@@ -447,12 +487,12 @@ class Executor:
         persistent buffers (segmented capture: a seam writes a value a captured segment reads into
         the buffer that segment's graph baked)."""
         step = self.steps[i]
-        node, info, rt = step.node, step.info, self.runtime
+        info, rt = step.info, self.runtime
         env = run.env
         temps = run.temps if temps is None else temps
-        values = [env[n] if n else None for n in node.input]
+        values = [env[n] if n else None for n in step.inputs]
         if step.kernel is None:  # Identity: alias, no launch
-            env[node.output[0]] = values[0]  # type: ignore[assignment]
+            env[step.outputs[0]] = values[0]  # type: ignore[assignment]
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
         rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
@@ -472,14 +512,14 @@ class Executor:
         call = info.for_run(tuple(out_specs), host, checks)
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
-        if step.alias and not (persist and node.output[0] in persist) and step.is_view(specs[0]):
+        if step.alias and not (persist and step.outputs[0] in persist) and step.is_view(specs[0]):
             src = values[0].tensor  # type: ignore[union-attr]
             spec = out_specs[0]
-            view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=node.output[0])
-            env[node.output[0]] = _Value(view, spec)
+            view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=step.outputs[0])
+            env[step.outputs[0]] = _Value(view, spec)
             return  # a view of its input: no allocation, no launch (as a real runtime's Reshape)
         outs: list[Tensor] = []
-        for name, spec in zip(node.output, out_specs):
+        for name, spec in zip(step.outputs, out_specs):
             bound = run.bind.get(name)
             held = persist.get(name) if persist else None
             if bound is not None:
@@ -535,10 +575,13 @@ class Executor:
         arithmetic: Shape -> Gather -> Range ...), compute the outputs' host values with the same
         kernel body on numpy, so a later node that needs them (``host_inputs``) reads no device
         memory. The device still computes them; this only saves readbacks (host seams)."""
-        if all(o.value is not None for o in out_specs) or step.kernel.capture != "safe":
-            return out_specs
-        present = [sp for sp in specs if sp is not None]
-        if not present or any(sp.value is None for sp in present):
+        present = False
+        for sp in specs:  # (a plain loop: most nodes have an input the host does not know, and leave here)
+            if sp is not None:
+                if sp.value is None:
+                    return out_specs
+                present = True
+        if not present or step.kernel.capture != "safe" or all(o.value is not None for o in out_specs):
             return out_specs
         if any(math.prod(o.shape) > self.FOLD_LIMIT for o in out_specs):  # Python ints: no int64 wrap
             return out_specs

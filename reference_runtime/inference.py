@@ -65,22 +65,22 @@ def _nodes(graph: onnx.GraphProto):
 def check_for_inference(model: onnx.ModelProto) -> None:
     """Refuse the attribute values that crash onnx's shape inference, naming node and attribute."""
     for i, node in enumerate(_nodes(model.graph)):
-        name = node.name or f"{node.op_type}_{i}"
         for a in node.attribute:
             bad = None
-            if a.name in ("axis", "batch_dims") and a.type == onnx.AttributeProto.INT:
-                lo = 0 if a.name == "batch_dims" else -MAX_AXIS
+            key = a.name  # (read once: a protobuf field read is not free, and most attributes are none of these)
+            if key in ("axis", "batch_dims") and a.type == onnx.AttributeProto.INT:
+                lo = 0 if key == "batch_dims" else -MAX_AXIS
                 if not lo <= a.i <= MAX_AXIS:
                     bad = (a.i, f"{lo}..{MAX_AXIS}")
-            elif a.name == "num_outputs" and a.type == onnx.AttributeProto.INT and not 1 <= a.i <= MAX_OUTPUTS:
+            elif key == "num_outputs" and a.type == onnx.AttributeProto.INT and not 1 <= a.i <= MAX_OUTPUTS:
                 bad = (a.i, f"1..{MAX_OUTPUTS}")  # Split: onnx's inference allocates that many outputs
-            elif a.name == "axes" and a.type == onnx.AttributeProto.INTS:
+            elif key == "axes" and a.type == onnx.AttributeProto.INTS:
                 out = [v for v in a.ints if not -MAX_AXIS <= v <= MAX_AXIS]
                 if out:
                     bad = (out[0], f"-{MAX_AXIS}..{MAX_AXIS}")
             if bad is not None:
-                raise ModelError(f"node {name!r} ({node.op_type}): attribute {a.name!r} is {bad[0]}; "
-                                 f"allowed: {bad[1]}")
+                raise ModelError(f"node {node.name or f'{node.op_type}_{i}'!r} ({node.op_type}): attribute "
+                                 f"{key!r} is {bad[0]}; allowed: {bad[1]}")
 
 
 def _slim(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -139,11 +139,10 @@ _HOLDS_TENSORS = frozenset({onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENS
 def _attribute_tensors(graph: onnx.GraphProto, where: str):
     """(tensor, description) for every tensor held in a node attribute, subgraphs included."""
     for i, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{i}"
         for a in node.attribute:
             if a.type not in _HOLDS_TENSORS:
                 continue
-            at = f"{where}node {name!r} ({node.op_type}) attribute {a.name!r}"
+            at = f"{where}node {node.name or f'{node.op_type}_{i}'!r} ({node.op_type}) attribute {a.name!r}"
             if a.type == onnx.AttributeProto.TENSOR:
                 yield a.t, at
             elif a.type == onnx.AttributeProto.TENSORS:
@@ -206,7 +205,8 @@ def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
 def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
     """Every tensor of the model: a known type, data matching its dims; external data (only on the
     main graph's initializers, only from inside ``base``) read in."""
-    for t, where in _graph_tensors(model.graph):
+    tensors = list(_graph_tensors(model.graph))  # one walk of the graph and its subgraphs
+    for t, where in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL and not where.startswith("initializer "):
             raise ModelError(f"{where}: external data is allowed on the graph's initializers only")
     for t in model.graph.initializer:
@@ -215,7 +215,7 @@ def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
             if base is None:
                 raise ModelError(f"{where}: external data, but the model was not loaded from a file")
             _load_external(t, where, base.resolve())
-    for t, where in _graph_tensors(model.graph):
+    for t, where in tensors:
         _check_tensor(t, where)
 
 
@@ -223,18 +223,19 @@ _TYPE_STRING = 9  # google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
 _TYPE_MESSAGE = 11  # FieldDescriptor.TYPE_MESSAGE
 
 
-def _check_text(msg: Any, path: str = "model") -> None:
+def _check_text(msg: Any, path: str = "model", data: bytes | None = None) -> None:
     """Every text field must be UTF-8: protobuf parses ONNX's (proto2) strings unchecked and hands an
     invalid one back as bytes (or raises ``UnicodeDecodeError``) when it is read, which would be
     anywhere later (assigning it to another message raises). Reads each once.
 
     Fast path: the message's bytes parse as its ``_verifying`` twin, which checks every string's
     UTF-8 in protobuf's own parser; only a message that fails that is walked field by field (the
-    walk finds and names the field, or finds nothing when the parse failed for another reason)."""
+    walk finds and names the field, or finds nothing when the parse failed for another reason).
+    ``data``: the message's bytes, when the caller has them already."""
     twin = _verifying(msg.DESCRIPTOR)
     if twin is not None:
         try:
-            twin.FromString(msg.SerializeToString())
+            twin.FromString(msg.SerializeToString() if data is None else data)
             return
         except Exception:  # noqa: BLE001 - invalid UTF-8 (or anything else): the walk decides
             pass
@@ -326,11 +327,12 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         base_dir = str(path.parent)
     where = f"{src}: " if base_dir is not None else ""
     try:
-        _check_text(model)
+        data = model.SerializeToString()  # parsed by the UTF-8 check and by onnx.checker: serialised once
+        _check_text(model, data=data)
         _check_tensors(model, None if base_dir is None else Path(base_dir))
         if check:
-            try:
-                onnx.checker.check_model(model)
+            try:  # (external data read in since changes the bytes: those models are serialised again)
+                onnx.checker.check_model(data if base_dir is None else model)
             except Exception as exc:
                 raise ModelError(f"model fails onnx.checker: {exc}") from exc
             from .inference import check_for_inference

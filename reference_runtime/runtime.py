@@ -235,6 +235,9 @@ class Runtime:
         self._enqueued = 0  # device work items enqueued (launches, copies, replays): frees batch on it
         self._free_event: Event | None = None
         self._free_mark = -1
+        # ``_enqueued`` when both streams were last drained by this runtime: while it is still that,
+        # no device work is queued, so a free goes back at once (no event: there is no reader to wait for)
+        self._drained = -1
         self._finalizer = weakref.finalize(self, type(self)._release_resources, self._res)
         latch = self.empty((2,), np.int32, name="error_latch")
         self.error_latch: Tensor = _OwnTensor(self, latch.ref, owned=True, name="error_latch")
@@ -242,6 +245,10 @@ class Runtime:
         # copy that could set it (a download then skips the latch read; the answer is the same)
         self._latch_quiet = False
         self.launch(primitives.fill, self.error_latch, value=0)
+        # Nothing but that fill has touched the latch: once it runs the latch reads clear, so the
+        # first download need not read it (the next launch, replay, write or copy that may set it
+        # makes the next synchronising point read it again)
+        self._latch_quiet = True
 
     # -- streams (watched proxies under sync-debug: their synchronize() is recorded outside barriers)
     @property
@@ -282,12 +289,13 @@ class Runtime:
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        what = f"{dtype_name(dtype)}{list(shape)}"  # memoised: every empty() builds it
-        self.check_allocation(nbytes, name, what)
+        if self.device.allocated_bytes + nbytes > self.memory_limit:  # (what names it only in a refusal)
+            self.check_allocation(nbytes, name, f"{dtype_name(dtype)}{list(shape)}")
         try:
             buf = self.device.malloc(nbytes)
         except MemoryAllocation as exc:  # the device itself refused (CUDA's OOM, the host's)
-            raise self._refusal(name, what, nbytes, f"the device refused it: {exc}") from exc
+            raise self._refusal(name, f"{dtype_name(dtype)}{list(shape)}", nbytes,
+                                f"the device refused it: {exc}") from exc
         self._res.live[id(buf)] = buf
         self.counters.allocations += 1
         return Tensor(self, ArrayRef(buf, shape, dtype), owned=True, name=name)
@@ -295,7 +303,7 @@ class Runtime:
     def _size_of(self, shape: tuple[int, ...], dtype: np.dtype, name: str) -> int:
         """The byte count of ``shape`` in Python ints; a negative dim, or a shape no int64 (numpy's
         size type) can count, is refused as an allocation failure, never a numpy overflow."""
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
         # numpy refuses past int64 even at size 0 (with no zero dim, the extent is the byte count)
@@ -358,6 +366,13 @@ class Runtime:
         self._release_after_queued_work(buf)
 
     def _release_after_queued_work(self, buf: Buffer) -> None:
+        if self._drained == self._enqueued:
+            # Nothing enqueued since both streams drained: no queued work can read ``buf``, and every
+            # pending free's readers ran too. They go back first (oldest first, as ``_reap`` would).
+            self._reap()
+            self.device.free(buf)
+            self.counters.frees_released += 1
+            return
         # Frees with no device work enqueued between them share one "queued readers done" event
         # (an executor releases a step's temporaries in a batch): the set of queued readers is the same.
         if self._free_event is None or self._free_mark != self._enqueued:
@@ -495,6 +510,7 @@ class Runtime:
         self.counters.syncs_real += 1
         self.compute.synchronize()  # inside a capture: StreamCaptureUnsupported, capture invalidated
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
         self._reap()
         self._raise_if_latched()
 
@@ -512,6 +528,7 @@ class Runtime:
         self.counters.forced_syncs += 1
         self.compute.synchronize()
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
 
     @primitive(
         records=("drain_for_unmap",), barrier=True, capture="refused", kind="drain",
@@ -534,6 +551,7 @@ class Runtime:
         self.counters.drains += 1
         self.compute.synchronize()
         self.copy_stream.synchronize()
+        self._drained = self._enqueued
         self._reap()
 
     # -- copies
@@ -591,8 +609,12 @@ class Runtime:
         self._reap()
         self._raise_if_latched()
         self.counters.downloads += 1
+        drained = self._drained == self._enqueued
         self._enqueued += 1
-        return self.device.memcpy_dtoh(t.ref, self._res.copy)
+        host = self.device.memcpy_dtoh(t.ref, self._res.copy)
+        if drained:  # the copy waited for itself on the drained copy stream: both are drained still
+            self._drained = self._enqueued
+        return host
 
     @primitive(
         records=("copy",), capture="captured", kind="runtime-copy", receiver="runtime",

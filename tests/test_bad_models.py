@@ -81,11 +81,14 @@ def test_a_split_into_two_billion_outputs_is_refused_by_name(runtime):
 
 @pytest.mark.parametrize("model", [_gathernd(), _layernorm()], ids=["gathernd", "layernorm"])
 def test_an_inference_crash_past_the_checks_is_contained(monkeypatch, model):
-    """Without the pre-check the crash happens, in the worker child, and is a ModelError here."""
+    """Without the pre-check the crash happens, in the worker child, and is a ModelError here. What
+    onnx's inference does with these attributes is undefined: it reads past its buffers and either
+    segfaults or asks for an absurd allocation, depending on the heap the worker inherited at its
+    fork (the order tests ran in); both end the child and are contained."""
     if not hasattr(os, "fork"):
         pytest.fail("this platform has no fork: inference runs in-process and this test cannot check containment")
     monkeypatch.setattr(inference, "check_for_inference", lambda m: None)
-    with pytest.raises(ModelError, match=r"onnx shape inference crashed on this model \(SIGSEGV\)"):
+    with pytest.raises(ModelError, match=r"onnx shape inference (crashed on this model \(SIGSEGV\)|needed more than \d+ MiB)"):
         symbolic_shapes(model)
     assert symbolic_shapes(_layernorm(axis=-1))[1]["y"] == (2, 3, 4), "a fresh worker serves the next model"
 

@@ -60,10 +60,14 @@ def test_counters():
     rt.copy(y, x)
     assert rt.download(y).tolist() == [1.0] * 4
     assert (c.forced_syncs, c.downloads, c.drains) == (2, 1, 0)
-    rt.free(x)
-    assert (c.frees, c.frees_released, rt.pending_frees) == (1, 0, 1)
+    rt.free(x)  # nothing enqueued since the download drained both streams: back at once
+    assert (c.frees, c.frees_released, rt.pending_frees) == (1, 1, 0)
+    w = rt.empty(4)
+    rt.launch(P.fill, w, value=2.0)  # queued: w's free waits for it
+    rt.free(w)
+    assert (c.frees, c.frees_released, rt.pending_frees) == (2, 1, 1)
     rt.drain_for_unmap()
-    assert (c.drains, c.frees_released, rt.pending_frees) == (1, 1, 0)
+    assert (c.drains, c.frees_released, rt.pending_frees) == (1, 2, 0)
     rt.begin_capture("verify")
     rt.launch(P.accumulate, y, y)
     rt.end_capture("verify")
@@ -71,7 +75,7 @@ def test_counters():
     rt.replay(GraphSlot.VERIFY)
     rt.begin_capture("primary")
     rt.abort_capture("primary")
-    assert (c.launches, c.captured_launches, c.captures, c.replays, c.capture_aborts) == (3, 1, 1, 2, 1)
+    assert (c.launches, c.captured_launches, c.captures, c.replays, c.capture_aborts) == (4, 1, 1, 2, 1)
     assert c.captures_by_slot == {"primary": 0, "verify": 1}
     assert c.replays_by_slot == {"primary": 0, "verify": 2}
     assert rt.download(y).tolist() == [4.0] * 4
@@ -173,6 +177,36 @@ def test_close_is_idempotent_and_frees_everything():
     assert dev._maps[va].kind == "vmm"  # memory the runtime does not own stays
     rt.close()
     assert pool_mappings(dev) == [] and dev.sticky_error is None
+
+
+def test_a_free_with_nothing_queued_since_a_drain_goes_back_at_once(device_name, make_runtime):
+    """Guarantee (``Runtime.free``: stream-ordered release): memory goes back once every queued
+    reader ran. Right after a drain (a download, drain_for_unmap, a real synchronize) nothing is
+    queued, so a free gives the memory back at once, after the frees still pending (oldest first);
+    once work is enqueued again a free waits for it (an event), and the pool does not hand the
+    memory out while a queued kernel may read it. Same outcome on every device."""
+    rt = make_runtime()
+    c = rt.counters
+    a = rt.upload(np.ones(4, np.float32))
+    b = rt.empty(4)
+    rt.launch(P.accumulate, b, a)  # queued: reads a
+    rt.free(a)
+    assert (c.frees_released, rt.pending_frees) == (0, 1), "a queued kernel reads a: its free waits"
+    out = rt.empty(4)
+    rt.launch(P.fill, out, value=3.0)
+    assert rt.download(out).tolist() == [3.0] * 4  # drains both streams
+    released = c.frees_released
+    rt.free(b)
+    assert (c.frees_released, rt.pending_frees) == (released + 1, 0), "nothing queued since the drain"
+    x = rt.upload(np.full(4, 2.0, np.float32))
+    y = rt.empty(4)
+    rt.launch(P.fill, y, value=0.0)
+    rt.launch(P.accumulate, y, x)  # queued: reads x
+    rt.free(x)
+    assert rt.pending_frees == 1, "work was enqueued after the drain: the free waits for it"
+    z = rt.upload(np.full(4, 9.0, np.float32))  # must not be handed x's memory while the kernel may read it
+    assert rt.download(y).tolist() == [2.0] * 4
+    assert rt.download(z).tolist() == [9.0] * 4
 
 
 def test_a_replay_while_a_capture_is_open_is_refused_and_the_capture_stays_valid(device_name, make_runtime):

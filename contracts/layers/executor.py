@@ -48,8 +48,8 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "unsupported_reported_one_at_a_time", _E,
-        old='unsupported.append(f"{name}: {registry.why_not(domain, node.op_type, opset)}")',
-        new='raise UnsupportedModel("model uses operators this runtime cannot run", [f"{name}: {registry.why_not(domain, node.op_type, opset)}"])',
+        old='unsupported.append(f"{name}: {registry.why_not(domain, op_type, opset)}")',
+        new='raise UnsupportedModel("model uses operators this runtime cannot run", [f"{name}: {registry.why_not(domain, op_type, opset)}"])',
         breaks="every node without a kernel is reported at load, all of them in one UnsupportedModel",
         tests=_EX, select="unsupported", ci=True,
     ),

@@ -164,8 +164,8 @@ MUTANTS = [
     ),
     Mutant(
         "runtime", "negative_dim_allocates", _R,
-        old="if any(d < 0 for d in shape):",
-        new="if all(d < 0 for d in shape):",
+        old="if shape and min(shape) < 0:",
+        new="if shape and max(shape) < 0:",
         breaks="a shape with a negative dim is refused as MemoryAllocation before anything is allocated",
         tests=("tests/test_memory_budget.py",),
     ),

@@ -48,11 +48,11 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "race_records_before_checking_all", _H,
-        old="""            self._check(bucket, access)
-        for bucket, access in new:
-            self._record(bucket, access)""",
-        new="""            self._check(bucket, access)
-            self._record(bucket, access)""",
+        old="""                self._check(bucket, access)
+            for bucket, access in new:
+                self._record(bucket, access)""",
+        new="""                self._check(bucket, access)
+                self._record(bucket, access)""",
         breaks="an enqueue refused as a race leaves no trace: none of its accesses is recorded",
         tests=_HAZ_TESTS,
     ),

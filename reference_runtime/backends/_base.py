@@ -46,7 +46,7 @@ class Buffer:
         return f"<Buffer 0x{self.addr:x} {self.nbytes}B on {self.device.name}{state}>"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class ArrayRef:
     """A typed, contiguous view of device memory at an address: what a kernel launch names."""
 
@@ -54,6 +54,12 @@ class ArrayRef:
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int = 0
+
+    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: np.dtype, offset: int = 0):
+        # one per tensor: the instance dict written directly (what the frozen dataclass's generated
+        # __init__ does through object.__setattr__, a call per field)
+        d = self.__dict__
+        d["buffer"], d["shape"], d["dtype"], d["offset"] = buffer, shape, dtype, offset
 
     @property
     def addr(self) -> int:

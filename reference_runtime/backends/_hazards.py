@@ -35,49 +35,62 @@ class Access:
     lo: int
     hi: int
     write: bool
-    what: str  # the operation (its message is built only when it races: ``who``)
+    what: Any  # the operation's words, or the kernel (the message is built only when it races: ``who``)
     stream: int
     vc: VC
     label: str = ""
 
     @property
     def who(self) -> str:
-        return f"{self.what} on {self.label}"
+        what = self.what if isinstance(self.what, str) else f"kernel {self.what.name!r}"
+        return f"{what} on {self.label}"
 
     def before(self, vc: VC) -> bool:
         return self.vc[self.stream] <= vc.get(self.stream, 0)
 
 
 class HazardTracker:
+    """Clocks are never changed once made (each merge or tick builds a new dict), so an op, its
+    stream and the host share them freely. ``_host_seen`` maps a stream's index to the host clock
+    object last merged into that stream's clock: while the host clock is that same object, the
+    stream's clock already covers it and an enqueue only ticks."""
+
     def __init__(self) -> None:
         self.host: VC = {}
         self._buckets: dict[int, list[Access]] = {}
+        self._host_seen: dict[int, VC] = {}
 
     def enqueue(self, stream: Any, accesses: list[tuple[int, int, int, bool, str]]) -> VC:
         """Give the op its clock and check its accesses ``(bucket, lo, hi, write, who)``."""
-        vc = _merge(stream.vc, self.host)
-        vc[stream.index] = vc.get(stream.index, 0) + 1
-        label, index = stream.label, stream.index
-        new = [(b, Access(lo, hi, w, who, index, vc, label)) for b, lo, hi, w, who in accesses]
-        for bucket, access in new:  # check every access before recording any: a refused op leaves no trace
-            self._check(bucket, access)
-        for bucket, access in new:
-            self._record(bucket, access)
+        index, host = stream.index, self.host
+        if self._host_seen.get(index) is host:
+            vc = dict(stream.vc)
+        else:
+            vc = _merge(stream.vc, host)
+            self._host_seen[index] = host
+        vc[index] = vc.get(index, 0) + 1
+        if accesses:
+            label = stream.label
+            new = [(b, Access(lo, hi, w, who, index, vc, label)) for b, lo, hi, w, who in accesses]
+            for bucket, access in new:  # check every access before recording any: a refused op leaves no trace
+                self._check(bucket, access)
+            for bucket, access in new:
+                self._record(bucket, access)
         stream.vc = vc
-        return dict(vc)
+        return vc
 
     def wait(self, stream: Any, vc: VC) -> None:
         stream.vc = _merge(stream.vc, vc)
 
     def observed(self, vc: VC) -> None:
         """The host saw work up to ``vc`` complete: everything it enqueues later is ordered after."""
-        host = _merge(self.host, vc)
-        if host == self.host:
+        known = self.host
+        if all(known.get(k, 0) >= v for k, v in vc.items()):
             # Nothing newly observed: the last pruning kept only accesses not before the host, and an
             # access recorded since has a tick past the host's on its stream (enqueue merges the host
             # into the op's clock before ticking), so none is before it now either.
             return
-        self.host = host
+        self.host = _merge(known, vc)
         for key in list(self._buckets):
             kept = [a for a in self._buckets[key] if not a.before(self.host)]
             if kept:

@@ -46,6 +46,7 @@ import bisect
 import itertools
 import math
 import os
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,12 +82,17 @@ def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
 
 
+_HOST_MEMORY: list[int | None] = []  # asked once per process: every runtime reads it for its budget
+
+
 def _host_memory() -> int | None:
     """The host's physical memory in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None
+    if not _HOST_MEMORY:
+        try:
+            _HOST_MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, OSError, ValueError):
+            _HOST_MEMORY.append(None)
+    return _HOST_MEMORY[0]
 
 
 def _backing(size: int, what: str) -> np.ndarray:
@@ -128,9 +134,9 @@ def _node_payload(ref: ArrayRef) -> tuple[int, tuple[int, ...], np.dtype]:
     return (ref.addr, tuple(ref.shape), np.dtype(ref.dtype))
 
 
-def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[str, tuple, bool]]:
-    n, who, writes = len(refs), f"kernel {kernel.name!r}", kernel.writes
-    return [(who, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
+def _kernel_accesses(kernel: Kernel, refs: list[tuple]) -> list[tuple[Kernel, tuple, bool]]:
+    n, writes = len(refs), kernel.writes  # the kernel names the accesses (``Access.who`` words it)
+    return [(kernel, ref, i in writes or i - n in writes) for i, ref in enumerate(refs)]
 
 
 class SimEvent(Event):
@@ -177,14 +183,22 @@ class SimGraph(Graph):
 
 
 class SimStream(Stream):
+    """A stream names its device through a weak reference (the device holds its streams): device and
+    streams form no reference cycle, so a dropped device, its memory and its race records go at
+    once, not at the next cyclic garbage collection. Whoever holds a stream holds its device too."""
+
     def __init__(self, device: "SimDevice", *, legacy: bool = False, label: str = ""):
-        self.device = device
+        self._device = weakref.ref(device)
         self.legacy = legacy
         self.index = next(device._stream_ids)
         self.label = label or ("legacy" if legacy else f"stream{self.index}")
         self.vc: dict[int, int] = {}
         self.queue: deque[_Op] = deque()
         self._capture: _Capture | None = None
+
+    @property
+    def device(self) -> "SimDevice":
+        return self._device()  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"<SimStream {self.label} queued={len(self.queue)}>"
@@ -461,9 +475,8 @@ class SimDevice(Device):
 
     def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
         arrays = []
-        what = f"kernel {kernel.name!r}"
         for ref in refs:
-            view = self._resolve_or_fault(ref, what, stream)
+            view = self._resolve_or_fault(ref, kernel, stream)
             if view is None:
                 return
             arrays.append(view)
@@ -501,17 +514,23 @@ class SimDevice(Device):
         return DEFAULT_MEMORY_CAP if not host else min(DEFAULT_MEMORY_CAP, host // 4)
 
     def _lookup(self, addr: int, nbytes: int) -> _Mapping | None:
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i < 0:
-            return None
-        m = self._maps[self._starts[i]]
+        m = self._maps.get(addr)  # most names are a mapping's first byte (mappings never overlap)
+        if m is None:
+            i = bisect.bisect_right(self._starts, addr) - 1
+            if i < 0:
+                return None
+            m = self._maps[self._starts[i]]
         return m if addr + nbytes <= m.start + m.size else None
 
-    def _resolve_or_fault(self, ref, what: str, stream) -> np.ndarray | None:
+    def _resolve_or_fault(self, ref, what: "str | Kernel", stream) -> np.ndarray | None:
+        """The array at ``ref`` now, or None after latching ``IllegalAddress`` naming ``what`` (the
+        operation, or the kernel: its message is built only when it faults)."""
         addr, shape, dtype = ref
         nbytes = math.prod(shape) * dtype.itemsize
         m = self._lookup(addr, max(nbytes, 1))
         if m is None:
+            if isinstance(what, Kernel):
+                what = f"kernel {what.name!r}"
             self._latch(
                 IllegalAddress(
                     f"{what} on {stream.label} touched 0x{addr:x}..0x{addr + nbytes:x}, which is not mapped",
@@ -519,8 +538,8 @@ class SimDevice(Device):
                 )
             )
             return None
-        off = addr - m.start
-        return m.backing[off : off + nbytes].view(dtype).reshape(shape)
+        # a view of the mapping's bytes (one constructor call; the slice-view-reshape chain is three)
+        return np.ndarray(shape, dtype, buffer=m.backing, offset=addr - m.start)
 
     def _map(self, start: int, backing: np.ndarray, kind: str) -> None:
         size = backing.nbytes
