@@ -126,12 +126,12 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "dtoh_drains_every_stream", _S,
-        old="""        self._run_through(op)
+        old="""        self._run_through(ops[-1])
         self._check()
-        self._observed(op.vc)""",
+        self._observed(ops[-1].vc)""",
         new="""        self.synchronize()
         self._check()
-        self._observed(op.vc)""",
+        self._observed(ops[-1].vc)""",
         breaks="a DtoH copy executes its stream's queue (and the records it waits on), not other streams' work",
         tests=_DEV_TESTS, ci=True,
     ),

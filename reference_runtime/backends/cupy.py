@@ -367,6 +367,21 @@ class CupyDevice(Device):
         with self._errors("memcpy DtoH"):
             return self._as_cupy(src).get(stream=stream.s)
 
+    def memcpy_dtoh_many(self, srcs: list[ArrayRef], stream: Stream) -> list[np.ndarray]:
+        """Each copy enqueued (cudaMemcpyAsync into a fresh host array), then one synchronise of
+        ``stream``: what ``ndarray.get(stream=)`` does per array, with one wait for all of them."""
+        assert isinstance(stream, CupyStream)
+        outs = []
+        with self._errors("memcpy DtoH"):
+            for src in srcs:
+                view = self._as_cupy(src)
+                out = np.empty(tuple(src.shape), dtype=src.dtype)
+                if out.nbytes:
+                    view.data.copy_to_host_async(out.ctypes.data, out.nbytes, stream=stream.s)
+                outs.append(out)
+            stream.s.synchronize()
+        return outs
+
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
         assert isinstance(stream, CupyStream)
         if dst.nbytes != src.nbytes:

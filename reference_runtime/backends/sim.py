@@ -640,18 +640,25 @@ class SimDevice(Device):
         stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
+        return self.memcpy_dtoh_many([src], stream)[0]
+
+    def memcpy_dtoh_many(self, srcs: list[ArrayRef], stream: Stream) -> list[np.ndarray]:
+        """The copies enqueued in order (every pointer checked first), then one wait: the last."""
         self._check()
         assert isinstance(stream, SimStream)
         if stream.is_capturing:
             raise CaptureD2HRefused("the current stream is capturing, so D2H transfers are disallowed")
-        ref = _node_payload(src)
-        self._check_mapped_at_call(ref, "memcpy DtoH", stream)
-        op = stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref)
-        self._run_through(op)
+        refs = [_node_payload(src) for src in srcs]
+        for ref in refs:
+            self._check_mapped_at_call(ref, "memcpy DtoH", stream)
+        ops = [stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref) for ref in refs]
+        if not ops:
+            return []
+        self._run_through(ops[-1])
         self._check()
-        self._observed(op.vc)
+        self._observed(ops[-1].vc)
         self._raise_host_error()
-        return op.payload["out"]
+        return [op.payload["out"] for op in ops]
 
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
         self._check()
