@@ -221,6 +221,7 @@ class Executor:
                           else st for st in self.steps]
         self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.node.output if o}
         self._output_names = frozenset(self.outputs)
+        self._declared = [vi.name for vi in self.inputs]  # the feed names, in order (``_feed_rules``' too)
         # Steady-state caches of ``start`` (a decode loop feeds the same shapes and tensors every step):
         # the (dtype, shape) per input that passed ``_check_feeds``; per bound output, the feeds a
         # later node reads (binding over them is unsafe); a device feed's value entry, by identity.
@@ -289,7 +290,7 @@ class Executor:
 
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, "np.ndarray | Tensor"]:
         rules = self._feed_rules()
-        declared = [r[0] for r in rules]
+        declared = self._declared
         if len(feeds) != len(declared) or any(k not in feeds for k in declared):
             keys = [k for k in feeds if not isinstance(k, str)]
             if keys:

@@ -76,7 +76,8 @@ class _Segment:
     inputs: list[str]  # values read, produced before the segment (not constants)
     produced: list[str]
     graph: SegmentGraph | None = None
-    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values at baked addresses
+    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values read outside segments, at baked addresses
+    exposed: frozenset[str] = frozenset()  # values read outside segments: by a seam, or graph outputs
     retained: list[Tensor] = field(default_factory=list)
     weights: list[str] = field(default_factory=list)  # paged weights it reads (resident when it runs)
     baked: dict[int, str] = field(default_factory=dict)  # weight address -> key, as recorded
@@ -180,6 +181,10 @@ class CaptureSession:
                 close()
                 items.append(("seam", i))
         close()
+        exposed = frozenset(ex.outputs) | {v for kind, i in items if kind == "seam" for v in ex.steps[i].node.input if v}
+        for kind, item in items:
+            if kind == "segment":
+                item.exposed = exposed  # a replay puts only these into the run's values
         return items
 
     @staticmethod
@@ -192,6 +197,8 @@ class CaptureSession:
             if isinstance(v, Tensor):
                 ref = v.ref
                 parts.append((name, ref.shape, ref.dtype, id(v)))
+            elif isinstance(v, np.ndarray):
+                parts.append((name, v.shape, v.dtype, 0))
             else:
                 parts.append((name, np.shape(v), getattr(v, "dtype", None), 0))
         parts.append(tuple((k, id(t)) for k, t in bind.items()))
@@ -330,7 +337,7 @@ class CaptureSession:
             raise
         seg.graph = handle
         seg.retained = retained
-        seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env}
+        seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env and o in seg.exposed}
         self.counters.captures += 1
         rt.replay_segment(handle)  # recording executed nothing: this step's work runs now
         self.counters.replays += 1
