@@ -57,6 +57,13 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
+        "sim", "graph_accesses_resolved_once", _S,
+        old="if dev.race_check and self._generation != dev._map_generation:",
+        new="if dev.race_check and self._generation < 0:",
+        breaks="a replayed graph's accesses are bucketed by the allocations mapped at that launch, not at its first",
+        tests=_HAZ_TESTS,
+    ),
+    Mutant(
         "sim", "race_bucket_by_address", _S,
         old="return (m.start if m is not None else addr, addr, addr + nbytes, write, who)",
         new="return (addr, addr, addr + nbytes, write, who)",
