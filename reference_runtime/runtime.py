@@ -543,7 +543,8 @@ class Runtime:
         why=("a device-to-host read: CuPy copies the value back with a blocking cudaMemcpy, which "
              "waits for the stream and is illegal while it is capturing (lockstep: CaptureD2HRefused)"),
         guarantee="device-to-host: always sees completed data, whatever the deferral setting (a private forced "
-                  "synchronise drains both streams first), then reads the error latch (`DeviceAssert`). Refused "
+                  "synchronise drains both streams first), then reads the error latch (`DeviceAssert`, no data), "
+                  "in one round with the data when work since the last read may have set it. Refused "
                   "inside a capture (`CaptureD2HRefused`) without invalidating it")
     def download(self, t: Tensor) -> np.ndarray:
         """Device-to-host; always complete. Raises ``DeviceAssert`` if the error latch is set."""
