@@ -23,6 +23,11 @@ part, calls and microseconds per step (medians over the repeats) and what the pa
 - on the eager path, the executor's node loop (``Executor.step`` and the plan's ``execute``,
   the launches themselves included) as one row each.
 
+``--no-simulation`` (simulated device only): race checks off, kernels and host-to-device copies
+not executed, graphs launched without the race checker's lists; only device-to-host copies run.
+The values are garbage (the tokens are still the logits' argmax), the control flow is the real
+one: what remains is the host path alone, without the simulator's numpy work.
+
 The wrappers add about a microsecond per wrapped call (the ``timer overhead`` estimate is printed);
 the step wall time without them is printed alongside, measured in the same repeats (interleaved).
 Python's garbage collector is paused in the timed loops, as in the decode benchmark.
@@ -170,8 +175,11 @@ def main(argv=None) -> int:
     ap.add_argument("--defer", choices=("on", "off"), default="on")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-simulation", action="store_true",
+                    help="sim only: execute no kernels and check no races (the host path alone)")
     args = ap.parse_args(argv)
-    rt = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=args.defer == "on"))
+    device = make_device(args.device)
+    rt = Runtime(device, RuntimeConfig(defer_eager_sync=args.defer == "on"))
     dec = RefDecoder(onnx.load(str(MODEL_DIR / f"{args.model}.onnx")), rt, capture=args.capture == "on")
     prompt = list(PROMPT.encode())
     t = Timers()
@@ -184,6 +192,8 @@ def main(argv=None) -> int:
         logits = dec.forward(prompt)[-1]
         for _ in range(3):
             logits = dec.forward([int(np.argmax(logits))])[-1]
+        if args.no_simulation and r == 0:  # after a real warm-up: kernels compiled, graphs recorded, latch clear
+            _no_simulation(device)
         half = args.steps // 2
         wall, logits = steps(dec, logits, half)  # uninstrumented, then instrumented: same context
         plain.append(wall / half)
@@ -204,7 +214,8 @@ def main(argv=None) -> int:
         # timer overhead: an empty wrapped call, measured here
         overhead.append(_wrapper_cost())
     ov = statistics.median(overhead)
-    print(f"# {args.model} on {args.device}, capture {args.capture}, defer {args.defer}: {args.steps} steps "
+    sim_note = " (NO SIMULATION: host path only)" if args.no_simulation else ""
+    print(f"# {args.model} on {args.device}{sim_note}, capture {args.capture}, defer {args.defer}: {args.steps} steps "
           f"({args.steps // 2} plain, {args.steps - args.steps // 2} instrumented) x {args.repeats} repeats, medians")
     print(f"# step wall: {1e6 * statistics.median(plain):.1f} us plain, {1e6 * statistics.median(timed):.1f} us "
           f"instrumented; timer overhead ~{1e6 * ov:.2f} us per wrapped call")
@@ -239,6 +250,18 @@ def main(argv=None) -> int:
           + ("stream synchronize: the device running the step" if args.device != "sim"
              else "simulated kernels executing, stream synchronize") + " |")
     return 0
+
+
+def _no_simulation(device) -> None:
+    """Switch the simulated device's own work off (this process only): see the module docstring."""
+    from lockstep.reference_runtime.backends import sim
+
+    if not isinstance(device, sim.SimDevice):
+        raise SystemExit("--no-simulation is for the simulated device (--device sim)")
+    device.race_check = False
+    execute = sim.SimDevice._execute
+    sim.SimDevice._execute = lambda self, op: execute(self, op) if op.kind == "d2h" else None
+    sim.SimGraph.launch = lambda self, stream: stream._enqueue("graph", nodes=self.nodes)
 
 
 def _wrapper_cost() -> float:
