@@ -168,6 +168,15 @@ def steps(dec: RefDecoder, logits: np.ndarray, n: int) -> tuple[float, np.ndarra
 
 
 def main(argv=None) -> int:
+    undo: list = []
+    try:
+        return _main(argv, undo)
+    finally:
+        for fn in undo:  # --no-simulation patched the simulator's classes: this process gets them back
+            fn()
+
+
+def _main(argv, undo: list) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cupy")
     ap.add_argument("--model", default="small-fp32-standard-kv64")
@@ -193,7 +202,7 @@ def main(argv=None) -> int:
         for _ in range(3):
             logits = dec.forward([int(np.argmax(logits))])[-1]
         if args.no_simulation and r == 0:  # after a real warm-up: kernels compiled, graphs recorded, latch clear
-            _no_simulation(device)
+            undo.append(_no_simulation(device))
         half = args.steps // 2
         wall, logits = steps(dec, logits, half)  # uninstrumented, then instrumented: same context
         plain.append(wall / half)
@@ -252,16 +261,21 @@ def main(argv=None) -> int:
     return 0
 
 
-def _no_simulation(device) -> None:
-    """Switch the simulated device's own work off (this process only): see the module docstring."""
+def _no_simulation(device):
+    """Switch the simulated device's own work off (see the module docstring); returns the undo."""
     from lockstep.reference_runtime.backends import sim
 
     if not isinstance(device, sim.SimDevice):
         raise SystemExit("--no-simulation is for the simulated device (--device sim)")
     device.race_check = False
-    execute = sim.SimDevice._execute
+    execute, launch = sim.SimDevice._execute, sim.SimGraph.launch
     sim.SimDevice._execute = lambda self, op: execute(self, op) if op.kind == "d2h" else None
     sim.SimGraph.launch = lambda self, stream: stream._enqueue("graph", nodes=self.nodes)
+
+    def undo() -> None:
+        sim.SimDevice._execute, sim.SimGraph.launch = execute, launch
+
+    return undo
 
 
 def _wrapper_cost() -> float:
