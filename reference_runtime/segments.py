@@ -181,10 +181,16 @@ class CaptureSession:
                 close()
                 items.append(("seam", i))
         close()
-        exposed = frozenset(ex.outputs) | {v for kind, i in items if kind == "seam" for v in ex.steps[i].node.input if v}
+        # values read outside the segment that produces them: by a seam, by another segment (which
+        # records from the run's values when it is captured after this one replayed), graph outputs
+        exposed = set(ex.outputs)
+        for kind, item in items:
+            steps = [item] if kind == "seam" else item.steps
+            own = set() if kind == "seam" else set(item.produced)
+            exposed.update(v for i in steps for v in ex.steps[i].node.input if v and v not in own)
         for kind, item in items:
             if kind == "segment":
-                item.exposed = exposed  # a replay puts only these into the run's values
+                item.exposed = frozenset(exposed)  # a replay puts only these into the run's values
         return items
 
     @staticmethod
