@@ -56,9 +56,9 @@ class SharedSlotLifecycle(Runtime):
 class SelfClearingLatch(Runtime):
     """The error latch clears itself once it has been read and raised."""
 
-    def _raise_if_latched(self) -> None:
+    def _raise_if_latched(self, latch=None) -> None:
         try:
-            super()._raise_if_latched()
+            super()._raise_if_latched(latch)
         except Exception:
             self.launch(primitives.fill, self.error_latch, value=0)
             raise

@@ -188,6 +188,8 @@ class RefDecoder:
                 self.rt.free(t)
             empty = self.io.empty_cache()
             self.cache = {p: self.rt.upload(empty, name=p) for p in self.pasts}
+        # a fixed-capacity step binds each present to its own past buffer: the same dict every step
+        self._bind = {self.present_of[p]: t for p, t in self.cache.items()} if self.capacity else None
         self.position = 0
 
     def forward(self, ids: list[int]) -> np.ndarray:
@@ -197,7 +199,7 @@ class RefDecoder:
         feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position), **self.cache}
         run = self.session.run if self.session is not None else self.ex.run
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
-            out = run(feeds, bind={self.present_of[p]: t for p, t in self.cache.items()})
+            out = run(feeds, bind=self._bind)
         else:
             out = run(feeds, keep=set(self.present_of.values()))
             for t in self.cache.values():

@@ -251,6 +251,14 @@ class Executor:
             self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.inputs[0])
                           else st for st in self.steps]
         self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.outputs if o}
+        self._output_names = frozenset(self.outputs)
+        self._declared = [vi.name for vi in self.inputs]  # the feed names, in order (``_feed_rules``' too)
+        # Steady-state caches of ``start`` (a decode loop feeds the same shapes and tensors every step):
+        # the (dtype, shape) per input that passed ``_check_feeds``; per bound output, the feeds a
+        # later node reads (binding over them is unsafe); a device feed's value entry, by identity.
+        self._feeds_ok: set[tuple] = set()
+        self._unsafe_over: dict[str, frozenset[str]] = {}
+        self._feed_values: dict[int, _Value] = {}
         self._readers: dict[str, list[int]] = {}
         for i, st in enumerate(self.steps):
             for name in st.inputs:
@@ -336,7 +344,7 @@ class Executor:
 
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, "np.ndarray | Tensor"]:
         rules = self._feed_rules()
-        declared = [r[0] for r in rules]
+        declared = self._declared
         if len(feeds) != len(declared) or any(k not in feeds for k in declared):
             keys = [k for k in feeds if not isinstance(k, str)]
             if keys:
@@ -347,15 +355,24 @@ class Executor:
             missing = [n for n in declared if n not in feeds]
             if missing:
                 raise FeedError(f"missing feed(s) {missing}")
-        symbols: dict[str, tuple[int, str]] = {}
         out = {}
-        for name, want, rank, dims in rules:
-            value = feeds[name]
+        seen = []  # (dtype, shape) per input: the dtype and shape checks below depend on nothing else
+        for name, _, _, _ in rules:
+            value = out[name] = feeds[name]
             if isinstance(value, Tensor):
                 if value.runtime is not self.runtime or value.freed:
                     raise FeedError(f"input {name!r}: device tensor {value!r} is freed or belongs to another runtime")
-            elif not isinstance(value, np.ndarray):
+                seen.append((value.ref.dtype, value.ref.shape))
+            elif isinstance(value, np.ndarray):
+                seen.append((value.dtype, value.shape))
+            else:
                 raise FeedError(f"input {name!r}: expected a numpy array or a device Tensor, got {type(value).__name__}")
+        key = tuple(seen)
+        if key in self._feeds_ok:
+            return out
+        symbols: dict[str, tuple[int, str]] = {}
+        for name, want, rank, dims in rules:
+            value = feeds[name]
             if want is None:
                 raise UnsupportedModel("inputs", [f"{name}: only tensor inputs are supported"])
             if value.dtype != want:
@@ -376,7 +393,9 @@ class Executor:
                             raise FeedError(
                                 f"input {name!r}: dim {axis} ({param!r}) is {n}, but {prev[1]!r} bound it to {prev[0]}"
                             )
-            out[name] = value
+        if len(self._feeds_ok) >= 256:  # a growing cache feeds a new shape every step: keep it bounded
+            self._feeds_ok.clear()
+        self._feeds_ok.add(key)
         return out
 
     # -- run
@@ -421,17 +440,24 @@ class Executor:
         rt.current_node = None  # feeds are no node's: a refused upload must not name the last run's
         bind = dict(bind or {})
         keep = frozenset(keep)
-        unknown = sorted((keep | set(bind)) - set(self.outputs))
-        if unknown:
+        names = self._output_names
+        if not (names.issuperset(keep) and names.issuperset(bind)):
+            unknown = sorted((keep | set(bind)) - names)
             raise FeedError(f"keep/bind name {unknown}, which are not graph outputs {self.outputs}")
         self._check_in_place(feeds, bind)
         run = Run(dict(self._const_values), [], keep, bind)
         env = run.env
+        values = self._feed_values
         for name, value in self._check_feeds(feeds).items():
-            spec = Spec(tuple(value.shape), value.dtype)
-            if isinstance(value, Tensor):
-                env[name] = _Value(value, spec)
+            if isinstance(value, Tensor):  # a tensor's shape and dtype never change: its entry is reused
+                v = values.get(id(value))
+                if v is None or v.tensor is not value:
+                    if len(values) >= 256:
+                        values.clear()
+                    v = values[id(value)] = _Value(value, Spec(tuple(value.shape), value.dtype))
+                env[name] = v
                 continue
+            spec = Spec(tuple(value.shape), value.dtype)
             held = feed_buffers.get(name) if feed_buffers else None
             if held is not None and tuple(held.shape) == spec.shape and held.dtype == spec.dtype:
                 rt.write(held, value)  # stream-ordered after the kernels that read the last step's
@@ -606,12 +632,22 @@ class Executor:
         for out, t in bind.items():
             if not isinstance(t, Tensor) or t.runtime is not self.runtime or t.freed:
                 raise FeedError(f"output {out!r}: bind needs a live device Tensor of this runtime, got {t!r}")
-            producer = self._producer.get(out)
-            if producer is None or self.steps[producer].kernel is None:
-                raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
+            unsafe = self._unsafe_over.get(out)
+            if unsafe is None:
+                unsafe = self._unsafe_binds(out)
             for name in fed.get(id(t), ()):
-                if any(i > producer for i in self._readers.get(name, ())):
+                if name in unsafe:
                     raise FeedError(f"binding {out!r} in place over feed {name!r} is unsafe: a later node reads {name!r}")
+
+    def _unsafe_binds(self, out: str) -> frozenset[str]:
+        """The inputs that ``out`` may not be bound in place over (a node after its producer reads
+        them); ``FeedError`` if no kernel produces ``out``. Memoised: it depends on the graph only."""
+        producer = self._producer.get(out)
+        if producer is None or self.steps[producer].kernel is None:
+            raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
+        unsafe = self._unsafe_over[out] = frozenset(
+            vi.name for vi in self.inputs if any(i > producer for i in self._readers.get(vi.name, ())))
+        return unsafe
 
 
 @dataclass(eq=False)

@@ -233,6 +233,14 @@ class Runtime:
         self._sites: dict[int, str] = {}
         self._site_ids: dict[str, int] = {}
         self._enqueued = 0  # device work items enqueued (launches, copies, replays): frees batch on it
+        # Compute-stream work items enqueued (launches, replays, captured copies), and their count
+        # when both streams were last drained: equal means nothing queued on compute can still read
+        # a tensor, so a write needs no "after compute" event (the host saw that work complete).
+        self._on_compute = 0
+        self._drained_at = -1
+        # One event for the orderings a copy consumes at once (recorded, then waited on right away):
+        # a wait takes the record before it, so re-recording it later changes no earlier wait.
+        self._order_event = device.event()
         self._free_event: Event | None = None
         self._free_mark = -1
         # ``_enqueued`` when both streams were last drained by this runtime: while it is still that,
@@ -376,7 +384,7 @@ class Runtime:
         # Frees with no device work enqueued between them share one "queued readers done" event
         # (an executor releases a step's temporaries in a batch): the set of queued readers is the same.
         if self._free_event is None or self._free_mark != self._enqueued:
-            done_copy = self.device.event()
+            done_copy = self._order_event  # consumed by the wait below
             self.copy_stream.record(done_copy)
             self.compute.wait(done_copy)
             self._free_event = self.device.event()
@@ -440,6 +448,7 @@ class Runtime:
 
     def _launched(self) -> None:
         self._enqueued += 1
+        self._on_compute += 1
         self.counters.launches += 1
         if self._capturing is not None:
             self.counters.captured_launches += 1
@@ -508,9 +517,11 @@ class Runtime:
             self.counters.syncs_deferred += 1
             return
         self.counters.syncs_real += 1
+        drained = self._on_compute
         self.compute.synchronize()  # inside a capture: StreamCaptureUnsupported, capture invalidated
         self.copy_stream.synchronize()
         self._drained = self._enqueued
+        self._drained_at = drained
         self._reap()
         self._raise_if_latched()
 
@@ -526,9 +537,11 @@ class Runtime:
         if self._capturing is not None:
             raise IllegalState("internal: forced synchronise requested inside a capture")
         self.counters.forced_syncs += 1
+        drained = self._on_compute
         self.compute.synchronize()
         self.copy_stream.synchronize()
         self._drained = self._enqueued
+        self._drained_at = drained
 
     @primitive(
         records=("drain_for_unmap",), barrier=True, capture="refused", kind="drain",
@@ -549,9 +562,11 @@ class Runtime:
                 subject=self._capturing,
             )
         self.counters.drains += 1
+        drained = self._on_compute
         self.compute.synchronize()
         self.copy_stream.synchronize()
         self._drained = self._enqueued
+        self._drained_at = drained
         self._reap()
 
     # -- copies
@@ -579,24 +594,24 @@ class Runtime:
         self._check_live(t)
         if self._capturing is not None:
             raise StreamCaptureUnsupported(f"write to {t!r} during capture: host-to-device copies are not captured")
-        if not fresh:
-            after_compute = self.device.event()
-            self.compute.record(after_compute)
-            self.copy_stream.wait(after_compute)
+        order = self._order_event
+        if not fresh and self._drained_at != self._on_compute:  # compute work queued since the last drain
+            self.compute.record(order)
+            self.copy_stream.wait(order)
         self.device.memcpy_htod_async(t.ref, np.asarray(host), self._res.copy)
         self._enqueued += 1
         if t.ref.buffer is self.error_latch.ref.buffer:
             self._latch_quiet = False
-        written = self.device.event()
-        self.copy_stream.record(written)
-        self.compute.wait(written)
+        self.copy_stream.record(order)
+        self.compute.wait(order)
 
     @primitive(
         records=("download",), capture="refused", kind="d2h",
         why=("a device-to-host read: CuPy copies the value back with a blocking cudaMemcpy, which "
              "waits for the stream and is illegal while it is capturing (lockstep: CaptureD2HRefused)"),
         guarantee="device-to-host: always sees completed data, whatever the deferral setting (a private forced "
-                  "synchronise drains both streams first), then reads the error latch (`DeviceAssert`). Refused "
+                  "synchronise drains both streams first), then reads the error latch (`DeviceAssert`, no data), "
+                  "in one round with the data when work since the last read may have set it. Refused "
                   "inside a capture (`CaptureD2HRefused`) without invalidating it")
     def download(self, t: Tensor) -> np.ndarray:
         """Device-to-host; always complete. Raises ``DeviceAssert`` if the error latch is set."""
@@ -607,14 +622,17 @@ class Runtime:
             raise CaptureD2HRefused(f"download of {t!r}: the compute stream is capturing, D2H is disallowed")
         self._force_sync()
         self._reap()
-        self._raise_if_latched()
-        self.counters.downloads += 1
         drained = self._drained == self._enqueued
+        if self._latch_quiet:  # read clear, and nothing enqueued since could have set it
+            out = self.device.memcpy_dtoh(t.ref, self._res.copy)
+        else:  # the latch and the data in one round trip (one wait for the copy stream, not two)
+            latch, out = self.device.memcpy_dtoh_many([self.error_latch.ref, t.ref], self._res.copy)
+            self._raise_if_latched(latch)
+        self.counters.downloads += 1
         self._enqueued += 1
-        host = self.device.memcpy_dtoh(t.ref, self._res.copy)
         if drained:  # the copy waited for itself on the drained copy stream: both are drained still
             self._drained = self._enqueued
-        return host
+        return out
 
     @primitive(
         records=("copy",), capture="captured", kind="runtime-copy", receiver="runtime",
@@ -634,20 +652,24 @@ class Runtime:
             self._latch_quiet = False
         if self._capturing is not None:
             self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.compute)
+            self._on_compute += 1
             return
         self._force_sync()
         self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.copy)
-        copied = self.device.event()
+        copied = self._order_event
         self.copy_stream.record(copied)
         self.compute.wait(copied)
 
     def _read_latch(self) -> np.ndarray:
         return self.device.memcpy_dtoh(self.error_latch.ref, self._res.copy)
 
-    def _raise_if_latched(self) -> None:
+    def _raise_if_latched(self, latch: "np.ndarray | None" = None) -> None:
+        """Raise ``DeviceAssert`` if the error latch is set; ``latch``: its value, read already with
+        the queues drained (``download`` reads it together with the data)."""
         if self._latch_quiet:  # read clear, and nothing enqueued since could have set it
             return
-        latch = self._read_latch()
+        if latch is None:
+            latch = self._read_latch()
         if latch[0] != 0:
             site = int(latch[1])
             raise DeviceAssert(
@@ -730,6 +752,7 @@ class Runtime:
         graph.launch(self._res.compute)
         self._enqueued += 1
         self._latch_quiet = False  # a graph's kernels may set the latch
+        self._on_compute += 1
         self.counters.replays += 1
         self.counters.replays_by_slot[slot.value] += 1
 
@@ -789,6 +812,7 @@ class Runtime:
         seg.graph.launch(self._res.compute)
         self._enqueued += 1
         self._latch_quiet = False  # a graph's kernels may set the latch
+        self._on_compute += 1
         self.counters.replays += 1
         self.counters.segment_replays += 1
 

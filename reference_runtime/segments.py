@@ -76,7 +76,8 @@ class _Segment:
     inputs: list[str]  # values read, produced before the segment (not constants)
     produced: list[str]
     graph: SegmentGraph | None = None
-    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values at baked addresses
+    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values read outside segments, at baked addresses
+    exposed: frozenset[str] = frozenset()  # values read outside segments: by a seam, or graph outputs
     retained: list[Tensor] = field(default_factory=list)
     weights: list[str] = field(default_factory=list)  # paged weights it reads (resident when it runs)
     baked: dict[int, str] = field(default_factory=dict)  # weight address -> key, as recorded
@@ -88,6 +89,7 @@ class _Signature:
     items: list[tuple[str, Any]] | None = None  # ("seam", step index) | ("segment", _Segment)
     persist: dict[str, Tensor] = field(default_factory=dict)  # value name -> persistent buffer
     baked: dict[str, Tensor] = field(default_factory=dict)  # device feeds/binds the graphs write or read in place
+    in_place_baked: bool = False  # the in-place feeds are in ``baked`` (they are part of the signature)
 
 
 class CaptureSession:
@@ -105,6 +107,9 @@ class CaptureSession:
         self._growing: set[Symbol] = growing_symbols(executor)
         self._masks: dict[str, tuple[bool, ...]] = {}  # input name -> which of its dims grow
         self._sigs: dict[tuple, _Signature] = {}
+        # raw key (names, shapes, dtypes, device tensors' identities) -> (signature, in-place feeds):
+        # the steady state of a decode loop computes neither again
+        self._raw: dict[tuple, tuple[_Signature, dict[str, int]]] = {}
         self.plan: CapturePlan | None = None
         self.failure: str | None = None  # the first recording failure of the session ("Type: message")
 
@@ -176,15 +181,51 @@ class CaptureSession:
                 close()
                 items.append(("seam", i))
         close()
+        # values read outside the segment that produces them: by a seam, by another segment (which
+        # records from the run's values when it is captured after this one replayed), graph outputs
+        exposed = set(ex.outputs)
+        for kind, item in items:
+            steps = [item] if kind == "seam" else item.steps
+            own = set() if kind == "seam" else set(item.produced)
+            exposed.update(v for i in steps for v in ex.steps[i].node.input if v and v not in own)
+        for kind, item in items:
+            if kind == "segment":
+                item.exposed = frozenset(exposed)  # a replay puts only these into the run's values
         return items
+
+    @staticmethod
+    def _raw_key(feeds: dict[str, Any], bind: dict[str, Tensor]) -> tuple:
+        """What ``_signature`` and ``_in_place`` are functions of, unmasked: each feed's name, shape
+        and dtype, and for a device tensor its identity (which feeds are bound in place); the bound
+        tensors by identity. Cheaper than either: no masks, no sorting."""
+        parts: list[Any] = []
+        for name, v in feeds.items():
+            if isinstance(v, Tensor):
+                ref = v.ref
+                parts.append((name, ref.shape, ref.dtype, id(v)))
+            elif isinstance(v, np.ndarray):
+                parts.append((name, v.shape, v.dtype, 0))
+            else:
+                parts.append((name, np.shape(v), getattr(v, "dtype", None), 0))
+        parts.append(tuple((k, id(t)) for k, t in bind.items()))
+        return tuple(parts)
+
+    def _lookup(self, feeds: dict[str, Any], bind: dict[str, Tensor]) -> tuple[_Signature, dict[str, int]]:
+        raw = self._raw_key(feeds, bind)
+        hit = self._raw.get(raw)
+        if hit is None:
+            in_place = self._in_place(feeds, bind)
+            sig = self._sigs.setdefault(self._signature(feeds, bind, in_place), _Signature())
+            if len(self._raw) >= 1024:  # growing dims make a new raw key every step: keep it bounded
+                self._raw.clear()
+            hit = self._raw[raw] = (sig, in_place)
+        return hit
 
     # -- run
     def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
             bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
         bind = dict(bind or {})
-        in_place = self._in_place(feeds, bind)
-        sig_key = self._signature(feeds, bind, in_place)
-        sig = self._sigs.setdefault(sig_key, _Signature())
+        sig, in_place = self._lookup(feeds, bind)
         if sig.seen < self.warmup:
             sig.seen += 1
             self.counters.eager_steps += 1
@@ -227,8 +268,10 @@ class CaptureSession:
                 direct[name] = sig.persist[name]
         run = ex.start({**feeds, **direct}, keep=keep, bind=bind)
         env = run.env
-        for name in in_place:
-            sig.baked.setdefault(f"in-place feed {name}", feeds[name])
+        if in_place and not sig.in_place_baked:  # the same tensors every step of this signature
+            for name in in_place:
+                sig.baked.setdefault(f"in-place feed {name}", feeds[name])
+            sig.in_place_baked = True
         invalid = False
         try:
             for kind, item in sig.items:  # type: ignore[union-attr]
@@ -300,7 +343,7 @@ class CaptureSession:
             raise
         seg.graph = handle
         seg.retained = retained
-        seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env}
+        seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env and o in seg.exposed}
         self.counters.captures += 1
         rt.replay_segment(handle)  # recording executed nothing: this step's work runs now
         self.counters.replays += 1
@@ -324,3 +367,4 @@ class CaptureSession:
                     self.rt.free(t)
             sig.persist.clear()
         self._sigs.clear()
+        self._raw.clear()

@@ -18,7 +18,8 @@
 #   bench       scripts/bench_decode.py on the GPU (eager per-op sync / deferred / captured, ort-cpu,
 #               ort-cuda eager and with CUDA graphs)
 #   profile     where an eager and a captured decode step's host time goes (scripts/profile_decode.py
-#               --by-op, cProfile) and the host cost of CuPy call forms (scripts/host_costs.py)
+#               --by-op, cProfile; scripts/step_parts.py: per part, us per step) and the host cost of
+#               CuPy call forms (scripts/host_costs.py)
 #   capture-probe what CuPy does with each host-read form inside a stream capture (scripts/capture_probe.py)
 #   paging      scripts/paging_check.py (the seeds' use-after-unmap through the pager, child processes)
 #               and scripts/bench_paging.py (decode under paging vs resident)
@@ -123,7 +124,7 @@ fi
 step golden        timeout 420 python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
 step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
-step profile       timeout 240 bash -c "for m in small-fp32-standard-kv64 small-fp32-standard; do python3 scripts/profile_decode.py --device cupy --model \$m --by-op --steps 16 --top 30; done; python3 scripts/profile_decode.py --device cupy --capture on --steps 32 --top 25; python3 scripts/host_costs.py"
+step profile       timeout 240 bash -c "for m in small-fp32-standard-kv64 small-fp32-standard; do python3 scripts/profile_decode.py --device cupy --model \$m --by-op --steps 16 --top 30; done; python3 scripts/profile_decode.py --device cupy --capture on --steps 32 --top 25; python3 scripts/step_parts.py --device cupy --capture on; python3 scripts/step_parts.py --device cupy --capture off --steps 16; python3 scripts/host_costs.py"
 step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
 step bench-paging  timeout 200 python3 scripts/bench_paging.py --device cupy
 step parity-json   timeout 150 python3 -m lockstep parity --device cupy --json "$out/parity-cupy.json"

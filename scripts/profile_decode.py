@@ -120,8 +120,10 @@ def main(argv=None) -> int:
     stats = pstats.Stats(prof).strip_dirs()
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
-    # who copies host memory to the device or reduces on the host path inside a step (each is a
-    # CUDA call and, for pageable memory, a staged copy): callers, to find the node
+    # who copies or reduces on the host path inside a step: callers, to find the node. Note that
+    # copy_from_async called by cupy.copyto is a DEVICE-to-device memcpy (copyto of contiguous
+    # arrays of one dtype; on kv64 eager: the Slice and the two Unsqueezes of the position_ids feed,
+    # which are not views because their input is a graph input); copy_from_host is host-to-device
     stats.print_callers(r"copy_from_async|copy_from_host|method 'sum'|method 'get'")
     for defer in (True, False):
         r = Runtime(make_device(args.device), RuntimeConfig(defer_eager_sync=defer))

@@ -50,3 +50,29 @@ def test_bench_paging_and_the_paging_check_run_on_the_simulated_device(capsys):
     # result: the real pager is clean; the seeds' barrier faults on the queued kernel, named
     assert drain["read"] == "ok" and drain["out"]["all_A"] and drain["later_call"] == "ok"
     assert mutant["read"].startswith("IllegalAddress") and "kernel 'copy'" in mutant["read"]
+
+
+def test_step_parts_times_each_part_and_leaves_the_classes_as_it_found_them(capsys):
+    """scripts/step_parts.py (the GPU lane's profile step) runs on the simulated device, captured and
+    eager, with and without the simulation; its table counts per step what the captured path asks
+    of the device (one graph launch, one D2H round for latch and logits, no event created), and
+    afterwards every class it wrapped or patched is the original again."""
+    from lockstep.reference_runtime import runtime as rtmod
+    from lockstep.reference_runtime.backends import sim
+
+    main = runpy.run_path(str(SCRIPT.parent / "step_parts.py"))["main"]
+    before = (rtmod.Runtime.write, rtmod.Runtime.download, sim.SimDevice._execute, sim.SimGraph.launch,
+              sim.SimStream.record, sim.SimDevice.memcpy_dtoh_many)
+    for extra in ([], ["--no-simulation"]):
+        assert main(["--device", "sim", "--model", "tiny-fp32-standard-kv64", "--steps", "4", "--repeats", "1",
+                     *extra]) == 0
+        rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+                for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+        assert rows["device: graph launch"] == "1" and rows["device: D2H copies, one wait"] == "1"
+        assert "device: event create" not in rows and rows["runtime: write"] == "2"
+        assert "(runtime and above: Python a GPU step runs too)" in rows
+    assert main(["--device", "sim", "--model", "tiny-fp32-standard-kv64", "--capture", "off", "--steps", "2",
+                 "--repeats", "1"]) == 0
+    assert "| executor: plan execute (eager) | 1 |" in capsys.readouterr().out
+    assert (rtmod.Runtime.write, rtmod.Runtime.download, sim.SimDevice._execute, sim.SimGraph.launch,
+            sim.SimStream.record, sim.SimDevice.memcpy_dtoh_many) == before

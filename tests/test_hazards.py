@@ -285,3 +285,41 @@ def test_a_wait_on_an_event_whose_record_already_executed_still_orders():
     b.wait(ev)
     dev.memcpy_dtod_async(y, x, b)  # ordered by the wait alone
     assert dev.memcpy_dtoh(y, b).tolist() == [1.0] * 4
+
+
+
+def test_a_replayed_graph_is_race_checked_on_every_launch_and_after_memory_moves():
+    """Contract (simulated device: a graph's accesses are resolved against the address map once and
+    reused while no mapping was made or removed): every launch of a graph is checked and recorded
+    like its first. A write on another stream racing the second launch is refused; after the
+    graph's buffer was freed and a larger allocation took its address (starting below it), a
+    launch is bucketed by that allocation: a write to those bytes through it races; once that
+    allocation is freed too, the launch faults when it runs."""
+    from lockstep.reference_runtime.errors import IllegalAddress
+
+    dev, a, b, x, y = setup()
+    z = ArrayRef(dev.malloc(16), (4,), F32)  # pool slots of 512 bytes: x, y, z in address order
+    a.begin_capture()
+    a.launch(P.fill, [z], {"value": 2.0})
+    g = a.end_capture()
+    g.launch(a)
+    a.synchronize()
+    g.launch(a)  # resolved accesses reused: nothing was mapped or unmapped since
+    with pytest.raises(StreamOrderRace, match=f"memcpy HtoD on {b.label} writes .*, which kernel 'fill' on {a.label} writes"):
+        dev.memcpy_htod_async(z, np.zeros(4, np.float32), b)
+    a.synchronize()
+    assert dev.memcpy_dtoh(z, a).tolist() == [2.0] * 4
+    dev.free(y.buffer)
+    dev.free(z.buffer)
+    big = dev.malloc(1024)  # first fit: y's and z's slots, merged
+    assert big.addr == y.addr and big.addr < z.addr < big.addr + 1024
+    g.launch(a)  # the map moved: resolved again, the fill now inside `big`
+    through_big = ArrayRef(big, (4,), F32, offset=z.addr - big.addr)
+    with pytest.raises(StreamOrderRace, match=f"memcpy HtoD on {b.label} writes .*, which kernel 'fill'"):
+        dev.memcpy_htod_async(through_big, np.zeros(4, np.float32), b)
+    a.synchronize()
+    assert dev.memcpy_dtoh(through_big, a).tolist() == [2.0] * 4
+    dev.free(big)
+    g.launch(a)
+    with pytest.raises(IllegalAddress):
+        a.synchronize()

@@ -362,3 +362,38 @@ def test_close_frees_everything_the_session_allocated():
     assert session.counters.captures > 0 and any(s.persist for s in session._sigs.values())
     session.close()
     assert rt.counters.allocations - rt.counters.frees == live, "contract: nothing the session held is left"
+
+
+def test_a_step_whose_later_segment_failed_to_record_replays_the_earlier_and_records_the_rest():
+    """Contract (a replay publishes the values read outside the segment that produces them): when
+    an error that is not a recording failure (here injected: a segment's recording raising
+    MemoryError before it starts) escapes a capture step after an earlier segment was recorded,
+    the next step replays that segment and records the later ones from the run's values, which
+    hold what the later segments read of the earlier one. Byte-identical to eager decoding."""
+    eager = _decoder(False)
+    dec = _decoder(True)
+    prompt = PROMPT_IDS
+    eager.forward(prompt)
+    dec.forward(prompt)
+    tokens = [65, 66, 67, 68]
+    want = [eager.forward([t]).tobytes() for t in tokens]
+    real = CaptureSession._record
+    calls = []
+
+    def record(self, sig, seg, run):
+        calls.append(seg)
+        if len(calls) == 2:  # the second segment of the first capture step
+            raise MemoryError("injected: not a recording failure")
+        return real(self, sig, seg, run)
+
+    CaptureSession._record = record
+    try:
+        got = [dec.forward([tokens[0]]).tobytes()]  # warm-up step (eager)
+        with pytest.raises(MemoryError, match="injected"):
+            dec.forward([tokens[1]])
+        got += [dec.forward([t]).tobytes() for t in tokens[1:]]
+    finally:
+        CaptureSession._record = real
+    segments = [it for kind, it in next(s for s in dec.session._sigs.values() if s.items).items if kind == "segment"]
+    assert len(segments) > 2 and segments[0].graph is not None and all(s.graph is not None for s in segments)
+    assert got == want, "result: byte-identical to eager"

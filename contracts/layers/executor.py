@@ -76,8 +76,8 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "in_place_bind_off_by_one", _E,
-        old="if any(i > producer for i in self._readers.get(name, ())):",
-        new="if any(i > producer + 1 for i in self._readers.get(name, ())):",
+        old="vi.name for vi in self.inputs if any(i > producer for i in self._readers.get(vi.name, ())))",
+        new="vi.name for vi in self.inputs if any(i > producer + 1 for i in self._readers.get(vi.name, ())))",
         breaks="binding an output in place over a feed is refused when any later node reads that feed",
         tests=("tests/test_decode.py",), select="binding_an_output",
     ),

@@ -57,34 +57,34 @@ MUTANTS = [
     ),
     Mutant(
         "runtime", "write_overtakes_queued_readers", _R,
-        old="        self.copy_stream.wait(after_compute)\n",
+        old="            self.copy_stream.wait(order)\n",
         new="",
         breaks="a host-to-device write is ordered after queued compute work that may read the tensor",
         tests=_T, select=_SEL, ci=True,
     ),
     Mutant(
         "runtime", "compute_overtakes_write", _R,
-        old="""        self.copy_stream.record(written)
-        self.compute.wait(written)""",
-        new="""        self.copy_stream.record(written)""",
+        old="""        self.copy_stream.record(order)
+        self.compute.wait(order)""",
+        new="""        self.copy_stream.record(order)""",
         breaks="compute work enqueued after a host-to-device write sees the written data",
         tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "copy_in_capture_on_copy_stream", _R,
         old="""            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.compute)
-            return""",
+            self._on_compute += 1""",
         new="""            self.device.memcpy_dtod_async(dst.ref, src.ref, self._res.copy)
-            return""",
+            self._on_compute += 1""",
         breaks="a device-to-device copy in a capture is a node of the captured (compute) stream",
         tests=_T, select=_SEL,
     ),
     Mutant(
         "runtime", "copy_eager_without_compute_wait", _R,
-        old="""        copied = self.device.event()
+        old="""        copied = self._order_event
         self.copy_stream.record(copied)
         self.compute.wait(copied)""",
-        new="""        copied = self.device.event()
+        new="""        copied = self._order_event
         self.copy_stream.record(copied)""",
         breaks="compute work enqueued after an eager device-to-device copy sees the copied data",
         tests=_T, select=_SEL,
@@ -112,11 +112,9 @@ MUTANTS = [
     ),
     Mutant(
         "runtime", "download_skips_latch", _R,
-        old="""        self._reap()
-        self._raise_if_latched()
-        self.counters.downloads += 1""",
-        new="""        self._reap()
-        self.counters.downloads += 1""",
+        old="""            latch, out = self.device.memcpy_dtoh_many([self.error_latch.ref, t.ref], self._res.copy)
+            self._raise_if_latched(latch)""",
+        new="""            latch, out = self.device.memcpy_dtoh_many([self.error_latch.ref, t.ref], self._res.copy)""",
         breaks="a device-to-host download raises DeviceAssert when the error latch is set",
         tests=_T, select=_SEL,
     ),

@@ -79,6 +79,13 @@ MUTANTS = [
         tests=_SEG, select="growing_cache_decode",
     ),
     Mutant(
+        "segments", "replay_publishes_seam_inputs_only", _S,
+        old="exposed.update(v for i in steps for v in ex.steps[i].node.input if v and v not in own)",
+        new="exposed.update(v for i in steps for v in ex.steps[i].node.input if v and kind == \"seam\")",
+        breaks="a replay publishes the values another segment reads, for a segment recorded after it replayed",
+        tests=_SEG, select="later_segment",
+    ),
+    Mutant(
         "segments", "capture_step_not_launched", _S,
         old="        rt.replay_segment(handle)  # recording executed nothing",
         new="        pass  # recording executed nothing",

@@ -57,6 +57,13 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
+        "sim", "graph_accesses_resolved_once", _S,
+        old="if dev.race_check and self._generation != dev._map_generation:",
+        new="if dev.race_check and self._generation < 0:",
+        breaks="a replayed graph's accesses are bucketed by the allocations mapped at that launch, not at its first",
+        tests=_HAZ_TESTS,
+    ),
+    Mutant(
         "sim", "race_bucket_by_address", _S,
         old="return (m.start if m is not None else addr, addr, addr + nbytes, write, who)",
         new="return (addr, addr, addr + nbytes, write, who)",
@@ -126,12 +133,12 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "dtoh_drains_every_stream", _S,
-        old="""        self._run_through(op)
+        old="""        self._run_through(ops[-1])
         self._check()
-        self._observed(op.vc)""",
+        self._observed(ops[-1].vc)""",
         new="""        self.synchronize()
         self._check()
-        self._observed(op.vc)""",
+        self._observed(ops[-1].vc)""",
         breaks="a DtoH copy executes its stream's queue (and the records it waits on), not other streams' work",
         tests=_DEV_TESTS, ci=True,
     ),

@@ -11,7 +11,8 @@ Ordering guarantees, one sentence each (they are the contract the simulated devi
 - ``Stream.synchronize`` and ``Device.synchronize``: block until the stream (every stream) has
   executed everything enqueued; they raise any sticky error latched meanwhile.
 - ``Device.memcpy_dtoh``: enqueue a device-to-host copy on ``stream`` and wait for *that stream
-  only*; work queued on other streams is not waited for.
+  only*; work queued on other streams is not waited for. ``memcpy_dtoh_many``: several such
+  copies, in order, and one wait.
 - ``Stream.query``: True if the stream has nothing left to execute; never blocks.
 - ``Event.query``: True once the work before the event's record has executed (True if never recorded).
 - ``Device.free``: returns memory at once; it does not wait for queued readers (the runtime's
@@ -156,6 +157,11 @@ class Device(ABC):
 
     @abstractmethod
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None: ...
+
+    def memcpy_dtoh_many(self, srcs: "list[ArrayRef]", stream: Stream) -> list[np.ndarray]:
+        """``memcpy_dtoh`` of each of ``srcs``, in order, on ``stream``; a backend may wait for the
+        stream once for all of them instead of once per copy (same ordering guarantee)."""
+        return [self.memcpy_dtoh(src, stream) for src in srcs]
 
     # -- virtual memory management (granules mapped under a reserved address range)
     granularity: int

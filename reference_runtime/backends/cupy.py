@@ -10,6 +10,7 @@ a sticky error is remembered and raised by every later call, as the poisoned con
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -340,6 +341,7 @@ class CupyDevice(Device):
         self.granularity = 2 << 20
         self.props = cupy.cuda.runtime.getDeviceProperties(device_id)
         self._allocated = 0  # bytes of live malloc'd buffers and created, unreleased VMM handles
+        self._pinned: np.ndarray | None = None  # host staging of ``memcpy_dtoh_many`` (pinned memory)
 
     def __repr__(self) -> str:
         name = self.props["name"]
@@ -456,6 +458,35 @@ class CupyDevice(Device):
         assert isinstance(stream, CupyStream)
         with self._errors("memcpy DtoH"):
             return self._as_cupy(src).get(stream=stream.s)
+
+    def memcpy_dtoh_many(self, srcs: list[ArrayRef], stream: Stream) -> list[np.ndarray]:
+        """Each copy enqueued (cudaMemcpyAsync into this device's pinned staging buffer, at 256-byte
+        aligned offsets), then one synchronise of ``stream``, then each copied out into an array of
+        its own: the staging buffer is only ever read after the wait, so one buffer serves every call
+        (a copy into pageable memory, ``ndarray.get``'s, is staged by the driver and waited for one by one)."""
+        assert isinstance(stream, CupyStream)
+        offsets, total = [], 0
+        for src in srcs:
+            offsets.append(total)
+            total += -(-src.nbytes // 256) * 256
+        with self._errors("memcpy DtoH"):
+            stage = self._staging(total)
+            base = stage.ctypes.data
+            for src, off in zip(srcs, offsets):
+                if src.nbytes:
+                    self._as_cupy(src).data.copy_to_host_async(ctypes.c_void_p(base + off), src.nbytes, stream=stream.s)
+            stream.s.synchronize()
+        return [stage[off:off + src.nbytes].view(src.dtype).reshape(src.shape).copy() if src.nbytes
+                else np.empty(tuple(src.shape), dtype=src.dtype) for src, off in zip(srcs, offsets)]
+
+    def _staging(self, nbytes: int) -> np.ndarray:
+        """The pinned host buffer of ``memcpy_dtoh_many``, at least ``nbytes`` (grown by doubling)."""
+        stage = self._pinned
+        if stage is None or stage.nbytes < nbytes:
+            size = max(nbytes, 4096, 2 * (stage.nbytes if stage is not None else 0))
+            mem = self.xp.cuda.alloc_pinned_memory(size)
+            stage = self._pinned = np.ndarray((size,), np.uint8, buffer=mem)  # keeps `mem` alive
+        return stage
 
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
         assert isinstance(stream, CupyStream)

@@ -165,18 +165,27 @@ class SimGraph(Graph):
     def __init__(self, device: "SimDevice", nodes: list[tuple[str, dict[str, Any]]]):
         self.device = device
         self.nodes = list(nodes)
-
-    def launch(self, stream: Stream) -> None:
-        assert isinstance(stream, SimStream)
-        if stream.is_capturing:
-            raise CaptureUnmodelled("launching a graph into a capturing stream is not modelled")
-        accesses = []
+        accesses: list[tuple[str, tuple, bool]] = []  # what the race checker sees of a launch: fixed
         for kind, node in self.nodes:
             if kind == "kernel":
                 accesses += _kernel_accesses(node["kernel"], node["refs"])
             elif kind == "d2d":
                 accesses += [("graph memcpy DtoD", node["dst"], True), ("graph memcpy DtoD", node["src"], False)]
-        stream._enqueue("graph", accesses, nodes=self.nodes)
+        self._accesses = accesses
+        # the accesses resolved against the address map (bucketed by allocation), and the map's
+        # generation they were resolved at: a replay with no mapping made or removed since reuses them
+        self._resolved: list[tuple] = []
+        self._generation = -1
+
+    def launch(self, stream: Stream) -> None:
+        assert isinstance(stream, SimStream)
+        if stream.is_capturing:
+            raise CaptureUnmodelled("launching a graph into a capturing stream is not modelled")
+        dev = self.device
+        if dev.race_check and self._generation != dev._map_generation:
+            self._resolved = [dev._access(who, ref, write) for who, ref, write in self._accesses]
+            self._generation = dev._map_generation
+        stream._enqueue("graph", resolved=self._resolved, nodes=self.nodes)
 
     def __repr__(self) -> str:
         return f"<SimGraph {len(self.nodes)} nodes>"
@@ -204,11 +213,14 @@ class SimStream(Stream):
         return f"<SimStream {self.label} queued={len(self.queue)}>"
 
     # -- enqueue
-    def _enqueue(self, kind: str, accesses: list[tuple[str, tuple, bool]] = (), **payload: Any) -> _Op:  # type: ignore[assignment]
+    def _enqueue(self, kind: str, accesses: list[tuple[str, tuple, bool]] = (), *,  # type: ignore[assignment]
+                 resolved: "list[tuple] | None" = None, **payload: Any) -> _Op:
+        """Enqueue an op; ``resolved``: its accesses already resolved by ``SimDevice._access``."""
         dev = self.device
         op = _Op(kind, self, next(dev._seq), payload)
         if dev.race_check:
-            op.vc = dev._hz.enqueue(self, [dev._access(who, ref, write) for who, ref, write in accesses])
+            op.vc = dev._hz.enqueue(self, resolved if resolved is not None else
+                                    [dev._access(who, ref, write) for who, ref, write in accesses])
         self.queue.append(op)
         if len(self.queue) > dev.queue_bound:
             dev._run_through(self.queue[0])
@@ -335,6 +347,7 @@ class SimDevice(Device):
         self._legacy = SimStream(self, legacy=True)
         self._starts: list[int] = []
         self._maps: dict[int, _Mapping] = {}
+        self._map_generation = 0  # bumped by every mapping made or removed (``SimGraph`` caches on it)
         self._pool_free: list[tuple[int, int]] = []  # sorted (start, size) holes below _pool_top
         self._pool_top = POOL_BASE
         self._pool_sizes: dict[int, int] = {}
@@ -551,10 +564,12 @@ class SimDevice(Device):
                     raise InvalidValue(f"mapping 0x{start:x}+{size} overlaps the mapping at 0x{m.start:x}")
         bisect.insort(self._starts, start)
         self._maps[start] = _Mapping(start, size, backing, kind)
+        self._map_generation += 1
 
     def _unmap(self, start: int) -> _Mapping:
         m = self._maps.pop(start)
         self._starts.remove(start)
+        self._map_generation += 1
         return m
 
     def malloc(self, nbytes: int) -> Buffer:
@@ -670,18 +685,25 @@ class SimDevice(Device):
         stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
+        return self.memcpy_dtoh_many([src], stream)[0]
+
+    def memcpy_dtoh_many(self, srcs: list[ArrayRef], stream: Stream) -> list[np.ndarray]:
+        """The copies enqueued in order (every pointer checked first), then one wait: the last."""
         self._check()
         assert isinstance(stream, SimStream)
         if stream.is_capturing:
             raise CaptureD2HRefused("the current stream is capturing, so D2H transfers are disallowed")
-        ref = _node_payload(src)
-        self._check_mapped_at_call(ref, "memcpy DtoH", stream)
-        op = stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref)
-        self._run_through(op)
+        refs = [_node_payload(src) for src in srcs]
+        for ref in refs:
+            self._check_mapped_at_call(ref, "memcpy DtoH", stream)
+        ops = [stream._enqueue("d2h", [("memcpy DtoH", ref, False)], src=ref) for ref in refs]
+        if not ops:
+            return []
+        self._run_through(ops[-1])
         self._check()
-        self._observed(op.vc)
+        self._observed(ops[-1].vc)
         self._raise_host_error()
-        return op.payload["out"]
+        return [op.payload["out"] for op in ops]
 
     def memcpy_dtod_async(self, dst: ArrayRef, src: ArrayRef, stream: Stream) -> None:
         self._check()
