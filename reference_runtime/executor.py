@@ -231,6 +231,16 @@ class Executor:
                                     self._aliases(op_type, domain, ins, outs, fed), ins, outs))
         if unsupported:
             raise UnsupportedModel("model uses operators this runtime cannot run", unsupported)
+        # Nodes no graph output depends on are not run (ONNX Runtime's graph optimizer removes them
+        # too). They were loaded and validated above: a bad one is still refused at load.
+        live, kept = set(self.outputs), []
+        for st in reversed(self.steps):
+            if any(o in live for o in st.outputs if o):
+                live.update(i for i in st.inputs if i)
+                kept.append(st)
+        alive = {id(st) for st in kept}
+        self.pruned: tuple[str, ...] = tuple(st.info.name for st in self.steps if id(st) not in alive)
+        self.steps = kept[::-1]
         self._const_values: dict[str, _Value] = {}
         self.pager = None
         if runtime.config.vram_limit is not None:  # weights paged under stable addresses

@@ -27,7 +27,8 @@ executor does the same (``RuntimeConfig.execution_plans``, on by default):
   ``Runtime.relaunch`` the record, skipping the kernel's host code (argument checks, launch
   geometry, packing). On CuPy a record exists only when the body's device work was RawKernel
   launches alone (``kernels._fast.LaunchRecorder``); otherwise, or when the tensors differ, the node
-  runs its body as before (and is not recorded again). A dynamic node's output read by a static
+  runs its body as before (recorded again on the next run only when the old record had served
+  ``StepPlan.REARM`` relaunches: a cache reallocated per sequence, not tensors new every step). A dynamic node's output read by a static
   node is written into a planned buffer (its shape is fixed: the reader is static), so the reader
   gets the same tensor every step.
 
@@ -75,10 +76,13 @@ class _Node:
     workspace: int | None = None
     record: bool = False  # record the launch on the next run (launch replay)
     replay: "Relaunch | None" = None  # the recorded launch, relaunched while the node gets the same tensors
+    hits: int = 0  # relaunches of the current record
 
 
 class StepPlan:
     """The plan of one step signature; ``execute`` runs a started ``Run`` through it."""
+
+    REARM = 4  # relaunches after which a record that stops matching is taken again
 
     def __init__(self, executor: "Executor", record: dict[int, tuple], dynamic: set[int],
                  feeds: dict[str, Any]):
@@ -195,8 +199,12 @@ class StepPlan:
             if rep is not None:
                 if all(map(is_, rep.tensors, (*outs, *ins))):  # the very tensors it was recorded on
                     ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, replay=rep)
+                    pn.hits += 1
                     continue
-                pn.replay = None  # other tensors now (a new feed, a fresh output): the body runs from here on
+                # Other tensors now (a new feed, a fresh output): the body runs. A record that served
+                # a while (a cache reallocated per sequence) is taken again on the next run; one that
+                # keeps missing (tensors new every step) is not: recording costs more than it saves.
+                pn.replay, pn.record, pn.hits = None, pn.hits >= self.REARM, 0
             elif pn.record:
                 pn.record = False
                 pn.replay = ex._launch(steps[pn.index], pn.call, outs, ins, pn.in_specs, pn.workspace, record=True)

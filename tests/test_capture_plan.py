@@ -40,7 +40,8 @@ def test_growing_symbol_behind_a_broadcast_is_caught():
     nodes = [helper.make_node("Add", ["past_key_values.0.key", "y"], ["s"], name="add"),
              helper.make_node("Neg", ["y"], ["ny"], name="neg_y"),
              helper.make_node("Concat", ["past_key_values.0.key", "ny"], ["present.0.key"], axis=2, name="cat")]
-    plan = dict(plan_capture(_ex(_kv_model(nodes, [y]))).decisions)
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["b", 2, "past", 4])  # live: dead nodes are pruned
+    plan = dict(plan_capture(_ex(_kv_model(nodes, [y], [s]))).decisions)
     assert plan["neg_y"] is not None and plan["neg_y"].startswith("classifier")
 
 
@@ -121,7 +122,7 @@ def test_control_flow_is_a_host_seam():
     registry = Registry([k for ks in REGISTRY._by_op.values() for k in ks] + [loop_like])
     nodes = [helper.make_node("SequenceEmpty", [], ["s"], name="seq"),
              helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
-    model = _kv_model(nodes)
+    model = _kv_model(nodes, extra_outputs=[helper.make_tensor_value_info("s", TensorProto.FLOAT, [0])])
     ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()), registry=registry)
     assert dict(plan_capture(ex).decisions)["seq"] == "host control flow: SequenceEmpty"
 

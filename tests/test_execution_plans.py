@@ -45,7 +45,8 @@ def test_views_launch_nothing_and_planned_steps_allocate_nothing():
     dec, _ = _decode("tiny-fp32-standard-kv64", True, tokens=4)
     ex, rt = dec.ex, dec.rt
     views = [st for st in ex.steps if st.alias]
-    assert views and {st.info.op_type for st in views} == {"Reshape", "Squeeze", "Unsqueeze", "Transpose"}
+    ops = {st.info.op_type for st in views}
+    assert views and {"Reshape", "Transpose"} <= ops <= {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"}
     before = (rt.counters.launches, rt.counters.allocations)
     dec.forward([66])
     launches = rt.counters.launches - before[0]

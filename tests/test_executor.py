@@ -7,6 +7,7 @@ import pytest
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.executor import Executor, FeedError
+from lockstep.kernels._op import OpError
 from lockstep.reference_runtime.model import ModelError, UnsupportedModel
 from onnx import TensorProto, helper, numpy_helper
 
@@ -357,3 +358,30 @@ def test_a_half_precision_cache_fed_to_a_float32_concat_is_refused():
     with pytest.raises(FeedError, match="input 'past': dtype float16 given, float32 declared"):
         ex.run({"past": past, "new": np.ones((1, 2), np.float32)})
     assert rt.counters.launches == launches
+
+
+def test_nodes_no_output_depends_on_are_loaded_but_not_run(make_runtime):
+    """Contract: a node whose outputs no graph output depends on is validated at load (a bad
+    attribute is still refused) and then pruned: named in ``Executor.pruned``, never launched (as
+    ONNX Runtime's optimizer removes it). Result: the graph outputs are unchanged."""
+
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+
+    def model(dead_attrs):
+        nodes = [helper.make_node("Relu", ["x"], ["y"], name="live"),
+                 helper.make_node("Neg", ["x"], ["n"], name="dead"),
+                 helper.make_node("Cast", ["n"], ["m"], name="dead_too", **dead_attrs)]
+        g = helper.make_graph(nodes, "g", [x], [y])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+    rt = make_runtime()
+    ex = Executor(model({"to": TensorProto.DOUBLE}), rt)
+    assert ex.pruned == ("dead", "dead_too") and [st.info.name for st in ex.steps] == ["live"]
+    before = rt.counters.launches
+    out = ex.run({"x": np.array([-1.0, 0.0, 2.0], np.float32)})["y"]
+    np.testing.assert_array_equal(out, [0.0, 0.0, 2.0])
+    assert rt.counters.launches - before == 1, "contract: the dead nodes launch nothing"
+    with pytest.raises(OpError, match="dead_too"):
+        Executor(model({"to": 999}), rt)

@@ -90,7 +90,31 @@ def test_a_node_handed_other_tensors_runs_its_body(make_runtime):
     t2 = rt.upload(x2)
     np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c, err_msg="result: the new feed's values")
     assert plan.replays == 0, "contract: the record naming the old feed is dropped"
-    np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c)
+    for _ in range(2):
+        np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c)
+    assert plan.replays == 0, "contract: a record that served once is not taken again (tensors new each step)"
+
+
+def test_a_record_that_served_is_taken_again_for_new_tensors(make_runtime):
+    """Contract: a record relaunched ``StepPlan.REARM`` times whose tensors then change (a cache
+    allocated anew for the next sequence) is recorded again on the next run and relaunched after.
+    Result: every run gives its own feed's values."""
+    from lockstep.reference_runtime.plan import StepPlan
+
+    rt = make_runtime()
+    ex = Executor(_chain_model(), rt)
+    c = np.arange(6, dtype=F).reshape(2, 3) + 1
+    x1, x2 = np.full((2, 3), 2, F), np.full((2, 3), 5, F)
+    t1, t2 = rt.upload(x1), rt.upload(x2)
+    for _ in range(2 + StepPlan.REARM):
+        np.testing.assert_array_equal(ex.run({"x": t1})["y"], (x1 + c) * c)
+    (plan,) = ex.plans._plans.values()
+    assert plan.replays == 1
+    np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c, err_msg="result: the mismatch runs the body")
+    assert plan.replays == 0
+    np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c, err_msg="result: recorded again")
+    assert plan.replays == 1, "contract: recorded again on the run after the mismatch"
+    np.testing.assert_array_equal(ex.run({"x": t2})["y"], (x2 + c) * c, err_msg="result: relaunched")
 
 
 def _gather_model(op: str):

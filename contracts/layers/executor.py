@@ -238,10 +238,24 @@ MUTANTS = [
         tests=_PLANS, select="transpose or byte_identical",
     ),
     Mutant(
+        "executor", "dead_nodes_run", _E,
+        old="            if any(o in live for o in st.outputs if o):",
+        new="            if True:",
+        breaks="a node no graph output depends on is loaded and validated but never launched",
+        tests=_EX, select="not_run",
+    ),
+    Mutant(
+        "executor", "replay_rearms_always", _P,
+        old="pn.replay, pn.record, pn.hits = None, pn.hits >= self.REARM, 0",
+        new="pn.replay, pn.record, pn.hits = None, True, 0",
+        breaks="a record whose tensors keep changing is not taken again each step (recording costs more than it saves)",
+        tests=("tests/test_launch_replay.py",), select="other_tensors",
+    ),
+    Mutant(
         "executor", "plan_dynamic_outputs_fresh", _P,
         old="                ex.step(run, pn.index, persist=self.persist)",
         new="                ex.step(run, pn.index)",
-        breaks="a dynamic node's output that static nodes read goes into a planned buffer (its readers replay)",
-        tests=("tests/test_launch_replay.py",), select="byte_identical",
+        breaks="a dynamic node writes its output that static nodes read into the planned buffer they read",
+        tests=_PLANS, select="byte_identical",
     ),
 ]
