@@ -28,9 +28,10 @@ executor does the same (``RuntimeConfig.execution_plans``, on by default):
   geometry, packing). On CuPy a record exists only when the body's device work was RawKernel
   launches alone (``kernels._fast.LaunchRecorder``); otherwise, or when the tensors differ, the node
   runs its body as before (recorded again on the next run only when the old record had served
-  ``StepPlan.REARM`` relaunches: a cache reallocated per sequence, not tensors new every step). A dynamic node's output read by a static
-  node is written into a planned buffer (its shape is fixed: the reader is static), so the reader
-  gets the same tensor every step.
+  ``StepPlan.REARM`` relaunches: a cache reallocated per sequence, not tensors new every step). A
+  dynamic node's output read by a static node is written into a planned buffer (its shape is
+  fixed: the reader is static; ``Executor.step`` refuses another shape with ``IllegalState``), so
+  the reader gets the same tensor every step.
 
 The launches, their order and their arguments' shapes are the node-by-node run's, so the bytes
 are too (``tests/test_execution_plans.py`` runs both and compares; the simulated device's race
