@@ -112,10 +112,10 @@ class _Op:
     seq: int
     payload: dict[str, Any]
     done: bool = False
-    vc: dict[int, int] = field(default_factory=dict)
+    vc: dict[int, int] | None = None  # its clock (HazardTracker.enqueue), with race checking on
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Mapping:
     start: int
     size: int
