@@ -57,6 +57,9 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+_validate: Any = None  # _attr_check.validate, once imported
+
+
 class OpError(ValueError):
     """A node's inputs or attributes are invalid for its operator; names the node."""
 
@@ -193,9 +196,10 @@ class OpKernel:
         """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's
         required attributes, the shared enumeration/range/element-type tables, then ``check``);
         raises ``OpError`` naming the node, the attribute and what is allowed."""
-        from ._attr_check import validate
-
-        validate(self, info)
+        global _validate
+        if _validate is None:  # (imported on first use: _attr_check imports this module)
+            from ._attr_check import validate as _validate
+        _validate(self, info)
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)
