@@ -10,6 +10,7 @@ file, the tensor or node, and what was wrong.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,21 @@ def np_dtype(elem_type: int) -> np.dtype:
     return dtype
 
 
+# Types whose raw_data numpy_helper.to_array unpacks (sub-byte elements) rather than reads as is.
+_UNPACKED = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3",
+                                                    "FLOAT6E3M2") if hasattr(onnx.TensorProto, n)}
+_RAW_READ_AS_IS = sys.byteorder == "little"  # raw_data is little-endian: numpy reads it as is here
+
+
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
     try:
+        if (_RAW_READ_AS_IS and t.HasField("raw_data") and t.data_type not in _UNPACKED
+                and t.data_type not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED)
+                and t.data_location != onnx.TensorProto.EXTERNAL and not t.HasField("segment")
+                and t.data_type in _NP_DTYPES):
+            # what numpy_helper.to_array does for these (a read-only view of the bytes), without its
+            # per-call dtype-table lookups
+            return np.frombuffer(t.raw_data, dtype=_NP_DTYPES[t.data_type]).reshape(tuple(t.dims))
         return numpy_helper.to_array(t, base_dir or "")
     except Exception as exc:
         raise ModelError(f"tensor {t.name!r}: cannot read its data: {exc}") from exc
