@@ -147,6 +147,8 @@ def broadcast(node: NodeInfo, *shapes: Sequence[int]) -> tuple[int, ...]:
     shapes = [tuple(int(d) for d in s) for s in shapes]
     if any(d < 0 for s in shapes for d in s):
         raise node.error(f"shapes {shapes}: negative dim")
+    if shapes and all(s == shapes[0] for s in shapes):  # (the common case: nothing to broadcast)
+        return shapes[0]
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for k in range(rank):

@@ -562,7 +562,7 @@ class SimDevice(Device):
                 m = self._maps[self._starts[j]]
                 if m.start < start + size and start < m.start + m.size:
                     raise InvalidValue(f"mapping 0x{start:x}+{size} overlaps the mapping at 0x{m.start:x}")
-        bisect.insort(self._starts, start)
+        self._starts.insert(i, start)  # (i is its place: no mapping starts there, it would overlap)
         self._maps[start] = _Mapping(start, size, backing, kind)
         self._map_generation += 1
 
