@@ -57,6 +57,9 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+_validate: Any = None  # _attr_check.validate, once imported
+
+
 class OpError(ValueError):
     """A node's inputs or attributes are invalid for its operator; names the node."""
 
@@ -144,6 +147,8 @@ def broadcast(node: NodeInfo, *shapes: Sequence[int]) -> tuple[int, ...]:
     shapes = [tuple(int(d) for d in s) for s in shapes]
     if any(d < 0 for s in shapes for d in s):
         raise node.error(f"shapes {shapes}: negative dim")
+    if shapes and all(s == shapes[0] for s in shapes):  # (the common case: nothing to broadcast)
+        return shapes[0]
     rank = max((len(s) for s in shapes), default=0)
     out = []
     for k in range(rank):
@@ -193,9 +198,10 @@ class OpKernel:
         """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's
         required attributes, the shared enumeration/range/element-type tables, then ``check``);
         raises ``OpError`` naming the node, the attribute and what is allowed."""
-        from ._attr_check import validate
-
-        validate(self, info)
+        global _validate
+        if _validate is None:  # (imported on first use: _attr_check imports this module)
+            from ._attr_check import validate as _validate
+        _validate(self, info)
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)

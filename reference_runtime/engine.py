@@ -59,19 +59,26 @@ class RefEngine:
     def describe(self) -> dict[str, str]:
         return {"device": self.device_name, "config": repr(self.config)}
 
-    def _fresh_device(self):
-        from .backends import device_class, make_device
+    def _device_class(self):
+        """The device's class, looked up once (prepare asks twice per model)."""
+        cls = self.__dict__.get("_cls")
+        if cls is None:
+            from .backends import device_class
 
-        if not device_class(self.device_name).SHARED:
+            cls = self._cls = device_class(self.device_name)
+        return cls
+
+    def _fresh_device(self):
+        from .backends import make_device
+
+        if not self._device_class().SHARED:
             return make_device(self.device_name)  # cheap; a fault in one model never poisons the next
         if self._device is None or self._device.sticky_error is not None:
             self._device = make_device(self.device_name)
         return self._device
 
     def _check_dtypes(self, model: onnx.ModelProto) -> None:
-        from .backends import device_class
-
-        holds = device_class(self.device_name).ARRAY_DTYPES
+        holds = self._device_class().ARRAY_DTYPES
         exotic = _dtypes(model) - holds if holds is not None else set()
         if exotic:
             raise UnsupportedModel(f"{self.name}: the {self.device_name} device has no array dtype for", sorted(exotic))

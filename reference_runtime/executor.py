@@ -48,7 +48,7 @@ class FeedError(ValueError):
     """A feed is missing, unknown, or of the wrong dtype or shape; names the input."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Value:
     tensor: Tensor | None  # None for an empty (0-element) value never placed on the device
     spec: Spec

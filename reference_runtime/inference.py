@@ -62,9 +62,10 @@ def _nodes(graph: onnx.GraphProto):
                     yield from _nodes(g)
 
 
-def check_for_inference(model: onnx.ModelProto) -> None:
-    """Refuse the attribute values that crash onnx's shape inference, naming node and attribute."""
-    for i, node in enumerate(_nodes(model.graph)):
+def check_for_inference(model: onnx.ModelProto, nodes: "list[onnx.NodeProto] | None" = None) -> None:
+    """Refuse the attribute values that crash onnx's shape inference, naming node and attribute.
+    ``nodes``: the model's nodes in ``_nodes``'s order, when the caller walked them already."""
+    for i, node in enumerate(_nodes(model.graph) if nodes is None else nodes):
         for a in node.attribute:
             bad = None
             key = a.name  # (read once: a protobuf field read is not free, and most attributes are none of these)

@@ -10,6 +10,7 @@ file, the tensor or node, and what was wrong.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,21 @@ def np_dtype(elem_type: int) -> np.dtype:
     return dtype
 
 
+# Types whose raw_data numpy_helper.to_array unpacks (sub-byte elements) rather than reads as is.
+_UNPACKED = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3",
+                                                    "FLOAT6E3M2") if hasattr(onnx.TensorProto, n)}
+_RAW_READ_AS_IS = sys.byteorder == "little"  # raw_data is little-endian: numpy reads it as is here
+
+
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
     try:
+        if (_RAW_READ_AS_IS and t.HasField("raw_data") and t.data_type not in _UNPACKED
+                and t.data_type not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED)
+                and t.data_location != onnx.TensorProto.EXTERNAL and not t.HasField("segment")
+                and t.data_type in _NP_DTYPES):
+            # what numpy_helper.to_array does for these (a read-only view of the bytes), without its
+            # per-call dtype-table lookups
+            return np.frombuffer(t.raw_data, dtype=_NP_DTYPES[t.data_type]).reshape(tuple(t.dims))
         return numpy_helper.to_array(t, base_dir or "")
     except Exception as exc:
         raise ModelError(f"tensor {t.name!r}: cannot read its data: {exc}") from exc
@@ -136,27 +150,32 @@ _HOLDS_TENSORS = frozenset({onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENS
                             onnx.AttributeProto.GRAPHS})
 
 
-def _attribute_tensors(graph: onnx.GraphProto, where: str):
-    """(tensor, description) for every tensor held in a node attribute, subgraphs included."""
+def _attribute_tensors(graph: onnx.GraphProto, where: str, nodes: list | None = None):
+    """(tensor, description) for every tensor held in a node attribute, subgraphs included.
+    ``nodes``: every node walked is appended to it, depth first (each node before the nodes of its
+    subgraphs: ``inference._nodes``'s order), so the loader's other checks need no walk of their own."""
     for i, node in enumerate(graph.node):
+        if nodes is not None:
+            nodes.append(node)
         for a in node.attribute:
-            if a.type not in _HOLDS_TENSORS:
+            kind = a.type
+            if kind not in _HOLDS_TENSORS:
                 continue
             at = f"{where}node {node.name or f'{node.op_type}_{i}'!r} ({node.op_type}) attribute {a.name!r}"
-            if a.type == onnx.AttributeProto.TENSOR:
+            if kind == onnx.AttributeProto.TENSOR:
                 yield a.t, at
-            elif a.type == onnx.AttributeProto.TENSORS:
+            elif kind == onnx.AttributeProto.TENSORS:
                 yield from ((t, at) for t in a.tensors)
-            elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _graph_tensors(a.g, f"{at}: ")
-            elif a.type == onnx.AttributeProto.GRAPHS:
+            elif kind == onnx.AttributeProto.GRAPH:
+                yield from _graph_tensors(a.g, f"{at}: ", nodes)
+            elif kind == onnx.AttributeProto.GRAPHS:
                 for g in a.graphs:
-                    yield from _graph_tensors(g, f"{at}: ")
+                    yield from _graph_tensors(g, f"{at}: ", nodes)
 
 
-def _graph_tensors(graph: onnx.GraphProto, where: str = ""):
+def _graph_tensors(graph: onnx.GraphProto, where: str = "", nodes: list | None = None):
     yield from ((t, f"{where}initializer {t.name!r}") for t in graph.initializer)
-    yield from _attribute_tensors(graph, where)
+    yield from _attribute_tensors(graph, where, nodes)
 
 
 def _external_int(entries: dict[str, str], key: str, where: str) -> int | None:
@@ -202,10 +221,10 @@ def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
     t.data_location = onnx.TensorProto.DEFAULT
 
 
-def _check_tensors(model: onnx.ModelProto, base: Path | None) -> None:
+def _check_tensors(model: onnx.ModelProto, base: Path | None, nodes: list | None = None) -> None:
     """Every tensor of the model: a known type, data matching its dims; external data (only on the
-    main graph's initializers, only from inside ``base``) read in."""
-    tensors = list(_graph_tensors(model.graph))  # one walk of the graph and its subgraphs
+    main graph's initializers, only from inside ``base``) read in. ``nodes``: see ``_attribute_tensors``."""
+    tensors = list(_graph_tensors(model.graph, "", nodes))  # one walk of the graph and its subgraphs
     for t, where in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL and not where.startswith("initializer "):
             raise ModelError(f"{where}: external data is allowed on the graph's initializers only")
@@ -329,7 +348,8 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
     try:
         data = model.SerializeToString()  # parsed by the UTF-8 check and by onnx.checker: serialised once
         _check_text(model, data=data)
-        _check_tensors(model, None if base_dir is None else Path(base_dir))
+        nodes: list[onnx.NodeProto] = []  # every node, subgraphs included: walked once, checked twice
+        _check_tensors(model, None if base_dir is None else Path(base_dir), nodes)
         if check:
             try:  # (external data read in since changes the bytes: those models are serialised again)
                 onnx.checker.check_model(data if base_dir is None else model)
@@ -337,7 +357,7 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
                 raise ModelError(f"model fails onnx.checker: {exc}") from exc
             from .inference import check_for_inference
 
-            check_for_inference(model)
+            check_for_inference(model, nodes)
     except ModelError as exc:
         raise ModelError(f"{where}{exc}") from exc.__cause__
     return model, base_dir

@@ -314,6 +314,8 @@ class Runtime:
         if shape and min(shape) < 0:
             raise self._refusal(name, f"{dtype.name}{list(shape)}", None, "a negative dim is not a size")
         nbytes = math.prod(shape) * dtype.itemsize
+        if 0 < nbytes <= INT64_MAX:
+            return nbytes
         # numpy refuses past int64 even at size 0 (with no zero dim, the extent is the byte count)
         extent = math.prod(max(d, 1) for d in shape) * dtype.itemsize if not nbytes else nbytes
         if max(nbytes, extent) > INT64_MAX:

@@ -27,8 +27,8 @@ MUTANTS = [
     ),
     Mutant(
         "sim", "race_supersede_ignores_bytes", _H,
-        old="if not (a.before(new.vc) and new.lo <= a.lo and a.hi <= new.hi and (new.write or not a.write))]",
-        new="if not (a.before(new.vc) and (new.write or not a.write))]",
+        old="if not ((new.write or not a.write) and new.lo <= a.lo and a.hi <= new.hi and a.before(new.vc))]",
+        new="if not ((new.write or not a.write) and a.before(new.vc))]",
         breaks="a later access to other bytes of an allocation does not hide an earlier access's record",
         tests=_HAZ_TESTS,
     ),

@@ -118,6 +118,6 @@ class HazardTracker:
         if not entries:  # a fresh allocation (or one whose records were all observed): nothing to supersede
             self._buckets[bucket] = [new]
             return
-        entries[:] = [a for a in entries
-                      if not (a.before(new.vc) and new.lo <= a.lo and a.hi <= new.hi and (new.write or not a.write))]
+        entries[:] = [a for a in entries  # (the clock comparison last: it is a call, the others are not)
+                      if not ((new.write or not a.write) and new.lo <= a.lo and a.hi <= new.hi and a.before(new.vc))]
         entries.append(new)

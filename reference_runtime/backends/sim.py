@@ -112,10 +112,10 @@ class _Op:
     seq: int
     payload: dict[str, Any]
     done: bool = False
-    vc: dict[int, int] = field(default_factory=dict)
+    vc: dict[int, int] | None = None  # its clock (HazardTracker.enqueue), with race checking on
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Mapping:
     start: int
     size: int
@@ -562,7 +562,7 @@ class SimDevice(Device):
                 m = self._maps[self._starts[j]]
                 if m.start < start + size and start < m.start + m.size:
                     raise InvalidValue(f"mapping 0x{start:x}+{size} overlaps the mapping at 0x{m.start:x}")
-        bisect.insort(self._starts, start)
+        self._starts.insert(i, start)  # (i is its place: no mapping starts there, it would overlap)
         self._maps[start] = _Mapping(start, size, backing, kind)
         self._map_generation += 1
 
