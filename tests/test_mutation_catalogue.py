@@ -10,6 +10,7 @@ seconds) and the CI subset, which must be killed in full.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -39,6 +40,9 @@ def demo(tmp_path, monkeypatch):
     """))
     (tmp_path / "test_demo.py").write_text(f"import {name}\n\n\ndef test_add():\n    assert {name}.add(2, 3) == 5\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    # the runner's child pytest imports the module too: from its working directory, which is on
+    # sys.path only without PYTHONSAFEPATH (the GPU lane sets it), so name the folder explicitly
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
     yield name, tmp_path
     sys.modules.pop(name, None)
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_Finder"]
