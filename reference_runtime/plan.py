@@ -239,6 +239,7 @@ class PlanCache:
     def __init__(self, executor: "Executor"):
         self.ex = executor
         self._growing: set | None = None
+        self._masks: dict[str, frozenset[int]] = {}  # per feed: the positions of its growing dims
         self._dynamic: set[int] | None = None
         self._first: tuple[tuple, dict[int, tuple]] | None = None  # (raw signature, record) of the first run
         self._records: dict[tuple, dict[int, tuple]] = {}
@@ -253,18 +254,18 @@ class PlanCache:
 
     def _key(self, raw: tuple) -> tuple:
         """The step signature: ``raw`` with the dims that grow with the KV length masked."""
-        from .symbols import Symbol
-
         if self._growing is None:
             from .capture_plan import growing_symbols
+            from .symbols import Symbol
 
             self._growing = growing_symbols(self.ex)
-        declared = self.ex.symbolic_shapes
+            self._masks = {name: frozenset(k for k, d in enumerate(dims) if isinstance(d, Symbol) and d in self._growing)
+                           for name, dims in self.ex.symbolic_shapes.items()}
+        masks = self._masks
         out = []
         for name, shape, dtype in raw:
-            dims = declared.get(name, ())
-            out.append((name, tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing
-                                    else n for k, n in enumerate(shape)), dtype))
+            m = masks.get(name)
+            out.append((name, tuple("*" if k in m else n for k, n in enumerate(shape)) if m else shape, dtype))
         return tuple(out)
 
     def _dynamic_steps(self) -> set[int]:
