@@ -197,8 +197,8 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "plan_key_keeps_growing_dims", _P,
-        old='out.append((name, tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] in self._growing',
-        new='out.append((name, tuple("*" if k < len(dims) and isinstance(dims[k], Symbol) and dims[k] not in self._growing',
+        old="for k, d in enumerate(dims) if isinstance(d, Symbol) and d in self._growing)",
+        new="for k, d in enumerate(dims) if isinstance(d, Symbol) and d not in self._growing)",
         breaks="a step signature masks the dims that grow with the KV length: one plan serves every decode step",
         tests=_PLANS, select="byte_identical",
     ),
