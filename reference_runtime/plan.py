@@ -108,11 +108,11 @@ class StepPlan:
             # which the dynamic node writes every step (Executor.step's ``persist``, which refuses
             # another shape), so the reader sees the same tensor each step and can be relaunched.
             slow = {i for i, step in enumerate(ex.steps) if step.kernel is None or i in dynamic or i not in record}
-            read = {n for i, step in enumerate(ex.steps) if i not in slow for n in step.node.input if n}
+            read = {n for i, step in enumerate(ex.steps) if i not in slow for n in step.inputs if n}
             for i in sorted(slow):
                 if ex.steps[i].kernel is None or i not in record:
                     continue
-                for name, spec in zip(ex.steps[i].node.output, record[i][0]):
+                for name, spec in zip(ex.steps[i].outputs, record[i][0]):
                     if name and name in read and name not in outputs:
                         self.persist[name] = t = self._alloc(spec.shape, spec.dtype, f"plan:{name}")
                         self.fixed[name] = _Value(t, spec)  # (views of it are built once, below)
@@ -123,9 +123,8 @@ class StepPlan:
                     pn.slow = True
                     continue
                 out_specs, call, in_specs = record[i]
-                node = step.node
                 if step.is_view(in_specs[0] if in_specs else None):
-                    src, out, spec = node.input[0], node.output[0], out_specs[0]
+                    src, out, spec = step.inputs[0], step.outputs[0], out_specs[0]
                     base = self.fixed.get(src) or constant.get(src)
                     if base is not None:  # a view of a planned buffer or a constant: built once
                         t = base.tensor
@@ -134,9 +133,9 @@ class StepPlan:
                     else:
                         pn.alias = (src, out, spec)
                     continue
-                pn.call, pn.in_specs, pn.n_out = call, in_specs, len(node.output)
-                pn.ins = tuple(n for n in node.input if n)
-                for k, (name, spec) in enumerate(zip(node.output, out_specs)):
+                pn.call, pn.in_specs, pn.n_out = call, in_specs, len(step.outputs)
+                pn.ins = tuple(n for n in step.inputs if n)
+                for k, (name, spec) in enumerate(zip(step.outputs, out_specs)):
                     if name in outputs:
                         pn.per_run.append((k, name, spec))
                         continue

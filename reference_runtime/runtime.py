@@ -375,6 +375,12 @@ class Runtime:
             return
         self._release_after_queued_work(buf)
 
+    def _mark_drained(self) -> None:
+        """Both streams were just synchronised: nothing enqueued so far can still run (the markers
+        ``_drained``, for frees, and ``_drained_at``, for writes, are declared in ``__init__``)."""
+        self._drained = self._enqueued
+        self._drained_at = self._on_compute
+
     def _release_after_queued_work(self, buf: Buffer) -> None:
         if self._drained == self._enqueued:
             # Nothing enqueued since both streams drained: no queued work can read ``buf``, and every
@@ -519,11 +525,9 @@ class Runtime:
             self.counters.syncs_deferred += 1
             return
         self.counters.syncs_real += 1
-        drained = self._on_compute
         self.compute.synchronize()  # inside a capture: StreamCaptureUnsupported, capture invalidated
         self.copy_stream.synchronize()
-        self._drained = self._enqueued
-        self._drained_at = drained
+        self._mark_drained()
         self._reap()
         self._raise_if_latched()
 
@@ -539,11 +543,9 @@ class Runtime:
         if self._capturing is not None:
             raise IllegalState("internal: forced synchronise requested inside a capture")
         self.counters.forced_syncs += 1
-        drained = self._on_compute
         self.compute.synchronize()
         self.copy_stream.synchronize()
-        self._drained = self._enqueued
-        self._drained_at = drained
+        self._mark_drained()
 
     @primitive(
         records=("drain_for_unmap",), barrier=True, capture="refused", kind="drain",
@@ -564,11 +566,9 @@ class Runtime:
                 subject=self._capturing,
             )
         self.counters.drains += 1
-        drained = self._on_compute
         self.compute.synchronize()
         self.copy_stream.synchronize()
-        self._drained = self._enqueued
-        self._drained_at = drained
+        self._mark_drained()
         self._reap()
 
     # -- copies
