@@ -27,6 +27,7 @@ MODULES = (
     "lockstep.kernels.ops_linalg",
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
+    "lockstep.kernels.ops_rnn",
 )
 
 # Ops the executor handles itself rather than through a kernel.
