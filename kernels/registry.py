@@ -28,6 +28,7 @@ MODULES = (
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
     "lockstep.kernels.ops_rnn",
+    "lockstep.kernels.ops_roi",
 )
 
 # Ops the executor handles itself rather than through a kernel.
