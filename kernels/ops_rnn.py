@@ -98,13 +98,12 @@ def _activations(node) -> list[list[tuple[str, float, float]]]:
 
 
 def _check(node) -> None:
-    """Load-time checks beyond ``_attr_check``'s tables (direction, layout, flags, hidden_size range)."""
+    """Load-time checks beyond ``_attr_check``'s tables (which hold direction, layout, the 0/1 flags
+    and hidden_size's range): the activations with their alpha/beta, and clip."""
     _activations(node)
     clip = node.attr("clip")
     if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
         raise node.error(f"attribute clip={clip!r} is invalid: a positive finite number is expected")
-    if node.op_type != "LSTM" and "input_forget" in node.attrs:
-        raise node.error("attribute input_forget is invalid: only LSTM has it")
 
 
 def _dims(node, specs):
