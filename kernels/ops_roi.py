@@ -13,7 +13,8 @@ reference's definition).
 ROI *values*; ``rois`` is therefore read on the host (``host_inputs``) to size the padded grid (its
 largest region), and each region masks the samples past its own grid on the device. The body reads
 nothing on the host. ``batch_indices`` outside ``[0, N)`` are flagged into the error latch
-(``index_checks``) and clamped. Opset 10 has no ``coordinate_transformation_mode``: it is
+(``index_checks``) and clamped (with ``N = 0`` the output is zeros, every index flagged). Non-finite
+ROI coordinates and an empty spatial dim are refused by ``shapes()`` (``OpError``). Opset 10 has no ``coordinate_transformation_mode``: it is
 ``output_half_pixel`` there (opset 16's default is ``half_pixel``).
 """
 
@@ -55,6 +56,10 @@ def _shapes(node, specs):
         raise node.error(f"input rois must have shape (num_rois, 4), got {rois.shape}")
     if idx.rank != 1 or idx.shape[0] != rois.shape[0] or idx.dtype.kind not in "iu":
         raise node.error(f"input batch_indices must be integers of shape ({rois.shape[0]},), got {idx.dtype}{idx.shape}")
+    if rois.shape[0] and (x.shape[2] == 0 or x.shape[3] == 0):
+        raise node.error(f"input X has an empty spatial dim {x.shape}: the regions have nothing to sample")
+    if rois.value is not None and not np.all(np.isfinite(rois.value)):
+        raise node.error("input rois must hold finite coordinates")
     _, _, oh, ow, _, _ = _attrs(node)
     return [Spec((rois.shape[0], x.shape[1], oh, ow), x.dtype)]
 
@@ -94,8 +99,8 @@ def _axis(xp, start, bin_, grid, pooled, G, size, wd):
     i = xp.arange(G, dtype=wd).reshape(1, 1, G) + wd.type(0.5)
     b = bin_.reshape(-1, 1, 1)
     pos = (start.reshape(-1, 1, 1) + p * b) + i * b / grid.astype(wd).reshape(-1, 1, 1)
-    inside = xp.logical_and(pos >= -1, pos <= size)
-    pos = xp.maximum(pos, wd.type(0))
+    inside = xp.logical_and(pos >= -1, pos <= size)  # (False for NaN: never indexes anything)
+    pos = xp.where(inside, xp.maximum(pos, wd.type(0)), wd.type(0))
     low = xp.floor(pos).astype(xp.int64)
     at_end = low >= size - 1
     low = xp.minimum(low, size - 1)
@@ -111,6 +116,8 @@ def _compute(xp, node, X, rois, batch_indices):
     wd = work_dtype(X.dtype)
     N, C, H, W = (int(d) for d in X.shape)
     R = int(rois.shape[0])
+    if N == 0 or R == 0:  # no image to sample (every batch index is flagged): zeros, no gather
+        return (xp.zeros((R, C, oh, ow), dtype=X.dtype),)
     Gh, Gw = _grid_size(node, node.host[1], wd)
     y1, x1, bh, bw = _geometry(xp, rois, wd, half_pixel, oh, ow, scale)
     if ratio > 0:

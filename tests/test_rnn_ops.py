@@ -294,3 +294,16 @@ def test_bad_roialign_attribute_is_an_op_error_at_load(attrs, pattern):
     model = _model("RoiAlign", inputs, {"Y": [1, 1, 1, 1]}, name="roi0", **attrs)
     with pytest.raises(OpError, match=r"node 'roi0' \(RoiAlign, opset 22\): .*" + pattern):
         Executor(model, _sim())
+
+
+def test_roialign_non_finite_rois_and_an_empty_batch_are_named_errors(make_runtime):
+    inputs = {"X": _r(1, 1, 5, 5), "rois": _ROIS[:2], "batch_indices": np.zeros(2, np.int64)}
+    model = _model("RoiAlign", inputs, {"Y": [2, 1, 1, 1]}, name="roi0", sampling_ratio=2)
+    rt = make_runtime()
+    with pytest.raises(OpError, match=r"node 'roi0' \(RoiAlign, opset 22\): input rois must hold finite coordinates"):
+        Executor(model, rt).run({**inputs, "rois": np.full((2, 4), np.nan, F)})
+    empty = {**inputs, "X": np.zeros((0, 1, 5, 5), F)}
+    model = _model("RoiAlign", empty, {"Y": [2, 1, 1, 1]}, name="roi0", sampling_ratio=2)
+    with pytest.raises(DeviceAssert, match="roi0"):  # every batch index lies outside [0, 0)
+        Executor(model, rt).run(empty)
+    rt.reset_error_latch()
