@@ -7,7 +7,8 @@ Work is in float32 (float64 for float64 inputs), cast back at the end.
 ``sequence_lens`` stays on the device: at step ``t`` a batch row updates its state only where
 ``t < sequence_lens[b]`` (a per-row mask), so its outputs past its length are zero and ``Y_h``/
 ``Y_c`` hold the state of its last valid step. The reverse direction walks ``t = T-1 .. 0`` with the
-same mask, so it starts from the initial state at the row's own last step (what ONNX Runtime does).
+same mask, so it starts from the initial state at the row's own last step, and a row of length 0
+has zero ``Y_h``/``Y_c`` (both as ONNX Runtime does; ONNX's reference evaluator ignores the input).
 A length outside ``[0, T]`` is flagged into the runtime's error latch (``index_checks``). Nothing is
 read on the host, so the three ops are capture-safe.
 
@@ -282,6 +283,10 @@ def _compute(xp, node, X, W, R, B=None, seq=None, h0=None, c0=None, P=None):
                 if c is not None:
                     c = xp.where(live, c_new, c)
                 steps[t] = xp.where(live, h_new, xp.zeros((), dtype=wd))
+        if lens is not None:  # a row of length 0 has no last step: zero Y_h/Y_c (as ONNX Runtime)
+            ran = lens > 0
+            h = xp.where(ran, h, xp.zeros((), dtype=wd))
+            c = None if c is None else xp.where(ran, c, xp.zeros((), dtype=wd))
         ys.append(xp.stack(steps) if T else xp.zeros((0, nb, H), dtype=wd))
         hs.append(h)
         cs.append(c)

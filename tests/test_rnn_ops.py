@@ -100,7 +100,8 @@ def _loop(kind, x, w, r, b, h0, c0, p, lens, acts, clip=None, lbr=0, input_forge
                     name, a, bb = acts[d][2]
                     h = o * _ACT[name](c, a, bb)
                 y[t, d, n] = h
-            yh[d, n], yc[d, n] = h, c
+            if lens[n]:  # a row of length 0 has no last step: zero Y_h/Y_c (ONNX Runtime's choice)
+                yh[d, n], yc[d, n] = h, c
     return y, yh, yc
 
 
@@ -142,11 +143,25 @@ def test_bidirectional_with_short_sequence_lens_matches_the_spec_loop(make_runti
     got = Executor(model, make_runtime()).run(_feeds(inputs))
     want = _loop(kind, x, w, r, b, h0, c0, p, lens, [_DEFAULT[kind]] * 2)
     _check(got, *want, layout)
-    # contract: past a row's length its outputs are zero, and a row of length 0 keeps its initial state
+    # contract: past a row's length its outputs are zero, and a row of length 0 has a zero Y_h
     y = got["Y"] if not layout else got["Y"].transpose(1, 2, 0, 3)
     assert not y[2:, :, 1].any() and not y[:, :, 2].any()
     yh = got["Y_h"] if not layout else got["Y_h"].transpose(1, 0, 2)
-    np.testing.assert_allclose(yh[:, 2], h0[:, 2], rtol=1e-6)
+    assert not yh[:, 2].any() and h0[:, 2].all()
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_short_sequence_lens_agree_with_onnxruntime(kind):
+    """Data about ONNX Runtime's CPU provider (layout 0 only: it refuses layout 1), which fixes what
+    the spec leaves open: the reverse direction starts at a row's own last step, a row of length 0
+    gives zero Y_h/Y_c."""
+    ort = pytest.importorskip("onnxruntime")
+    model, inputs, _ = _case(kind, "bidirectional", 0, lens=(5, 2, 0))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, _feeds(inputs))
+    got = Executor(model, _sim()).run(_feeds(inputs))
+    for name, w in zip(got, want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6)  # result: each output
 
 
 def test_reverse_gru_linear_before_reset_with_clip(make_runtime):
