@@ -29,6 +29,8 @@ MODULES = (
     "lockstep.kernels.ops_contrib",
     "lockstep.kernels.ops_rnn",
     "lockstep.kernels.ops_roi",
+    "lockstep.kernels.ops_conv_variants",
+    "lockstep.kernels.ops_detection",
 )
 
 # Ops the executor handles itself rather than through a kernel.
