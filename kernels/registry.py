@@ -27,6 +27,8 @@ MODULES = (
     "lockstep.kernels.ops_linalg",
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
+    "lockstep.kernels.ops_sequence",
+    "lockstep.kernels.ops_string",
 )
 
 # Ops the executor handles itself rather than through a kernel.
