@@ -28,6 +28,7 @@ from lockstep.kernels._host import Seq
 from lockstep.kernels._kernel import Kernel, is_host_error
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
+from .errors import IllegalState
 from .model import np_dtype
 
 __all__ = ["HostContext", "check_feed", "place_feed", "fetch", "run_host_step", "is_string_type", "host_valued"]
@@ -186,6 +187,9 @@ def run_host_step(rt, run, step, values: list[Any], persist: "dict | None", temp
     from .executor import FeedError, _Value
 
     info = step.info
+    if rt.is_capturing:  # a host node is a seam (capture_plan): it reads and writes host memory
+        raise IllegalState(f"node {info.name!r} ({info.op_type}) runs on the host: it cannot be captured",
+                           subject=info.name)
     rt.current_node = info.name
     ctx = HostContext(rt, info, temps)
     try:
