@@ -13,6 +13,8 @@ symbolic dims bound consistently: one symbol, one value), uploaded, then each no
 are inferred (``OpKernel.shapes``; inputs in ``host_inputs`` are read back first, the node's host
 seam), outputs are allocated and the node's kernel is launched on the runtime. Only the runtime's
 primitives touch the device, so the simulated device's ordering and race checks apply to every op.
+Sequences, optionals and string tensors are host values (``host_values``): their nodes run on the
+host, and a graph holding any has no execution plans.
 """
 
 from __future__ import annotations
