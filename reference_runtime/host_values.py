@@ -80,7 +80,9 @@ def check_feed(name: str, tp: onnx.TypeProto, value: Any, error: type) -> Any:
     raise error(f"input {name!r}: values of type {kind} are not supported")
 
 
-def _tensor_value(rt, arr: np.ndarray, name: str, temps: list) -> Any:
+def _tensor_value(rt, arr: np.ndarray, name: str, temps: list, *, known: bool = False) -> Any:
+    """``arr`` as a tensor value: uploaded (into ``temps``), or kept on the host if it holds strings.
+    ``known``: the host keeps its value too (a host kernel's output: a later host read needs no download)."""
     from .executor import _Value
 
     arr = np.asarray(arr)
@@ -88,7 +90,7 @@ def _tensor_value(rt, arr: np.ndarray, name: str, temps: list) -> Any:
         return _Value(None, Spec(tuple(arr.shape), arr.dtype, arr))
     t = rt.upload(arr, name=name)
     temps.append(t)
-    return _Value(t, Spec(tuple(arr.shape), arr.dtype))
+    return _Value(t, Spec(tuple(arr.shape), arr.dtype, arr if known else None))
 
 
 def place_feed(rt, tp: onnx.TypeProto, value: Any, name: str, temps: list) -> Any:
@@ -135,7 +137,7 @@ class HostContext:
         return self.rt.download(value.tensor)  # the node's host seam
 
     def tensor(self, arr: Any) -> Any:
-        return _tensor_value(self.rt, np.asarray(arr), self._name(), self.temps)
+        return _tensor_value(self.rt, np.asarray(arr), self._name(), self.temps, known=True)
 
     def launch(self, fn, out_specs: list[Spec], *values: Any) -> list[Any]:
         from .executor import _Value

@@ -214,3 +214,23 @@ def test_ort_takes_a_sequence_feed_and_returns_a_sequence():
     assert isinstance(y, list) and [a.tolist() for a in y] == [[0, 0], [1], [3]], "result: ORT's sequence output"
     assert_similar([y, c], [ry, rc], 0.0, 0.0)
     assert c.tolist() == [0, 0, 1, 3], "result: concatenated"
+
+
+def test_construct_erase_length_and_concat_from_sequence_which_no_node_case_covers():
+    nodes = [helper.make_node("SequenceConstruct", ["a", "b", "c"], ["s"]),
+             helper.make_node("SequenceErase", ["s", "p"], ["e"]),
+             helper.make_node("SequenceLength", ["e"], ["n"]),
+             helper.make_node("ConcatFromSequence", ["e"], ["stacked"], axis=-1, new_axis=1),
+             helper.make_node("ConcatFromSequence", ["s"], ["joined"], axis=0)]
+    m = _model(nodes, [_T(k, TP.FLOAT, [2, 3]) for k in "abc"] + [_T("p", TP.INT64, [])],
+               [_T("n", TP.INT64, []), _T("stacked", TP.FLOAT, [2, 3, 2]), _T("joined", TP.FLOAT, [6, 3])])
+    a, b, c = (np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * k for k in range(3))
+    out = _ex(m).run({"a": a, "b": b, "c": c, "p": np.array(-2)})
+    assert out["n"].dtype == np.int64 and out["n"].tolist() == 2, "result: one of three erased"
+    np.testing.assert_array_equal(out["stacked"], np.stack([a, c], axis=-1), err_msg="result: b erased, stacked last")
+    np.testing.assert_array_equal(out["joined"], np.concatenate([a, b, c]), err_msg="result: concatenated on axis 0")
+    bad = _model([helper.make_node("SequenceConstruct", ["a"], ["s"]),
+                  helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=3)],
+                 [_T("a", TP.FLOAT, [2, 3])], [_T("y", TP.FLOAT, [2, 3])])
+    with pytest.raises(OpError, match="ConcatFromSequence.*axis 3 out of range for rank 2"):
+        _ex(bad).run({"a": a})
