@@ -234,3 +234,15 @@ def test_construct_erase_length_and_concat_from_sequence_which_no_node_case_cove
                  [_T("a", TP.FLOAT, [2, 3])], [_T("y", TP.FLOAT, [2, 3])])
     with pytest.raises(OpError, match="ConcatFromSequence.*axis 3 out of range for rank 2"):
         _ex(bad).run({"a": a})
+
+
+@pytest.mark.skipif(not _ORT.available()[0], reason=f"ort-cpu: {_ORT.available()[1]}")
+def test_ort_and_ref_sim_agree_on_an_optional_feed_empty_and_full():
+    opt = helper.make_optional_type_proto(helper.make_tensor_type_proto(TP.FLOAT, ["n"]))
+    m = _model([helper.make_node("OptionalHasElement", ["o"], ["h"]), helper.make_node("Identity", ["o"], ["o2"])],
+               [helper.make_value_info("o", opt)], [_T("h", TP.BOOL, []), helper.make_value_info("o2", opt)], opset=16)
+    m.ir_version = 8
+    for feed in (None, np.ones(2, np.float32)):
+        want, got = _ORT.prepare(m)({"o": feed}), RefEngine("sim").prepare(m)({"o": feed})
+        assert want[0].tolist() is (feed is not None), "result: ORT says whether the optional holds a value"
+        assert_similar(want, got, 0.0, 0.0)
