@@ -31,6 +31,8 @@ MODULES = (
     "lockstep.kernels.ops_roi",
     "lockstep.kernels.ops_conv_variants",
     "lockstep.kernels.ops_detection",
+    "lockstep.kernels.ops_sequence",
+    "lockstep.kernels.ops_string",
 )
 
 # Ops the executor handles itself rather than through a kernel.
