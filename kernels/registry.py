@@ -27,6 +27,8 @@ MODULES = (
     "lockstep.kernels.ops_linalg",
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
+    "lockstep.kernels.ops_ml",
+    "lockstep.kernels.ops_training",
 )
 
 # Ops the executor handles itself rather than through a kernel.
