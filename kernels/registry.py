@@ -29,6 +29,7 @@ MODULES = (
     "lockstep.kernels.ops_contrib",
     "lockstep.kernels.ops_ml",
     "lockstep.kernels.ops_training",
+    "lockstep.kernels.ops_text",
 )
 
 # Ops the executor handles itself rather than through a kernel.
