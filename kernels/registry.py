@@ -30,6 +30,7 @@ MODULES = (
     "lockstep.kernels.ops_ml",
     "lockstep.kernels.ops_training",
     "lockstep.kernels.ops_text",
+    "lockstep.kernels.ops_image",
 )
 
 # Ops the executor handles itself rather than through a kernel.
