@@ -31,6 +31,7 @@ MODULES = (
     "lockstep.kernels.ops_training",
     "lockstep.kernels.ops_text",
     "lockstep.kernels.ops_image",
+    "lockstep.kernels.ops_random",
 )
 
 # Ops the executor handles itself rather than through a kernel.
