@@ -84,12 +84,15 @@ def _build_pool(node) -> _Pool:
     pool = _int_list(node, "pool_int64s")
     counts = _int_list(node, "ngram_counts")
     indexes = _int_list(node, "ngram_indexes")
+    for i, start in enumerate(counts):
+        if not 0 <= start <= len(pool):
+            raise node.error(f"attribute ngram_counts={counts} is invalid: entry {i} ({start}) must be a position "
+                             f"in the pool of {len(pool)} tokens")
+        if i and start < counts[i - 1]:
+            raise node.error(f"attribute ngram_counts={counts} is invalid: entry {i} ({start}) is before entry {i - 1}")
     grams: list[tuple[int, ...]] = []  # every pool n-gram, in pool order
     for i, start in enumerate(counts):
         end = counts[i + 1] if i + 1 < len(counts) else len(pool)
-        if not 0 <= start <= end <= len(pool):
-            raise node.error(f"attribute ngram_counts={counts} is invalid: entry {i} ({start}) must be a position "
-                             f"in the pool of {len(pool)} tokens, not past the next entry")
         n = i + 1
         if (end - start) % n:
             raise node.error(f"attribute ngram_counts={counts} is invalid: the {n}-grams span {end - start} tokens, "
