@@ -87,8 +87,9 @@ def _uniform_like(xp, node, x):
     return ((low + (high - low) * u).astype(node.out_specs[0].dtype),)
 
 
-_HOST = dict(capture="unsupported", reason="draws on the host and uploads them each run")
 OPS = [
-    OpKernel("Bernoulli", _bernoulli_shapes, _bernoulli, since=15, check=_check_dtype, **_HOST),
-    OpKernel("RandomUniformLike", _uniform_like_shapes, _uniform_like, since=1, check=_uniform_check, **_HOST),
+    OpKernel("Bernoulli", _bernoulli_shapes, _bernoulli, since=15, check=_check_dtype,
+             capture="unsupported", reason="draws on the host and uploads them each run"),
+    OpKernel("RandomUniformLike", _uniform_like_shapes, _uniform_like, since=1, check=_uniform_check,
+             capture="unsupported", reason="draws on the host and uploads them each run"),
 ]
