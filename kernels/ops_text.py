@@ -44,7 +44,7 @@ _MODES = ("TF", "IDF", "TFIDF")
 @dataclass(frozen=True)
 class _Pool:
     vocab: np.ndarray  # (V,) int64 sorted
-    keys: tuple[np.ndarray, ...]  # per level 1..max_gram_length: sorted int64 keys
+    keys: tuple[np.ndarray, ...]  # per level 1..min(max_gram_length, longest pool n-gram): sorted int64 keys
     coord: tuple[np.ndarray, ...]  # per level: output coordinate (int64) of each key, -1 if none
     out_size: int
     min_n: int
@@ -115,7 +115,7 @@ def _build_pool(node) -> _Pool:
     V = max(vocab.size, 1)
     ids: dict[tuple[int, ...], int] = {(): 0}
     keys, coords = [], []
-    for level in range(1, hi + 1):
+    for level in range(1, min(hi, len(counts)) + 1):  # (no pool n-gram is longer than len(ngram_counts))
         prefixes: dict[int, int] = {}  # key -> coordinate (or -1)
         for g, c in zip(grams, indexes):
             if len(g) < level:
@@ -170,14 +170,15 @@ def _compute(xp, node, x):
     coords = [xp.asarray(c) for c in p.coord]
     row_base = (xp.arange(N, dtype=xp.int64) * O)[:, None]
     bins = []
-    for d in range(1, p.max_skip + 2):
+    for d in range(1, min(p.max_skip + 1, max(C - 1, 1)) + 1):  # (from C on, a 2-gram leaves the row)
         first = 1 if d == 1 else max(p.min_n, 2)  # 1-grams are counted once, at d = 1
         if first > p.max_n:
             continue
-        span = (p.max_n - 1) * d
+        levels = len(p.keys)
+        span = max(levels - 1, 0) * d
         padded = xp.concatenate([rank, xp.full((N, span), -1, dtype=xp.int64)], axis=1)
         parent = xp.zeros((N, C), dtype=xp.int64)
-        for level in range(1, p.max_n + 1):
+        for level in range(1, levels + 1):
             if p.keys[level - 1].size == 0:
                 break  # no pool n-gram is this long
             tok = padded[:, (level - 1) * d:(level - 1) * d + C]
