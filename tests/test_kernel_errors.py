@@ -246,9 +246,9 @@ SWEEPS = {
     # attribute mutations (the ops whose mutations ended as LaunchFailure or a raw exception before)
     "attrs": ((), ("Resize", "Upsample", "Gelu", "EyeLike", "LpPool", "LRN", "Dropout", "Attention")),
     # host-read input values (NaN/inf scales and depths)
-    "inputs": (("--inputs",), ("OneHot", "Upsample")),
+    "inputs": (("--inputs",), ("OneHot", "Upsample", "RoiAlign")),
     # feed shapes reaching shapes() (rank +-1, empty)
-    "shapes": (("--shapes",), ("QLinearMatMul", "MatMulInteger", "Split", "STFT", "GroupNormalization")),
+    "shapes": (("--shapes",), ("QLinearMatMul", "MatMulInteger", "Split", "STFT", "GroupNormalization", "RoiAlign")),
 }
 
 
