@@ -11,7 +11,12 @@ iterations as the deepest tree has levels (a host constant of the plan: a Python
 steps, each a handful of whole-array ops), then the leaves' weights are
 aggregated per target (SUM, AVERAGE, MIN, MAX; MIN/MAX start from the largest/smallest finite value
 of the dtype, as ONNX's reference does) and ``post_transform`` applied (NONE, SOFTMAX, LOGISTIC,
-SOFTMAX_ZERO; PROBIT is refused at load as unsupported). Set membership (mode 6) compares the
+SOFTMAX_ZERO; PROBIT is refused at load as unsupported).
+
+Two points where ONNX Runtime 1.31's CPU TreeEnsemble differs, and this kernel follows the ONNX
+schema and ONNX's reference: ``post_transform`` 1 is SOFTMAX and 2 LOGISTIC (the schema's numbering;
+ORT swaps the two), and under MIN/MAX a target no tree's leaf names keeps the dtype's extreme (ORT
+gives 0). Set membership (mode 6) compares the
 feature with that node's members, a row of a NaN-padded table. A NaN feature goes to the true
 branch where ``nodes_missing_value_tracks_true`` says so, else it fails the comparison.
 The tables are uploaded from the host once per run, before the loop: ``capture="unsupported"``.
@@ -308,8 +313,9 @@ def _tree_compute(xp, node, x):
 
 
 def _post_transform(xp, how, y):
-    if how == "LOGISTIC":
-        return 1 / (1 + xp.exp(-y))
+    if how == "LOGISTIC":  # (in the form that never overflows)
+        e = xp.exp(-xp.abs(y))
+        return xp.where(y >= 0, 1 / (1 + e), e / (1 + e))
     if how == "SOFTMAX":
         e = xp.exp(y - y.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
