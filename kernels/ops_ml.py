@@ -8,18 +8,18 @@ model loads (``_node_plan``; every inconsistency there is an ``OpError`` naming 
 attribute), and the ensemble is evaluated on the device for the whole batch and every tree at once:
 each row's position per tree is a node id that takes one step down per iteration, for as many
 iterations as the deepest tree has levels (a host constant of the plan: a Python loop of depth
-steps, each a handful of whole-array ops), then the leaves' weights are
-aggregated per target (SUM, AVERAGE, MIN, MAX; MIN/MAX start from the largest/smallest finite value
-of the dtype, as ONNX's reference does) and ``post_transform`` applied (NONE, SOFTMAX, LOGISTIC,
-SOFTMAX_ZERO; PROBIT is refused at load as unsupported).
+steps, each a handful of whole-array ops). Set membership (mode 6) compares the feature with that
+node's members, a row of a NaN-padded table. A NaN feature goes to the true branch where
+``nodes_missing_value_tracks_true`` says so, else it fails the comparison. Then the leaves' weights
+are aggregated per target (SUM, AVERAGE, MIN, MAX; MIN/MAX start from the largest/smallest finite
+value of the dtype, as ONNX's reference does) and ``post_transform`` applied (NONE, SOFTMAX,
+LOGISTIC, SOFTMAX_ZERO; PROBIT is refused at load as unsupported). The tables are uploaded from the
+host once per run, before the loop: ``capture="unsupported"``.
 
 Two points where ONNX Runtime 1.31's CPU TreeEnsemble differs, and this kernel follows the ONNX
 schema and ONNX's reference: ``post_transform`` 1 is SOFTMAX and 2 LOGISTIC (the schema's numbering;
 ORT swaps the two), and under MIN/MAX a target no tree's leaf names keeps the dtype's extreme (ORT
-gives 0). Set membership (mode 6) compares the
-feature with that node's members, a row of a NaN-padded table. A NaN feature goes to the true
-branch where ``nodes_missing_value_tracks_true`` says so, else it fails the comparison.
-The tables are uploaded from the host once per run, before the loop: ``capture="unsupported"``.
+gives 0).
 """
 
 from __future__ import annotations
