@@ -328,5 +328,14 @@ def _post_transform(xp, how, y):
     return y
 
 
+def _tree_workspace(node, specs):
+    """The per-step (batch, trees) arrays and membership compare, and the (batch, trees, targets)
+    one-hot and its weighted copy (an upper estimate)."""
+    p = node_plan(node, _build_trees)
+    bt = int(specs[0].shape[0]) * int(p.roots.size)
+    return bt * (8 * 12 + 9 * int(p.members.shape[1])) + bt * p.n_targets * (1 + 2 * 8)
+
+
 OPS.append(OpKernel("TreeEnsemble", _tree_shapes, _tree_compute, domain=ML, since=5, check=_tree_check,
+                    workspace=_tree_workspace,
                     capture="unsupported", reason="uploads its host-built tree tables each run"))

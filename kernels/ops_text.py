@@ -198,5 +198,15 @@ def _compute(xp, node, x):
     return (counts.reshape(node.out_specs[0].shape),)
 
 
-OPS = [OpKernel("TfIdfVectorizer", _shapes, _compute, since=9, check=_check,
+def _workspace(node, specs):
+    """The bins (one int64 per start, gram length and skip distance, then sorted), the per-level
+    lookups, and the two searchsorted results per output coordinate (an upper estimate)."""
+    p = node_plan(node, _build_pool)
+    x = specs[0]
+    n, c = (1, x.shape[0]) if x.rank == 1 else x.shape
+    dists = min(p.max_skip + 1, max(int(c) - 1, 1))
+    return int(n) * int(c) * len(p.keys) * dists * 8 * 3 + int(n) * int(c) * 8 * 6 + int(n) * p.out_size * 8 * 3
+
+
+OPS = [OpKernel("TfIdfVectorizer", _shapes, _compute, since=9, check=_check, workspace=_workspace,
                 capture="unsupported", reason="uploads its host-built n-gram tables each run")]

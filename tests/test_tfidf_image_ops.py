@@ -15,6 +15,7 @@ from lockstep.kernels import ops_image
 from lockstep.kernels._op import OpError
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.errors import MemoryAllocation
 from lockstep.reference_runtime.executor import Executor
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
@@ -99,6 +100,14 @@ def test_tfidf_int32_batch_counts_per_row():
     y = _executor(model).run({"X": np.array([[4, 5, 4, 9], [5, 5, 5, 5]], np.int32)})["Y"]
     # row 0: 4 twice, 5 once; bigram (4, 5) once at distance 1, none at distance 2 ((4, 4), (5, 9))
     assert y.tolist() == [[2.0, 1.0, 1.0], [0.0, 4.0, 0.0]], "result"
+
+
+def test_tfidf_workspace_past_the_budget_is_refused_before_the_launch():
+    """Contract: a long row with a huge skip count would sort ~10^11 bins; the executor refuses the
+    kernel's declared workspace (MemoryAllocation naming the node) instead of trying."""
+    model = _tfidf([200_000], **{**GOOD, "max_skip_count": 100_000})
+    with pytest.raises(MemoryAllocation, match="tfidf:workspace"):
+        _executor(model).run({"X": np.zeros(200_000, np.int64)})
 
 
 # ------------------------------------------------------------------ ImageDecoder
