@@ -78,11 +78,13 @@ def _ctor(mod: Module, f: ast.AST) -> str | None:
 
 
 def _makes_kernels(f: Func) -> bool:
-    """Whether a function constructs kernels (a kernel factory); cached per function."""
+    """Whether a function constructs kernels that may be captured (a kernel factory: a constructor
+    call not declared ``capture="unsupported"``, as ``HostOp``'s host kernels are); cached per function."""
     got = f.__dict__.get("_makes_kernels")
     if got is None:
         got = f.__dict__["_makes_kernels"] = any(
-            isinstance(x, ast.Call) and _ctor(f.module, x.func) is not None for x in ast.walk(f.node))
+            isinstance(x, ast.Call) and _ctor(f.module, x.func) is not None and not _capture_unsupported(x)
+            for x in ast.walk(f.node))
     return got
 
 

@@ -185,6 +185,9 @@ class OpKernel:
     # The fast path: write the outputs into ``outs`` in place (see the module docstring), or
     # return False having written nothing.
     into: Callable[..., bool] | None = None
+    # A host kernel (``kernels/_host.py``): ``host(ctx, node, *values) -> outputs`` runs on the host
+    # between launches on sequences, optionals and string tensors; ``shapes``/``compute`` are unused.
+    host: Callable[..., tuple[Any, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.capture not in ("safe", "unsupported", "conditional"):
@@ -193,6 +196,8 @@ class OpKernel:
             raise ValueError(f"{self.op_type}: capture={self.capture!r} needs a reason")
         if (self.capture == "conditional") != (self.capture_ok is not None):
             raise ValueError(f"{self.op_type}: capture='conditional' and capture_ok go together")
+        if self.host is not None and self.capture != "unsupported":
+            raise ValueError(f"{self.op_type}: a host kernel is a capture seam: capture='unsupported' with a reason")
 
     def validate(self, info: NodeInfo) -> None:
         """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's

@@ -194,7 +194,7 @@ OPS += [
 # --- comparisons and logic (bool outputs)
 
 OPS += [
-    _binary("Equal", _ufunc("equal"), out_dtype=_BOOL),
+    _binary("Equal", _ufunc("equal"), out_dtype=_BOOL, kinds="biufO"),  # O: strings, run on the host
     _binary("Less", _ufunc("less"), out_dtype=_BOOL),
     _binary("Greater", _ufunc("greater"), out_dtype=_BOOL),
     _binary("LessOrEqual", _ufunc("less_equal"), out_dtype=_BOOL, since=12),

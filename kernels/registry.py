@@ -31,6 +31,8 @@ MODULES = (
     "lockstep.kernels.ops_roi",
     "lockstep.kernels.ops_conv_variants",
     "lockstep.kernels.ops_detection",
+    "lockstep.kernels.ops_sequence",
+    "lockstep.kernels.ops_string",
     "lockstep.kernels.ops_ml",
     "lockstep.kernels.ops_training",
     "lockstep.kernels.ops_text",

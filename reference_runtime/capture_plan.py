@@ -5,8 +5,10 @@ reason):
 1. structure: control flow or a sequence op runs on the host — "host control flow"; a node whose
    shape inference needs a value only the device holds (a ``host_inputs`` entry that is not
    host-known: not a constant, not shape arithmetic the executor folds) is a host seam —
-   "host read"; a node with an input or output whose shape the model's shape inference could not
-   resolve (e.g. a contrib op onnx does not know) cannot be shown fixed — "unresolved shape";
+   "host read"; a node that runs on the host on sequences, optionals or string tensors
+   (``host_values``: a host kernel, or a device kernel given strings) is "host values"; a node
+   with an input or output whose shape the model's shape inference could not resolve (e.g. a
+   contrib op onnx does not know) cannot be shown fixed — "unresolved shape";
    an op type whose recording failed earlier in the session — "recording failed" (quarantine);
    a node that has not run eagerly in this session — "kernel not warmed";
 2. the growing-symbol classifier, a hard veto: a node with any input or output dim that grows
@@ -223,6 +225,9 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
             continue
         if node.op_type in _HOST_CONTROL:
             decisions.append((name, f"host control flow: {node.op_type}"))
+            continue
+        if step.kernel.host is not None or name in executor.host_steps:  # sequences, optionals, strings
+            decisions.append((name, f"host values: {node.op_type}"))
             continue
         reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
         unknown = [r for r in reads if r not in known]

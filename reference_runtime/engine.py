@@ -42,6 +42,7 @@ class RefEngine:
     once, here: ``LOCKSTEP_SYNC_DEBUG``, ``LOCKSTEP_DEFER_EAGER_SYNC``, ``LOCKSTEP_VRAM_LIMIT``)."""
 
     precision = {"float32": "fp32", "float16": "fp16"}  # fp16 products accumulate in fp32 (kernels._linalg)
+    values = frozenset({"sequence", "optional"})  # feeds and outputs (``host_values``), besides tensors
 
     def __init__(self, device: str, config: RuntimeConfig | None = None):
         if device not in ENGINE_OF_DEVICE:
@@ -120,7 +121,8 @@ def cuda_engine() -> RefEngine:
 
 
 def _dtypes(model: onnx.ModelProto) -> set[str]:
-    """Names of the element types of the model's tensors (numpy's, or ONNX's where numpy has none)."""
+    """Names of the element types of the model's device tensors (numpy's, or ONNX's where numpy has
+    none); string tensors live on the host (``host_values``) and are not named."""
     from .model import np_dtype
 
     types: set[int] = set()
@@ -137,7 +139,7 @@ def _dtypes(model: onnx.ModelProto) -> set[str]:
                 types.add(a.t.data_type)
     out = set()
     for t in types:
-        if t == onnx.TensorProto.UNDEFINED:
+        if t in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):  # strings stay on the host
             continue
         try:
             out.add(np_dtype(t).name)

@@ -13,6 +13,8 @@ symbolic dims bound consistently: one symbol, one value), uploaded, then each no
 are inferred (``OpKernel.shapes``; inputs in ``host_inputs`` are read back first, the node's host
 seam), outputs are allocated and the node's kernel is launched on the runtime. Only the runtime's
 primitives touch the device, so the simulated device's ordering and race checks apply to every op.
+Sequences, optionals and string tensors are host values (``host_values``): their nodes run on the
+host, and a graph holding any has no execution plans.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
 from .errors import IllegalState
+from .host_values import check_feed, fetch, host_valued, place_feed, run_host_step
 from .model import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
 from .plan import PlanCache
 from .runtime import Relaunch, Runtime, Tensor
@@ -50,7 +53,10 @@ class FeedError(ValueError):
 
 @dataclass(slots=True)
 class _Value:
-    tensor: Tensor | None  # None for an empty (0-element) value never placed on the device
+    """A tensor value of a run: a device tensor, or (``tensor=None``) a string tensor held on the
+    host in ``spec.value``. Sequences and optionals are other entries (``host_values``)."""
+
+    tensor: Tensor | None
     spec: Spec
 
 
@@ -190,10 +196,9 @@ class Executor:
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]
-        strings = [vi.name for vi in [*graph.input, *graph.output]
-                   if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.STRING]
-        if strings:
-            raise UnsupportedModel("string tensors cannot live in device memory", strings)
+        # inputs that are sequences, optionals or string tensors (``host_values``): name -> type
+        self._host_feeds = {vi.name: vi.type for vi in self.inputs if host_valued(vi.type)}
+        host_io = bool(self._host_feeds) or any(host_valued(vi.type) for vi in graph.output)
         nodes = list(graph.node)
         io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
         order = _topological(graph, init_names | {vi.name for vi in graph.input}, io)
@@ -278,8 +283,13 @@ class Executor:
         # whose residency the pager decides per node. The cache names this executor through a weak
         # proxy: no executor<->cache cycle, so a dropped executor (and its runtime, whose finalizer
         # drains and frees) goes at once, not at the next cyclic garbage collection
-        self.plans: PlanCache | None = (PlanCache(weakref.proxy(self))
-                                        if runtime.config.execution_plans and self.pager is None else None)
+        # host values (sequences, optionals, strings) anywhere: some nodes run on the host
+        # (``host_values``), which execution plans do not replay
+        self._hostish = (host_io or any(st.kernel is not None and st.kernel.host is not None for st in self.steps)
+                         or any(np.asarray(v).dtype == object for v in self._constants.values()))
+        self.host_steps: set[str] = {st.info.name for st in self.steps if st.kernel is not None and st.kernel.host}
+        self.plans: PlanCache | None = (PlanCache(weakref.proxy(self)) if runtime.config.execution_plans
+                                        and self.pager is None and not self._hostish else None)
 
     def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
         if self._symbolic is None:
@@ -326,9 +336,9 @@ class Executor:
 
     def _place(self, value: np.ndarray, name: str) -> _Value:
         value = np.asarray(value)
-        if value.dtype == object:
-            raise UnsupportedModel("string tensors", [f"{name}: string tensors cannot be placed on the device"])
         spec = Spec(tuple(value.shape), value.dtype, value)
+        if value.dtype == object:  # a string tensor: kept on the host (``host_values``)
+            return _Value(None, spec)
         return _Value(self.runtime.upload(value, name=name), spec)
 
     # -- feeds
@@ -339,7 +349,7 @@ class Executor:
         if rules is None:
             rules = []
             for vi in self.inputs:
-                if not vi.type.HasField("tensor_type"):
+                if vi.name in self._host_feeds:  # checked by ``host_values.check_feed``
                     rules.append((vi.name, None, None, ()))
                     continue
                 tt = vi.type.tensor_type
@@ -367,9 +377,12 @@ class Executor:
                 raise FeedError(f"missing feed(s) {missing}")
         out = {}
         seen = []  # (dtype, shape) per input: the dtype and shape checks below depend on nothing else
-        for name, _, _, _ in rules:
+        for name, want, _, _ in rules:
             value = out[name] = feeds[name]
-            if isinstance(value, Tensor):
+            if want is None:
+                out[name] = check_feed(name, self._host_feeds[name], value, FeedError)
+                seen.append(None)
+            elif isinstance(value, Tensor):
                 if value.runtime is not self.runtime or value.freed:
                     raise FeedError(f"input {name!r}: device tensor {value!r} is freed or belongs to another runtime")
                 seen.append((value.ref.dtype, value.ref.shape))
@@ -383,8 +396,8 @@ class Executor:
         symbols: dict[str, tuple[int, str]] = {}
         for name, want, rank, dims in rules:
             value = feeds[name]
-            if want is None:
-                raise UnsupportedModel("inputs", [f"{name}: only tensor inputs are supported"])
+            if want is None:  # a host value, checked above
+                continue
             if value.dtype != want:
                 raise FeedError(f"input {name!r}: dtype {value.dtype} given, {want} declared")
             if rank is not None:
@@ -459,6 +472,9 @@ class Executor:
         env = run.env
         values = self._feed_values
         for name, value in self._check_feeds(feeds).items():
+            if name in self._host_feeds:
+                env[name] = place_feed(rt, self._host_feeds[name], value, name, run.temps)
+                continue
             if isinstance(value, Tensor):  # a tensor's shape and dtype never change: its entry is reused
                 v = values.get(id(value))
                 if v is None or v.tensor is not value:
@@ -489,7 +505,13 @@ class Executor:
         result: dict[str, Any] = {}
         temp_ids = {id(t) for t in run.temps}
         for o in self.outputs:
-            t = env[o].tensor
+            v = env[o]
+            if v is None or type(v) is not _Value or v.tensor is None:  # a sequence, optional or strings
+                if o in run.bind or o in run.keep:
+                    raise FeedError(f"output {o!r} is not a device tensor: it cannot be kept or bound")
+                result[o] = fetch(rt, v)
+                continue
+            t = v.tensor
             if o in run.bind:
                 result[o] = t
             elif o not in run.keep:
@@ -529,6 +551,11 @@ class Executor:
         values = [env[n] if n else None for n in step.inputs]
         if step.kernel is None:  # Identity: alias, no launch
             env[step.outputs[0]] = values[0]  # type: ignore[assignment]
+            return
+        if self._hostish and (step.kernel.host is not None or any(
+                v is not None and (type(v) is not _Value or v.tensor is None) for v in values)):
+            self.host_steps.add(info.name)  # a host seam (capture_plan)
+            run_host_step(rt, run, step, values, persist, temps)
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
         rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)

@@ -3,7 +3,10 @@
 onnx builds its 1,884 node cases in memory (about 5-10 s); ``load_cases`` keeps them in a pickle
 keyed by onnx's version in lockstep's cache (``$LOCKSTEP_CACHE_DIR``, default the user cache
 directory) so pytest-xdist workers do not each pay that. ``run_case`` compares outputs the way
-ONNX's own runner does (``Runner.assert_similar_outputs``: shapes, dtypes, rtol/atol per case).
+ONNX's own runner does (``Runner.assert_similar_outputs``: shapes, dtypes, rtol/atol per case;
+sequences element by element, an empty optional as None: ``assert_similar``). Cases with sequence
+or optional inputs/outputs go only to an engine that declares it takes them (``values``); to any
+other engine they are ``unsupported``.
 
 As a command, for working on kernels: ``python -m lockstep.reference_runtime.node_cases --engine ref-sim
 --match 'test_add*'`` prints each case's outcome and a summary.
@@ -28,7 +31,7 @@ from lockstep.engines.protocol import Unsupported
 
 from .model import ModelError
 
-__all__ = ["NodeCase", "load_cases", "run_case", "Outcome"]
+__all__ = ["NodeCase", "load_cases", "run_case", "Outcome", "assert_similar"]
 
 
 @dataclass(frozen=True)
@@ -105,17 +108,59 @@ def _feeds(model: onnx.ModelProto, inputs: list[np.ndarray]) -> dict[str, np.nda
     return dict(zip(names, inputs))
 
 
-def run_case(engine, case: NodeCase) -> Outcome:
+def _value(x):
+    """A case's input or output as the engine protocol passes it: a tensor as a numpy array (numpy
+    scalars are 0-d tensors; TensorProtos hold the exotic dtypes), a sequence as a list of them, an
+    empty optional as None (onnx's loader gives an optional as its value, or None)."""
+    if isinstance(x, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(x)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(x)
+    if isinstance(x, (list, tuple)):
+        return [_value(v) for v in x]
+    if x is None:
+        return None
+    raise TypeError(f"unexpected node-case value of type {type(x).__name__}")
+
+
+def _kinds(values) -> set[str]:
+    """The non-tensor kinds among the values: "sequence", "optional" (an empty one)."""
+    return {"sequence" if isinstance(v, list) else "optional" for v in values if not isinstance(v, np.ndarray)}
+
+
+def assert_similar(expected: list, outputs: list, rtol: float, atol: float) -> None:
+    """ONNX's runner's comparison (``Runner.assert_similar_outputs``) per output, with sequences
+    compared element by element after their lengths, and an empty optional equal only to None."""
     from onnx.backend.test.runner import Runner
 
-    def tensor(x):  # numpy scalars are 0-d tensors; TensorProtos hold the exotic dtypes
-        if isinstance(x, onnx.TensorProto):
-            return onnx.numpy_helper.to_array(x)
-        return np.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else None
+    if len(outputs) != len(expected):
+        raise AssertionError(f"{len(outputs)} outputs, {len(expected)} expected")
+    for i, (ref, out) in enumerate(zip(expected, outputs)):
+        if ref is None or out is None:
+            if ref is not out:
+                raise AssertionError(f"output {i}: {'an empty optional' if ref is None else 'a value'} expected, "
+                                     f"got {'None' if out is None else type(out).__name__}")
+        elif isinstance(ref, list):
+            if not isinstance(out, (list, tuple)):
+                raise AssertionError(f"output {i}: a sequence expected, got {type(out).__name__}")
+            if len(out) != len(ref):
+                raise AssertionError(f"output {i}: a sequence of {len(out)} tensors, {len(ref)} expected")
+            for j, (r, o) in enumerate(zip(ref, out)):
+                try:
+                    assert_similar([r], [o], rtol, atol)
+                except AssertionError as exc:
+                    raise AssertionError(f"output {i}, element {j}: {exc}") from None
+        elif isinstance(out, (list, tuple)):
+            raise AssertionError(f"output {i}: a tensor expected, got a sequence")
+        else:
+            Runner.assert_similar_outputs([ref], [np.asarray(out)], rtol, atol)
 
-    ins, outs = [tensor(x) for x in case.inputs], [tensor(x) for x in case.outputs]
-    if any(x is None for x in [*ins, *outs]):
-        return Outcome("unsupported", "sequence or optional values (not tensors)")
+
+def run_case(engine, case: NodeCase) -> Outcome:
+    ins, outs = [_value(x) for x in case.inputs], [_value(x) for x in case.outputs]
+    kinds = _kinds([*ins, *outs]) - set(getattr(engine, "values", ()))
+    if kinds:  # the engine declares which non-tensor values it takes (protocol: ``values``)
+        return Outcome("unsupported", f"{engine.name} takes no {' or '.join(sorted(kinds))} values")
     case = NodeCase(case.name, case.model, ins, outs, case.rtol, case.atol)
     model = case.proto()
     try:
@@ -130,7 +175,7 @@ def run_case(engine, case: NodeCase) -> Outcome:
     except Exception as exc:
         return Outcome("error", f"{type(exc).__name__}: {str(exc)[:500]}")
     try:
-        Runner.assert_similar_outputs(case.outputs, outs, case.rtol, case.atol)
+        assert_similar(case.outputs, list(outs), case.rtol, case.atol)
     except AssertionError as exc:
         return Outcome("failed", str(exc).strip()[:800])
     except Exception as exc:

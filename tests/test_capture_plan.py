@@ -112,19 +112,12 @@ def test_a_value_without_a_resolved_shape_cannot_be_admitted():
 
 
 def test_control_flow_is_a_host_seam():
-    from lockstep.kernels._op import OpKernel, Spec
-    from lockstep.kernels.registry import REGISTRY, Registry
-
-    # the shipped registry has no control-flow kernels (such models are refused at load); a
-    # registry that adds one gets a host seam for it, before any other check
-    loop_like = OpKernel("SequenceEmpty", shapes=lambda n, s: [Spec((0,), np.dtype(np.float32))],
-                         compute=lambda xp, n: (xp.zeros((0,), xp.float32),), since=11)
-    registry = Registry([k for ks in REGISTRY._by_op.values() for k in ks] + [loop_like])
+    # sequence ops are host kernels (kernels/ops_sequence.py): a host seam, before any other check
     nodes = [helper.make_node("SequenceEmpty", [], ["s"], name="seq"),
              helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"], name="id")]
-    model = _kv_model(nodes, extra_outputs=[helper.make_tensor_value_info("s", TensorProto.FLOAT, [0])])
-    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()), registry=registry)
-    assert dict(plan_capture(ex).decisions)["seq"] == "host control flow: SequenceEmpty"
+    model = _kv_model(nodes, extra_outputs=[helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)])
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    assert dict(plan_capture(ex).decisions)["seq"] == "host control flow: SequenceEmpty", "contract: a host seam"
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):

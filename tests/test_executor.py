@@ -307,14 +307,20 @@ def test_shape_arithmetic_is_folded_on_the_host_not_read_back():
     assert rt.counters.downloads - before == 1, "only the graph output is downloaded"
 
 
-def test_string_inputs_and_outputs_are_refused_at_load_by_name():
-    """Contract (Executor.__init__): string tensors cannot live in device memory; every string
-    graph input and output is named in one UnsupportedModel, before anything runs."""
-    m = _model([helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Identity", ["x"], ["y"])],
+def test_string_inputs_and_outputs_stay_on_the_host():
+    """Contract (Executor, host_values): string tensors never reach device memory; a string input
+    passes through to its output on the host while the float one is uploaded and downloaded."""
+    m = _model([helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Relu", ["x"], ["y"])],
                [_vi("s", TensorProto.STRING), _vi("x")], [_vi("t", TensorProto.STRING), _vi("y")])
-    with pytest.raises(UnsupportedModel, match="string tensors cannot live in device memory") as exc:
-        Executor(m, _rt())
-    assert exc.value.items == ["s", "t"]
+    rt = _rt()
+    ex = Executor(m, rt)
+    s, x = np.array(["a", "bc"], dtype=object), np.array([-1.0, 2.0], np.float32)
+    allocations, downloads = rt.counters.allocations, rt.counters.downloads
+    out = ex.run({"s": s, "x": x})
+    assert out["t"].dtype == object and out["t"].tolist() == ["a", "bc"], "result: the strings come back"
+    assert out["y"].tolist() == [0.0, 2.0], "result: the float path runs on the device"
+    assert rt.counters.allocations - allocations == 2, "contract: device memory for x and y only, none for strings"
+    assert rt.counters.downloads - downloads == 1, "contract: only y is downloaded"
 
 
 @pytest.mark.parametrize("attr, value, dtype", [

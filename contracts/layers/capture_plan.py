@@ -153,4 +153,11 @@ MUTANTS = [
         breaks="a derived dim decided by host-known values that depend on a growing symbol (a Reshape to 2*past_len) grows",
         tests=_CP, select="reshape",
     ),
+    Mutant(
+        "capture_plan", "strings_on_a_device_kernel_captured", _C,
+        old="if step.kernel.host is not None or name in executor.host_steps:",
+        new="if step.kernel.host is not None:",
+        breaks="a device kernel that ran on the host because it was given strings (Equal) is a host seam, never captured",
+        tests=("tests/test_host_values.py",), select="capture_seams",
+    ),
 ]

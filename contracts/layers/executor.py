@@ -167,11 +167,11 @@ MUTANTS = [
         tests=_EX, select="provenance",
     ),
     Mutant(
-        "executor", "string_outputs_unchecked", _E,
-        old="for vi in [*graph.input, *graph.output]",
-        new="for vi in [*graph.input]",
-        breaks="every string graph input and output is refused at load, named in one UnsupportedModel",
-        tests=_EX, select="string",
+        "executor", "host_feeds_unchecked", _E,
+        old="out[name] = check_feed(name, self._host_feeds[name], value, FeedError)",
+        new="out[name] = value",
+        breaks="a sequence, optional or string feed is checked against its declared type: a FeedError naming the input",
+        tests=("tests/test_host_values.py",), select="feeds_of_the_wrong_kind",
     ),
     Mutant(
         "executor", "constant_floats_widened", _E,

@@ -34,6 +34,8 @@ class OrtEngine:
     """ONNX Runtime on one execution provider, with explicit provider options; ``precision`` is
     what those options make of each model dtype (the golden locks' error model)."""
 
+    values = frozenset({"sequence", "optional"})  # onnxruntime's Python API takes and returns both
+
     def __init__(self, provider: str, *, name: str | None = None, provider_options: dict[str, str] | None = None,
                  precision: dict[str, str] | None = None, deterministic: bool = True):
         if provider not in _NAMES:

@@ -9,6 +9,9 @@ Required (the node suite needs only these; ``onnx.backend``'s ``prepare``/``run`
 - ``prepare(model: onnx.ModelProto) -> run``, where ``run(feeds: dict[str, ndarray]) -> list[ndarray]``
   returns the graph outputs in order. A model the engine cannot run (an op, a dtype, an IR version
   it lacks) raises ``Unsupported(reason)``: reported as such, never as a numerical failure.
+  A tensor is a numpy array (a string tensor an object array of ``str``). A sequence input or
+  output is a list of arrays and an optional one is ``None`` (empty) or the value it holds, but only
+  for an engine that declares them in ``values`` (below); other engines are never given them.
 
 Optional (each a separately declared capability; absent means the default below):
 - ``decoder(model, *, capture=False, io=None) -> DecodeSession``: a decode session with a KV cache
@@ -24,6 +27,9 @@ Optional (each a separately declared capability; absent means the default below)
 - ``expectations``: a path to the engine's own node-suite expectations (TOML ``[[expect]]`` entries:
   pattern, kind xfail|skip, reason), shipped with the engine.
 - ``describe() -> dict[str, str]``: versions and options that matter for conformance, for the report.
+- ``values: frozenset[str]``: the non-tensor values ``run`` takes and returns, of ``"sequence"``
+  (a list of arrays) and ``"optional"`` (``None`` or the value). Absent: none; a node case with
+  such an input or output is then reported ``unsupported`` without calling the engine.
 
 A decode session (batch 1): ``reset()`` starts a fresh context; ``forward(ids)`` appends ``ids`` and
 returns their logits as an array ``[len(ids), vocab]`` (one call with the prompt is the prefill, one
@@ -41,7 +47,7 @@ import numpy as np
 __all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS",
            "DEFAULT_PRECISION", "precision_of"]
 
-RunFn = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+RunFn = Callable[[dict[str, Any]], list[Any]]  # arrays; lists and None too for an engine's ``values``
 
 
 class Unsupported(NotImplementedError):
