@@ -1,7 +1,8 @@
-"""TfIdfVectorizer (opset 9): n-gram counts of integer token sequences against a pool given as attributes.
+"""TfIdfVectorizer (opset 9): n-gram counts of token sequences against a pool given as attributes.
 
-The pool (``pool_int64s`` split by ``ngram_counts`` into 1-grams, 2-grams, ...) is turned on the host,
-once per node when the model loads (``_node_plan``), into a trie of sorted tables:
+The pool (``pool_int64s`` or ``pool_strings``, split by ``ngram_counts`` into 1-grams, 2-grams, ...)
+is turned on the host, once per node when the model loads (``_node_plan``), into a trie of sorted
+tables:
 
 - ``vocab``: the sorted distinct pool tokens; a token's *rank* is its position there (-1: not in it);
 - per level ``j`` (1-based), ``keys[j]``: the sorted distinct keys ``parent * V + rank`` of every
@@ -18,13 +19,14 @@ found pool n-gram of a length in ``[min_gram_length, max_gram_length]`` giving i
 bin (no host read, no scatter). ``mode`` then weighs them: TF the counts, IDF ``weights`` where a
 count is non-zero (1 without weights), TFIDF counts times weights (``weights`` is indexed by output
 coordinate, as ONNX's reference and ONNX Runtime do). The tables are uploaded each run:
-``capture="unsupported"``. String pools (``pool_strings``) are refused as unsupported: string
-tensors never reach the device.
+``capture="unsupported"``. A string pool (``pool_strings``) takes string input: string tensors live
+on the host, where the executor runs this same ``compute`` on numpy (``reference_runtime/host_values``),
+the trie's vocabulary then a sorted object array of the pool's strings.
 
 Refused at load (``OpError`` naming the node and attribute): a mode other than TF/IDF/TFIDF, gram
-lengths out of order, ``ngram_counts`` not a non-decreasing list of positions inside the pool or
-cutting an n-gram in two, ``ngram_indexes`` not parallel to the pool's n-grams or negative, and
-``weights`` of another length.
+lengths out of order, both or neither of ``pool_int64s`` and ``pool_strings``, ``ngram_counts`` not
+a non-decreasing list of positions inside the pool or cutting an n-gram in two, ``ngram_indexes``
+not parallel to the pool's n-grams or negative, and ``weights`` of another length.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class _Pool:
     max_skip: int
     mode: str
     weights: np.ndarray | None  # (out_size..,) float32
+    strings: bool  # a pool of strings (input: a string tensor, on the host)
 
 
 def _int_list(node, name, required=True):
@@ -77,11 +80,12 @@ def _build_pool(node) -> _Pool:
         raise node.error(f"attributes min_gram_length={lo}, max_gram_length={hi} are invalid: need 1 <= min <= max")
     if skip < 0:
         raise node.error(f"attribute max_skip_count={skip} is invalid: must be >= 0")
-    if node.attr("pool_strings") is not None:
-        from lockstep.engines.protocol import Unsupported  # the protocol's exception: kernels do not import the runtime
-
-        raise Unsupported(f"TfIdfVectorizer: {node.name}: pool_strings needs string tensors, which never reach the device")
-    pool = _int_list(node, "pool_int64s")
+    strings = node.attr("pool_strings")
+    if (strings is None) == (node.attr("pool_int64s") is None):
+        raise node.error("exactly one of the attributes pool_int64s and pool_strings is required")
+    if strings is not None and not all(isinstance(t, str) for t in strings):
+        raise node.error("attribute pool_strings must be a list of strings")
+    pool = list(strings) if strings is not None else _int_list(node, "pool_int64s")
     counts = _int_list(node, "ngram_counts")
     indexes = _int_list(node, "ngram_indexes")
     for i, start in enumerate(counts):
@@ -111,7 +115,8 @@ def _build_pool(node) -> _Pool:
         if weights.size != len(indexes) or weights.size < out_size:
             raise node.error(f"attribute weights has {weights.size} entries; ngram_indexes has {len(indexes)} "
                              f"and the output {out_size} coordinates")
-    vocab = np.unique(np.asarray([t for g in grams for t in g], np.int64))
+    tokens = [t for g in grams for t in g]
+    vocab = np.unique(np.asarray(tokens, dtype=object if strings is not None else np.int64))
     V = max(vocab.size, 1)
     ids: dict[tuple[int, ...], int] = {(): 0}
     keys, coords = [], []
@@ -133,7 +138,7 @@ def _build_pool(node) -> _Pool:
         for g in grams:
             if len(g) >= level:
                 ids[g[:level]] = pos[ids[g[:level - 1]] * V + int(np.searchsorted(vocab, g[level - 1]))]
-    return _Pool(vocab, tuple(keys), tuple(coords), out_size, lo, hi, skip, mode, weights)
+    return _Pool(vocab, tuple(keys), tuple(coords), out_size, lo, hi, skip, mode, weights, strings is not None)
 
 
 def _check(node):
@@ -142,11 +147,13 @@ def _check(node):
 
 def _shapes(node, specs):
     x = specs[0]
-    if x.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-        raise node.error(f"X must be int32 or int64 (string tensors never reach the device), got {x.dtype}")
+    p = node_plan(node, _build_pool)
+    if p.strings and x.dtype.kind not in "OU":
+        raise node.error(f"X must be a string tensor (the pool is pool_strings), got {x.dtype}")
+    if not p.strings and x.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise node.error(f"X must be int32 or int64 (the pool is pool_int64s), got {x.dtype}")
     if x.rank not in (1, 2):
         raise node.error(f"X must be [C] or [N, C], got shape {x.shape}")
-    p = node_plan(node, _build_pool)
     return [Spec((p.out_size,) if x.rank == 1 else (x.shape[0], p.out_size), np.dtype(np.float32))]
 
 
@@ -164,7 +171,7 @@ def _compute(xp, node, x):
     N, C, O = rows.shape[0], rows.shape[1], p.out_size
     vocab = xp.asarray(p.vocab)
     V = max(int(p.vocab.size), 1)
-    tokens = rows.astype(xp.int64)
+    tokens = rows.astype(object) if p.strings else rows.astype(xp.int64)  # (strings: numpy, on the host)
     rank = _lookup(xp, vocab, tokens, xp.ones(tokens.shape, dtype=bool))
     keys = [xp.asarray(k) for k in p.keys]
     coords = [xp.asarray(c) for c in p.coord]

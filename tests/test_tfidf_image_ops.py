@@ -89,10 +89,26 @@ def test_tfidf_bad_pool_is_an_op_error_at_load(over, pattern):
         _executor(_tfidf([6], **{**GOOD, **over}))
 
 
-def test_tfidf_string_pool_is_unsupported_at_load():
+@pytest.mark.parametrize("mode", ["TF", "TFIDF"])
+def test_tfidf_string_pool_on_string_input_matches_onnx_reference(mode):
+    """String tensors live on the host: the executor runs the kernel's compute on numpy there."""
+    attrs = dict(max_gram_length=2, min_gram_length=1, max_skip_count=2, mode=mode, ngram_counts=[0, 3],
+                 ngram_indexes=[0, 1, 2, 3, 4], pool_strings=["the", "cat", "sat", "the", "cat", "cat", "sat"],
+                 weights=[0.5, 1.0, 2.0, 4.0, 8.0])
+    model = _tfidf([2, 6], TensorProto.STRING, **attrs)
+    x = np.array([["the", "cat", "sat", "on", "the", "cat"], ["cat", "cat", "sat", "the", "dog", "sat"]], dtype=object)
+    want = ReferenceEvaluator(model).run(None, {"X": x})[0]
+    got = _executor(model).run({"X": x})["Y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg="result")
+    assert got[0, 3] > 0, "result: not vacuous, ('the', 'cat') is counted"
+
+
+def test_tfidf_pool_and_input_types_must_agree():
     attrs = {k: v for k, v in GOOD.items() if k != "pool_int64s"}
-    with pytest.raises(Unsupported, match="pool_strings"):
-        _executor(_tfidf([6], pool_strings=["a", "b", "a", "b"], **attrs))
+    with pytest.raises(OpError, match=r"node 'tfidf'.*exactly one of the attributes pool_int64s and pool_strings"):
+        _executor(_tfidf([6], pool_strings=["a", "b", "a", "b"], **GOOD))
+    with pytest.raises(OpError, match=r"node 'tfidf'.*X must be a string tensor \(the pool is pool_strings\)"):
+        _executor(_tfidf([6], pool_strings=["a", "b", "a", "b"], **attrs)).run({"X": np.zeros(6, np.int64)})
 
 
 def test_tfidf_int32_batch_counts_per_row():
