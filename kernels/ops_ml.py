@@ -1,7 +1,8 @@
 """ai.onnx.ml ops: ArrayFeatureExtractor, Binarizer, TreeEnsemble (opset 5).
 
 ArrayFeatureExtractor gathers columns of the last axis (its indices are checked on the device into
-the runtime's error latch, then clamped, as Gather's are). Binarizer is elementwise.
+the runtime's error latch, then clamped, as Gather's are; indices known on the host, as with string
+data, which runs on the host, are checked in ``shapes``). Binarizer is elementwise.
 
 TreeEnsemble: the trees are attributes, so their tables are built on the host once per node when the
 model loads (``_node_plan``; every inconsistency there is an ``OpError`` naming the node and the
@@ -48,6 +49,11 @@ def _afe_shapes(node, specs):
     n = int(np.prod(idx.shape, dtype=np.int64))
     if x.shape[-1] == 0 and n:
         raise node.error(f"cannot extract {n} features from an empty last axis")
+    if idx.value is not None:  # host-known (a constant, or string data run on the host): checked here
+        bad = np.asarray(idx.value).reshape(-1)
+        bad = bad[(bad < -x.shape[-1]) | (bad >= x.shape[-1])]
+        if bad.size:
+            raise node.error(f"index {int(bad[0])} is out of range for a last axis of {x.shape[-1]}")
     shape = (1, n) if x.rank == 1 else (*x.shape[:-1], n)
     return [Spec(shape, x.dtype)]
 

@@ -121,6 +121,17 @@ def test_array_feature_extractor_out_of_range_index_is_a_device_assert():
         ex.run({"x": x, "i": np.array([3])})
 
 
+def test_array_feature_extractor_on_strings_runs_on_the_host_and_checks_its_indices():
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "i"], ["y"], name="afe", domain="ai.onnx.ml")
+    model = _model(node, [("x", TensorProto.STRING, [2, 3]), ("i", I64, [None])],
+                   [("y", TensorProto.STRING, [2, None])], ("ai.onnx.ml", 1))
+    x = np.array([["a", "b", "c"], ["d", "e", "f"]], dtype=object)
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    assert ex.run({"x": x, "i": np.array([2, -3])})["y"].tolist() == [["c", "a"], ["f", "d"]], "result"
+    with pytest.raises(OpError, match=r"node 'afe' \(ArrayFeatureExtractor, opset 1\): index 3 is out of range"):
+        ex.run({"x": x, "i": np.array([0, 3])})
+
+
 def test_binarizer_integer_input_compares_with_the_float_threshold():
     node = helper.make_node("Binarizer", ["x"], ["y"], name="bin", domain="ai.onnx.ml", threshold=1.5)
     model = _model(node, [("x", I64, [4])], [("y", I64, [4])], ("ai.onnx.ml", 1))
