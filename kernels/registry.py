@@ -33,6 +33,11 @@ MODULES = (
     "lockstep.kernels.ops_detection",
     "lockstep.kernels.ops_sequence",
     "lockstep.kernels.ops_string",
+    "lockstep.kernels.ops_ml",
+    "lockstep.kernels.ops_training",
+    "lockstep.kernels.ops_text",
+    "lockstep.kernels.ops_image",
+    "lockstep.kernels.ops_random",
 )
 
 # Ops the executor handles itself rather than through a kernel.

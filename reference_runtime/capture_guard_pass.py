@@ -17,7 +17,9 @@ Outcomes (``GuardOutcome.status``):
 - ``mismatch``: the captured bytes differ from the eager bytes;
 - ``skipped``: nothing of the case was captured (``detail`` says why: the plan's seam reasons, e.g.
   ``kernel: <reason>`` of a kernel declared unsupported), or the case does not run eagerly on the
-  simulated device (the node suite reports that), or it has sequence values.
+  simulated device (the node suite reports that), or it has sequence values, or its outputs differ
+  and it holds an unseeded random op (Bernoulli, RandomUniformLike, ... without ``seed``: each run
+  draws afresh; the host-read guard still ran).
 
 As a command: ``python -m lockstep.reference_runtime.capture_guard_pass [--match PATTERN]`` prints
 each finding and a summary of outcomes and skip reasons.
@@ -81,6 +83,17 @@ def _bake_host_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> d
     return {k: v for k, v in feeds.items() if k not in host}
 
 
+# ONNX's random ops: without a ``seed`` attribute each run draws afresh (kernels/ops_random.py).
+_RANDOM_OPS = frozenset({"Bernoulli", "RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike",
+                         "Multinomial"})
+
+
+def _unseeded_random(model: onnx.ModelProto) -> list[str]:
+    """The names (or op types) of the model's random ops without a seed."""
+    return [n.name or n.op_type for n in model.graph.node
+            if n.op_type in _RANDOM_OPS and n.domain in ("", "ai.onnx") and not any(a.name == "seed" for a in n.attribute)]
+
+
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
@@ -127,6 +140,9 @@ def guard_case(case: NodeCase) -> GuardOutcome:
         reasons = sorted({r for _, r in plan.decisions if r is not None}) if plan is not None else []
         return GuardOutcome("skipped", "nothing captured: " + ("; ".join(reasons)[:300] or "no kernel node"))
     bad = [o for o in ex.outputs if not _same_bytes(eager[o], captured[o])]
+    if bad and (unseeded := _unseeded_random(model)):
+        return GuardOutcome("skipped", f"unseeded random op {unseeded[0]}: each run draws afresh, so two runs' "
+                            "bytes cannot agree", census["captured_nodes"])
     if bad:
         return GuardOutcome("mismatch", f"outputs {bad} differ from the eager run's bytes", census["captured_nodes"])
     return GuardOutcome("passed", "", census["captured_nodes"])

@@ -201,6 +201,17 @@ def test_a_sample_of_real_kernels_runs_captured_and_guarded_with_eager_bytes(nam
     assert out.status == "passed" and out.captured_nodes >= 1, out
 
 
+def test_an_unseeded_random_op_is_a_skip_and_a_seeded_one_is_compared():
+    """Result: Bernoulli's expansion (RandomUniformLike, an eager seam, then Greater and Cast,
+    captured) draws afresh each run without a seed, so the pass skips it naming the op; with a seed
+    both runs draw the same and the bytes must agree."""
+    cases = {c.name: c for c in load_cases() if c.name in ("test_bernoulli_expanded", "test_bernoulli_seed_expanded")}
+    free = guard_case(cases["test_bernoulli_expanded"])
+    assert free.status == "skipped" and free.detail.startswith("unseeded random op RandomUniformLike"), free
+    seeded = guard_case(cases["test_bernoulli_seed_expanded"])
+    assert seeded.status == "passed" and seeded.captured_nodes >= 1, seeded
+
+
 def _bad_compute(xp, node, x):
     if x.any():  # a host read of device data: CuPy refuses it during capture
         return (x * 2,)

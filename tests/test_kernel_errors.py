@@ -244,9 +244,10 @@ def test_raw_exception_from_a_kernels_shape_code_names_the_node():
 
 SWEEPS = {
     # attribute mutations (the ops whose mutations ended as LaunchFailure or a raw exception before)
-    "attrs": ((), ("Resize", "Upsample", "Gelu", "EyeLike", "LpPool", "LRN", "Dropout", "Attention")),
+    "attrs": ((), ("Resize", "Upsample", "Gelu", "EyeLike", "LpPool", "LRN", "Dropout", "Attention",
+                   "TfIdfVectorizer", "TreeEnsemble")),
     # host-read input values (NaN/inf scales and depths)
-    "inputs": (("--inputs",), ("OneHot", "Upsample", "RoiAlign")),
+    "inputs": (("--inputs",), ("OneHot", "Upsample", "RoiAlign", "ImageDecoder")),
     # feed shapes reaching shapes() (rank +-1, empty)
     "shapes": (("--shapes",), ("QLinearMatMul", "MatMulInteger", "Split", "STFT", "GroupNormalization", "RoiAlign")),
 }
