@@ -30,6 +30,7 @@ from lockstep.engines.registry import load_engine  # noqa: E402
 
 class OnnxReference(Engine):
     name = "onnx-reference"
+    values = frozenset({"sequence", "optional"})  # the evaluator takes lists and None as ONNX's loader gives them
 
     def available(self):
         return True, f"onnx {onnx.__version__} ReferenceEvaluator"
