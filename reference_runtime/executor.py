@@ -58,19 +58,23 @@ class _Value:
 class _Step:
     node: onnx.NodeProto
     info: NodeInfo
-    kernel: OpKernel | None  # None: handled by the executor (Identity)
+    kernel: OpKernel | None  # None: handled by the executor (Identity, control flow)
     launch: Kernel | None
     alias: bool = False  # the output may be a view of input 0 (``is_view``): no allocation, no launch
     # node.input and node.output, read once: each read of a protobuf repeated field builds new strings
+    # (a control-flow node's inputs are followed by the outer-scope names its subgraphs read)
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    control: Any = None  # control_flow's step object (If, Loop, Scan, FlexAttention): run by the executor
 
     def __init__(self, node: onnx.NodeProto, info: NodeInfo, kernel: OpKernel | None, launch: Kernel | None,
-                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None):
+                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None,
+                 control: Any = None):
         d = self.__dict__  # one per node at load: the frozen fields written directly (as kernels' Spec)
         d["node"], d["info"], d["kernel"], d["launch"], d["alias"] = node, info, kernel, launch, alias
         d["inputs"] = tuple(node.input) if inputs is None else inputs
         d["outputs"] = tuple(node.output) if outputs is None else outputs
+        d["control"] = control
 
     def is_view(self, spec: "Spec | None") -> bool:
         """Whether this run's output is a view of input 0 (of ``spec``): always for the Reshape
@@ -91,6 +95,7 @@ class _Step:
 # output (a graph output is the caller's, and a view of a feed could be overwritten in place).
 # A Transpose is one when it moves only dims of size 1 (``_Step.is_view``).
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+_CONTROL_TYPES = frozenset({"If", "Loop", "Scan", "FlexAttention"})  # op types that may hold subgraphs
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
@@ -177,9 +182,11 @@ class Executor:
     """A loaded model bound to a runtime. ``run(feeds)`` returns the graph outputs as numpy arrays."""
 
     PAGE_MIN = 4096  # bytes: initializers at least this large are paged when the runtime has a vram_limit
+    CHECK_MODEL = True  # onnx.checker at load (off for a subgraph's executor: control_flow.Body)
 
     def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
-        self.model, self.base_dir = load_model(model)
+        self.model, self.base_dir = load_model(model, check=self.CHECK_MODEL)
+        self.registry = registry
         check_opsets(self.model)
         self.runtime = runtime
         graph = self.model.graph
@@ -196,6 +203,11 @@ class Executor:
             raise UnsupportedModel("string tensors cannot live in device memory", strings)
         nodes = list(graph.node)
         io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
+        from .control_flow import CONTROL_OPS, build_control, implicit_inputs
+
+        implicit = {k: implicit_inputs(n) for k, n in enumerate(nodes) if n.op_type in _CONTROL_TYPES}
+        for k, extra in implicit.items():  # outer-scope reads order the graph like inputs
+            io[k] = (io[k][0] + extra, io[k][1])
         order = _topological(graph, init_names | {vi.name for vi in graph.input}, io)
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
@@ -214,12 +226,16 @@ class Executor:
                 attrs = _attrs(node, self.base_dir)
             except Exception as exc:
                 raise ModelError(f"node {name!r} ({op_type}): bad attribute: {exc}") from exc
-            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins), len(outs))
+            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins) - len(implicit.get(k, ())), len(outs))
             if (domain, op_type) in EXECUTOR_OPS:
                 if op_type == "Constant":
                     self._constants[outs[0]] = self._constant_value(info)
                 else:
                     self.steps.append(_Step(node, info, None, None, False, ins, outs))
+                continue
+            if (domain, op_type) in CONTROL_OPS:  # subgraphs built and validated now
+                control = build_control(self, info, node, implicit.get(k, ()))
+                self.steps.append(_Step(node, info, None, None, False, ins, outs, control))
                 continue
             kernel = registry.lookup(domain, op_type, opset)
             if kernel is None:
@@ -278,8 +294,10 @@ class Executor:
         # whose residency the pager decides per node. The cache names this executor through a weak
         # proxy: no executor<->cache cycle, so a dropped executor (and its runtime, whose finalizer
         # drains and frees) goes at once, not at the next cyclic garbage collection
+        # (not with control flow either: a branch or a trip count may change shapes under one signature)
         self.plans: PlanCache | None = (PlanCache(weakref.proxy(self))
-                                        if runtime.config.execution_plans and self.pager is None else None)
+                                        if runtime.config.execution_plans and self.pager is None
+                                        and not any(st.control is not None for st in self.steps) else None)
 
     def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
         if self._symbolic is None:
@@ -527,8 +545,12 @@ class Executor:
         env = run.env
         temps = run.temps if temps is None else temps
         values = [env[n] if n else None for n in step.inputs]
-        if step.kernel is None:  # Identity: alias, no launch
-            env[step.outputs[0]] = values[0]  # type: ignore[assignment]
+        if step.kernel is None:
+            if step.control is not None:  # If, Loop, Scan, FlexAttention (control_flow)
+                rt.current_node = info.name
+                step.control.run(self, run, values, temps, persist, step.outputs)
+                return
+            env[step.outputs[0]] = values[0]  # Identity: alias, no launch  # type: ignore[assignment]
             return
         specs: list[Spec | None] = [v.spec if v is not None else None for v in values]
         rt.current_node = info.name  # attribution for the runtime's sync-debug log (host reads, launch)
