@@ -101,7 +101,9 @@ def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "o
     born: dict[Symbol, "onnx.NodeProto"] = {}
     for step in executor.steps:
         node = step.node
-        if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+        if step.control is not None:
+            value_deps = None  # computed by subgraphs on the device
+        elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
             value_deps = {d for d in shapes[node.input[0]] if isinstance(d, Symbol)}
         elif all(i in deps for i in node.input if i):
             value_deps = set().union(*[deps[i] for i in node.input if i]) if node.input else set()
@@ -178,11 +180,12 @@ def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[
     out: set[Symbol] = set()
     for step in executor.steps:
         node, k = step.node, step.kernel
-        if k is None or not k.host_inputs:
-            continue
-        reads = [node.input[i] for i in k.host_inputs if i < len(node.input) and node.input[i]]
-        if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):
-            continue  # host-known values that do not grow: the dim is fixed with the feed shapes
+        if step.control is None:  # (control flow's output shapes follow a branch or a trip count: device data)
+            if k is None or not k.host_inputs:
+                continue
+            reads = [node.input[i] for i in k.host_inputs if i < len(node.input) and node.input[i]]
+            if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):
+                continue  # host-known values that do not grow: the dim is fixed with the feed shapes
         for o in node.output:
             for d in executor.symbolic_shapes.get(o, ()) if o else ():
                 if isinstance(d, Symbol) and d.producer == step.info.name:
@@ -218,11 +221,11 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
     decisions: list[tuple[str, str | None]] = []
     for step in executor.steps:
         node, name = step.node, step.info.name
+        if node.op_type in _HOST_CONTROL or step.control is not None:  # (FlexAttention with subgraphs too)
+            decisions.append((name, f"host control flow: {node.op_type}"))
+            continue
         if step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
             decisions.append((name, None))
-            continue
-        if node.op_type in _HOST_CONTROL:
-            decisions.append((name, f"host control flow: {node.op_type}"))
             continue
         reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
         unknown = [r for r in reads if r not in known]

@@ -34,15 +34,15 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels import Kernel
-from lockstep.kernels._linalg import matmul
+from lockstep.kernels import Kernel, primitives
+from lockstep.kernels._attention import flex_output, flex_precision, flex_scores, flex_softmax
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .executor import Executor, Run, _Value
 from .model import np_dtype
 from .runtime import Tensor
 
-__all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs"]
+__all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]
 
 CONTROL_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan"), ("ai.onnx.preview", "FlexAttention")})
 
@@ -77,6 +77,14 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
         if vi.name not in bound:
             seen.setdefault(vi.name, None)
     return list(seen)
+
+
+def is_control(domain: str, op_type: str, node: onnx.NodeProto) -> bool:
+    """Whether the executor runs ``node`` itself: If, Loop, Scan, and a FlexAttention with a
+    score_mod or prob_mod subgraph (without one it is an ordinary kernel, ``kernels._attention``)."""
+    if (domain, op_type) not in CONTROL_OPS:
+        return False
+    return op_type != "FlexAttention" or bool(_subgraphs(node))
 
 
 def implicit_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
@@ -176,7 +184,7 @@ class Body:
                     owned[id(t)] = t
                 elif t is not None and id(t) not in passed:  # a view of a temporary: its own copy
                     own = rt.empty(t.shape, t.dtype, name=o)
-                    rt.copy(own, t)
+                    rt.launch(primitives.copy, own, t)
                     owned[id(own)] = own
                     v = _Value(own, v.spec)
                 result.append(v)
@@ -245,7 +253,7 @@ class _Control:
                 if tuple(target.shape) != tuple(v.spec.shape) or target.dtype != v.spec.dtype:
                     raise self.info.error(f"output {name!r} is {v.spec.dtype}{list(v.spec.shape)} but its "
                                           f"buffer is {target!r}")
-                rt.copy(target, v.tensor)
+                rt.launch(primitives.copy, target, v.tensor)  # on the compute stream, in order: no sync
                 v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
             elif v.tensor is not None and id(v.tensor) in owned:
                 kept.add(id(v.tensor))
@@ -485,22 +493,16 @@ _PRECISION = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "floa
               onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.DOUBLE: "float64"}
 
 
-def _scores_body(xp, out, q, k, *, sqrt_scale, repeat):
-    s = q.dtype.type(sqrt_scale)
-    if repeat > 1:
-        k = xp.repeat(k, repeat, axis=1)
-    out[...] = matmul(xp, q * s, xp.swapaxes(k * s, -1, -2)).astype(out.dtype)
+def _scores_body(xp, out, q, k, *, node):
+    out[...] = flex_scores(xp, node, q, k)
 
 
 def _softmax_body(xp, out, s):
-    e = xp.exp(s - s.max(axis=-1, keepdims=True))
-    out[...] = e / e.sum(axis=-1, keepdims=True)
+    out[...] = flex_softmax(xp, s)
 
 
-def _pv_body(xp, out, p, v, *, repeat):
-    if repeat > 1:
-        v = xp.repeat(v, repeat, axis=1)
-    out[...] = matmul(xp, p, v.astype(p.dtype)).astype(out.dtype)
+def _pv_body(xp, out, p, v):
+    out[...] = flex_output(xp, p, v)
 
 
 _SCORES = Kernel("FlexAttention:scores", _scores_body, writes=(0,))
@@ -517,11 +519,9 @@ class _FlexAttention(_Control):
         if p is not None and p not in _PRECISION:
             raise info.error(f"attribute 'softmax_precision' must be one of {sorted(_PRECISION)} "
                              f"(float, float16, bfloat16, double), got {p!r}")
-        self.precision = None if p is None else np_dtype(p)
         scale = info.attrs.get("scale")
         if scale is not None and not (math.isfinite(scale) and scale > 0):
             raise info.error(f"attribute 'scale' must be a finite positive number, got {scale!r}")
-        self.scale = scale
         self.mods = []
         for attr in ("score_mod", "prob_mod"):
             body = self._body(executor, attr, required=False)
@@ -553,13 +553,10 @@ class _FlexAttention(_Control):
             raise info.error(f"Q {list(shapes[0])}, K {list(shapes[1])} and V {list(shapes[2])} do not agree")
         if hk <= 0 or hq % hk:
             raise info.error(f"q_num_heads ({hq}) must be a multiple of kv_num_heads ({hk})")
-        qd = q.spec.dtype
-        cdt = self.precision or (np.dtype(np.float32) if qd.itemsize < 4 else qd)
-        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(e)
-        sqrt_scale = float(np.sqrt(np.float32(scale)))
+        cdt = flex_precision(info, q.spec.dtype)
         shape = (b, hq, lq, s)
         scores = _Value(self._new(shape, cdt, f"{info.name}:scores", owned), Spec(shape, cdt))
-        rt.launch(_SCORES, scores.tensor, q.tensor, k.tensor, sqrt_scale=sqrt_scale, repeat=hq // hk)
+        rt.launch(_SCORES, scores.tensor, q.tensor, k.tensor, node=info)
         modded = self._modify(self.mods[0], scores, outer, owned)
         self._drop(scores, owned, [modded])
         probs = _Value(self._new(shape, cdt, f"{info.name}:probs", owned), Spec(shape, cdt))
@@ -569,7 +566,7 @@ class _FlexAttention(_Control):
         self._drop(probs, owned, [final])
         yshape = (b, hq, lq, ev)
         y = _Value(self._new(yshape, v.spec.dtype, info.name, owned), Spec(yshape, v.spec.dtype))
-        rt.launch(_PV, y.tensor, final.tensor, v.tensor, repeat=hq // hk)
+        rt.launch(_PV, y.tensor, final.tensor, v.tensor)
         self._drop(final, owned, [y])
         return [y]
 

@@ -203,7 +203,7 @@ class Executor:
             raise UnsupportedModel("string tensors cannot live in device memory", strings)
         nodes = list(graph.node)
         io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
-        from .control_flow import CONTROL_OPS, build_control, implicit_inputs
+        from .control_flow import build_control, implicit_inputs, is_control
 
         implicit = {k: implicit_inputs(n) for k, n in enumerate(nodes) if n.op_type in _CONTROL_TYPES}
         for k, extra in implicit.items():  # outer-scope reads order the graph like inputs
@@ -233,7 +233,7 @@ class Executor:
                 else:
                     self.steps.append(_Step(node, info, None, None, False, ins, outs))
                 continue
-            if (domain, op_type) in CONTROL_OPS:  # subgraphs built and validated now
+            if op_type in _CONTROL_TYPES and is_control(domain, op_type, node):  # subgraphs built and validated now
                 control = build_control(self, info, node, implicit.get(k, ()))
                 self.steps.append(_Step(node, info, None, None, False, ins, outs, control))
                 continue
