@@ -1,5 +1,6 @@
 """Attention-family ops: Attention (23-25), RotaryEmbedding (23), TensorScatter (24), and
-ai.onnx.preview FlexAttention (1; without score_mod/prob_mod subgraphs).
+ai.onnx.preview FlexAttention (1; without score_mod/prob_mod subgraphs: with them the executor
+runs it, ``reference_runtime/control_flow.py``, through this module's ``flex_*`` stages).
 
 All products go through ``_linalg.matmul``; masks are built on the device from ``xp.arange``
 (nonpad_kv_seqlen and write_indices stay on the device), so every op here is capture-safe.

@@ -29,6 +29,7 @@ temporary (slices, superseded loop-carried values) is freed stream-ordered as so
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any
 
@@ -207,7 +208,7 @@ def _scalar_bool(arr: np.ndarray, what: str, info: NodeInfo) -> bool:
     return bool(arr.reshape(()))
 
 
-class _Control:
+class _Control(abc.ABC):
     """One control-flow node: built at load (subgraphs, attribute checks), run per step."""
 
     def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
@@ -233,42 +234,38 @@ class _Control:
         owned: dict[int, Tensor] = {}
         outer = {n: v for n, v in zip(self.input_names, formal) if n}  # a body may read the node's inputs too
         outer.update(zip(self.outer_names, outer_vals))
+        kept: set[int] = set()  # owned tensors that became the node's outputs: the run's temporaries
         try:
             results = self.execute(formal, outer, owned)
-        except BaseException:
-            for t in owned.values():
-                if not t.freed:
+            if len(results) != len(outputs):
+                raise self.info.error(f"produced {len(results)} outputs, the node has {len(outputs)}")
+            for name, v in zip(outputs, results):
+                if not name:
+                    continue
+                t = getattr(v, "tensor", None)  # (other value kinds pass through as they are)
+                target = run.bind.get(name) or (persist.get(name) if persist else None)
+                if target is not None and t is not target:
+                    if t is None or tuple(target.shape) != tuple(v.spec.shape) or target.dtype != v.spec.dtype:
+                        raise self.info.error(f"output {name!r} is {getattr(v, 'spec', v)} but its buffer is {target!r}")
+                    rt.launch(primitives.copy, target, t)  # on the compute stream, in order: no sync
+                    v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
+                elif t is not None and id(t) in owned:
+                    kept.add(id(t))
+                run.env[name] = v
+        finally:
+            for key, t in owned.items():
+                if key in kept:
+                    temps.append(t)
+                elif not t.freed:
                     rt.free(t)
-            raise
-        if len(results) != len(outputs):
-            for t in owned.values():
-                rt.free(t)
-            raise self.info.error(f"produced {len(results)} outputs, the node has {len(outputs)}")
-        kept: set[int] = set()
-        for name, v in zip(outputs, results):
-            if not name:
-                continue
-            target = run.bind.get(name) or (persist.get(name) if persist else None)
-            if target is not None and v.tensor is not target:
-                if tuple(target.shape) != tuple(v.spec.shape) or target.dtype != v.spec.dtype:
-                    raise self.info.error(f"output {name!r} is {v.spec.dtype}{list(v.spec.shape)} but its "
-                                          f"buffer is {target!r}")
-                rt.launch(primitives.copy, target, v.tensor)  # on the compute stream, in order: no sync
-                v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
-            elif v.tensor is not None and id(v.tensor) in owned:
-                kept.add(id(v.tensor))
-            run.env[name] = v
-        for key, t in owned.items():
-            if key in kept:
-                temps.append(t)
-            elif not t.freed:
-                rt.free(t)
 
     outer_names: tuple[str, ...] = ()  # the outer-scope names the subgraphs read (after the node's inputs)
     input_names: tuple[str, ...] = ()
 
+    @abc.abstractmethod
     def execute(self, formal: list[Any], outer: dict[str, Any], owned: dict[int, Tensor]) -> list[Any]:
-        raise NotImplementedError  # each control op defines it
+        """The node's output values from its inputs (``formal``) and the outer scope's; every tensor
+        it allocates goes into ``owned`` (``run`` hands the outputs over and frees the rest)."""
 
     # -- helpers on the device
     def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]") -> None:

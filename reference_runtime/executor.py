@@ -4,7 +4,9 @@ Load: the model is checked (``model.load_model``; opsets newer than onnx knows a
 ``UnsupportedModel``), its nodes are put in topological order,
 ``Constant`` nodes and initializers become device tensors once, and every other node is matched to
 a kernel (``kernels.registry``). Any node without one is reported before anything executes,
-with op type, domain and opset (``UnsupportedModel``). The model's symbolic dims (onnx's shape
+with op type, domain and opset (``UnsupportedModel``). Control flow (If, Loop, Scan,
+FlexAttention with modifier subgraphs) is run by the executor itself (``control_flow``): its
+subgraphs are built as nested executors at load, checked the same way. The model's symbolic dims (onnx's shape
 inference, contained: ``symbols``, ``symbolic_shapes``) are worked out on first need, by the
 capture planner or a second run of a step signature; a one-shot run never needs them.
 
@@ -675,7 +677,7 @@ class Executor:
         """The inputs that ``out`` may not be bound in place over (a node after its producer reads
         them); ``FeedError`` if no kernel produces ``out``. Memoised: it depends on the graph only."""
         producer = self._producer.get(out)
-        if producer is None or self.steps[producer].kernel is None:
+        if producer is None or (self.steps[producer].kernel is None and self.steps[producer].control is None):
             raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
         unsafe = self._unsafe_over[out] = frozenset(
             vi.name for vi in self.inputs if any(i > producer for i in self._readers.get(vi.name, ())))

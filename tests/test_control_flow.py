@@ -244,3 +244,13 @@ def test_flexattention_with_a_bad_softmax_precision_is_refused_at_load():
     model = h.make_model(g, opset_imports=OPSET + [h.make_opsetid("ai.onnx.preview", 1)], ir_version=10)
     with pytest.raises(OpError, match=r"'flex'.*softmax_precision"):
         Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+
+
+def test_a_loop_output_bound_to_a_device_tensor_is_written_into_it():
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(_nested_if_in_loop_model(), rt)
+    x, w_in = np.array([1.0, 2.0, 3.0], np.float32), np.ones(3, np.float32)
+    bound = rt.empty((3,), np.float32, name="bound-x_final")
+    out = ex.run({"M": np.array(2, np.int64), "x": x, "w_in": w_in}, bind={"x_final": bound})
+    assert out["x_final"] is bound, "contract: IO binding hands back the caller's tensor"
+    np.testing.assert_array_equal(rt.download(bound), x), "result: x - w + w, written into the bound tensor"
