@@ -153,14 +153,26 @@ def test_a_scan_axis_out_of_range_is_a_named_error():
         ex.run({"init": np.zeros(2, np.float32), "xs": np.zeros((2, 4), np.float32)})
 
 
-def _loop_with_body(node, extra_opsets=()):
+def _loop_with_body(node, extra_opsets=(), n=2, initializer=()):
     body = h.make_graph([node, h.make_node("Identity", ["c"], ["c_out"], name="keep")], "body",
-                        [_scalar("i", T.INT64), _scalar("c", T.BOOL), h.make_tensor_value_info("v", T.FLOAT, [2])],
-                        [_scalar("c_out", T.BOOL), h.make_tensor_value_info("v_next", T.FLOAT, [2])])
+                        [_scalar("i", T.INT64), _scalar("c", T.BOOL), h.make_tensor_value_info("v", T.FLOAT, [n])],
+                        [_scalar("c_out", T.BOOL), h.make_tensor_value_info("v_next", T.FLOAT, [n])],
+                        initializer=list(initializer))
     g = h.make_graph([h.make_node("Loop", ["M", "", "v0"], ["v_final"], name="loop", body=body)], "loop",
-                     [_scalar("M", T.INT64), h.make_tensor_value_info("v0", T.FLOAT, [2])],
-                     [h.make_tensor_value_info("v_final", T.FLOAT, [2])])
+                     [_scalar("M", T.INT64), h.make_tensor_value_info("v0", T.FLOAT, [n])],
+                     [h.make_tensor_value_info("v_final", T.FLOAT, [n])])
     return h.make_model(g, opset_imports=OPSET + list(extra_opsets), ir_version=10)
+
+
+def test_a_long_loop_frees_each_superseded_carried_value_within_the_memory_budget():
+    """40 iterations over a 1 MiB carried value under an 8 MiB device budget: fits only if each
+    iteration's superseded value is freed as the next replaces it (not all at the loop's end)."""
+    n = 1 << 18  # float32: 1 MiB
+    model = _loop_with_body(h.make_node("Add", ["v", "one"], ["v_next"], name="inc"), n=n,
+                            initializer=[h.make_tensor("one", T.FLOAT, [], [1.0])])
+    rt = Runtime(SimDevice(), RuntimeConfig(device_memory_limit=8 << 20))
+    out = Executor(model, rt).run({"M": np.array(40, np.int64), "v0": np.zeros(n, np.float32)})
+    assert out["v_final"].shape == (n,) and bool((out["v_final"] == 40).all()), "result: 40 increments"
 
 
 def test_a_loop_whose_body_has_an_unsupported_op_is_refused_at_load_naming_it():

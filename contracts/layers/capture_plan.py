@@ -153,4 +153,11 @@ MUTANTS = [
         breaks="a derived dim decided by host-known values that depend on a growing symbol (a Reshape to 2*past_len) grows",
         tests=_CP, select="reshape",
     ),
+    Mutant(
+        "capture_plan", "control_flow_admitted", _C,
+        old="if node.op_type in _HOST_CONTROL or step.control is not None:",
+        new="if node.op_type in _HOST_CONTROL and step.kernel is not None:",
+        breaks="a control-flow node (run by the executor, no kernel) is a host-control-flow seam, never captured",
+        tests=("tests/test_control_flow.py",), select="capture",
+    ),
 ]
