@@ -180,12 +180,11 @@ def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[
     out: set[Symbol] = set()
     for step in executor.steps:
         node, k = step.node, step.kernel
-        if step.control is None:  # (control flow's output shapes follow a branch or a trip count: device data)
-            if k is None or not k.host_inputs:
-                continue
-            reads = [node.input[i] for i in k.host_inputs if i < len(node.input) and node.input[i]]
-            if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):
-                continue  # host-known values that do not grow: the dim is fixed with the feed shapes
+        if k is None or not k.host_inputs:
+            continue
+        reads = [node.input[i] for i in k.host_inputs if i < len(node.input) and node.input[i]]
+        if all(r in deps for r in reads) and not any(grows(d) for r in reads for d in deps[r]):
+            continue  # host-known values that do not grow: the dim is fixed with the feed shapes
         for o in node.output:
             for d in executor.symbolic_shapes.get(o, ()) if o else ():
                 if isinstance(d, Symbol) and d.producer == step.info.name:

@@ -424,12 +424,15 @@ class _Scan(_Control):
         if not self.batched:
             return self._scan(formal, outer, owned)
         info, rt = self.info, self.runtime
-        if formal[0] is not None:
-            raise info.error("input 'sequence_lens' is not supported (every sequence runs its full length)")
         values = formal[1:]
         for v in values:
             if len(v.spec.shape) < 1:
                 raise info.error("opset-8 Scan inputs need a batch axis")
+        if formal[0] is not None:  # lengths other than the scan axis's leave outputs the spec does not define
+            lens = _host(rt, formal[0], "sequence_lens", info).reshape(-1)
+            full = values[self.n].spec.shape[1] if len(values[self.n].spec.shape) > 1 else None
+            if full is None or any(int(x) != full for x in lens):
+                raise info.error(f"input 'sequence_lens' {lens.tolist()}: only the full length ({full}) is supported")
         batch = values[0].spec.shape[0]
         if any(v.spec.shape[0] != batch for v in values):
             raise info.error(f"batch sizes differ: {[v.spec.shape[0] for v in values]}")

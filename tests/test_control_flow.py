@@ -266,3 +266,50 @@ def test_a_loop_output_bound_to_a_device_tensor_is_written_into_it():
     out = ex.run({"M": np.array(2, np.int64), "x": x, "w_in": w_in}, bind={"x_final": bound})
     assert out["x_final"] is bound, "contract: IO binding hands back the caller's tensor"
     np.testing.assert_array_equal(rt.download(bound), x), "result: x - w + w, written into the bound tensor"
+
+
+def _if_shape_model():
+    """y = If(c, Concat(r, r), r) after r = Relu(x); out = y * 2: the branches' shapes differ."""
+    then_g = h.make_graph([h.make_node("Concat", ["r", "r"], ["t"], name="then_cat", axis=1)], "then", [],
+                          [h.make_tensor_value_info("t", T.FLOAT, [1, 16])])
+    else_g = h.make_graph([h.make_node("Identity", ["r"], ["e"], name="else_id")], "else", [],
+                          [h.make_tensor_value_info("e", T.FLOAT, [1, 8])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"),
+         h.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+         h.make_node("Mul", ["y", "two"], ["out"], name="mul")],
+        "if_shapes", [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("c", T.BOOL, [1])],
+        [h.make_tensor_value_info("out", T.FLOAT, [1, None])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def test_capture_with_an_if_whose_branches_differ_in_shape_keeps_their_reader_eager(make_runtime):
+    """The If's output shape follows the branch (device data): its reader is not baked into a
+    segment, so alternating branches under one step signature still give the eager bytes."""
+    eager = _drive_if(Executor(_if_shape_model(), make_runtime()))
+    session = CaptureSession(Executor(_if_shape_model(), make_runtime()))
+    captured = _drive_if(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["if"] == "host control flow: If" and decisions["mul"] is not None, \
+        f"contract: the If and its reader are seams, got {decisions}"
+    assert session.counters.fallbacks == 0 and session.counters.captured_steps > 0
+    assert captured == eager and {len(b) for b in eager} == {32, 64}, "result: both shapes, byte-identical to eager"
+
+
+def test_opset8_scan_runs_full_sequence_lens_and_names_shorter_ones():
+    body = h.make_graph([h.make_node("Add", ["acc", "x_t"], ["acc_next"], name="acc"),
+                         h.make_node("Identity", ["acc_next"], ["y_t"], name="y")], "body",
+                        [h.make_tensor_value_info("acc", T.FLOAT, [2]), h.make_tensor_value_info("x_t", T.FLOAT, [2])],
+                        [h.make_tensor_value_info("acc_next", T.FLOAT, [2]), h.make_tensor_value_info("y_t", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Scan", ["lens", "init", "xs"], ["final", "ys"], name="scan8", body=body,
+                                  num_scan_inputs=1)], "scan8",
+                     [h.make_tensor_value_info("lens", T.INT32, [1]), h.make_tensor_value_info("init", T.FLOAT, [1, 2]),
+                      h.make_tensor_value_info("xs", T.FLOAT, [1, 3, 2])],
+                     [h.make_tensor_value_info("final", T.FLOAT, [1, 2]), h.make_tensor_value_info("ys", T.FLOAT, [1, 3, 2])])
+    ex = Executor(h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=10), Runtime(SimDevice(), RuntimeConfig()))
+    xs = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
+    out = ex.run({"lens": np.array([3], np.int32), "init": np.zeros((1, 2), np.float32), "xs": xs})
+    np.testing.assert_array_equal(out["ys"], np.cumsum(xs, axis=1)), "result: running sums per batch entry"
+    with pytest.raises(OpError, match=r"'scan8'.*sequence_lens"):
+        ex.run({"lens": np.array([2], np.int32), "init": np.zeros((1, 2), np.float32), "xs": xs})
