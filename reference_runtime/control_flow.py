@@ -121,10 +121,15 @@ _CAST = Kernel("control_flow:cast", _cast_body, writes=(0,))
 
 
 class _BodyExecutor(Executor):
-    """An executor over a subgraph: its model is not checked on its own (its outer-scope names are
-    inputs without types), and it never plans (each call may bring other shapes)."""
+    """An executor over a subgraph: its model is not run through onnx.checker on its own (its
+    outer-scope names are inputs without types; the enclosing model's check covered the subgraph),
+    and it never plans (each call may bring other shapes)."""
 
     CHECK_MODEL = False
+
+    def __init__(self, model: onnx.ModelProto, runtime: Any, *, registry: Any):
+        super().__init__(model, runtime, registry=registry)
+        self.plans = None
 
 
 class Body:
@@ -142,7 +147,6 @@ class Body:
         model = onnx.helper.make_model(wrapped, opset_imports=list(parent.model.opset_import),
                                        ir_version=parent.model.ir_version)
         self.executor = _BodyExecutor(model, parent.runtime, registry=parent.registry)
-        self.executor.plans = None
         self.outputs = list(self.executor.outputs)
 
     def out_spec(self, k: int) -> "tuple[tuple[int, ...] | None, np.dtype | None]":
@@ -168,12 +172,12 @@ class Body:
         for name, v in zip(self.formal, formal):
             if v is not None:
                 env[name] = v
+        # the values the body did not make (its inputs, the outer scope's, its constants): passed as they are
+        passed = {id(getattr(v, "tensor", None)) for v in env.values()}
         try:
             for i in range(len(ex.steps)):
                 ex.step(run, i)
             temps = {id(t) for t in run.temps}
-            passed = {id(v.tensor) for v in env.values() if getattr(v, "tensor", None) is not None
-                      and id(v.tensor) not in temps}
             result = []
             for o in self.outputs:
                 v = env.get(o)
@@ -194,7 +198,7 @@ class Body:
             ex.release(run)
 
 
-def _host(rt, v: _Value, what: str, info: NodeInfo) -> np.ndarray:
+def _host(rt, v: _Value, info: NodeInfo) -> np.ndarray:
     """A value on the host: its known host value, else a synchronising read (the node's host seam)."""
     if v.spec.value is not None:
         return np.asarray(v.spec.value)
@@ -327,7 +331,7 @@ class _If(_Control):
             _check_io(info, body, attr, 0, info.n_outputs)
 
     def execute(self, formal, outer, owned):
-        cond = _scalar_bool(_host(self.runtime, formal[0], "cond", self.info), "the condition", self.info)
+        cond = _scalar_bool(_host(self.runtime, formal[0], self.info), "the condition", self.info)
         return (self.then if cond else self.otherwise).call([], outer, owned)
 
 
@@ -348,13 +352,13 @@ class _Loop(_Control):
         rt, info = self.runtime, self.info
         trip = None
         if formal[0] is not None:
-            m = _host(rt, formal[0], "M", info)
+            m = _host(rt, formal[0], info)
             if m.size != 1:
                 raise info.error(f"the trip count M must hold one element, got shape {tuple(m.shape)}")
             trip = int(m.reshape(()))
         cond = True
         if formal[1] is not None:
-            cond = _scalar_bool(_host(rt, formal[1], "cond", info), "the condition", info)
+            cond = _scalar_bool(_host(rt, formal[1], info), "the condition", info)
         carried = list(formal[2:])
         scans: list[list[_Value]] = [[] for _ in range(self.n_scan)]
         it = 0
@@ -366,7 +370,7 @@ class _Loop(_Control):
             cond_v = _Value(self._new((), np.bool_, f"{info.name}:cond", owned), Spec((), cond_arr.dtype, cond_arr))
             rt.write(cond_v.tensor, cond_arr)
             outs = self.body.call([it_v, cond_v, *carried], outer, owned)
-            cond = _scalar_bool(_host(rt, outs[0], "cond", info), "the body's condition output", info)
+            cond = _scalar_bool(_host(rt, outs[0], info), "the body's condition output", info)
             new = outs[1:1 + self.n_carried]
             for k in range(self.n_scan):
                 scans[k].append(outs[1 + self.n_carried + k])
@@ -429,7 +433,7 @@ class _Scan(_Control):
             if len(v.spec.shape) < 1:
                 raise info.error("opset-8 Scan inputs need a batch axis")
         if formal[0] is not None:  # lengths other than the scan axis's leave outputs the spec does not define
-            lens = _host(rt, formal[0], "sequence_lens", info).reshape(-1)
+            lens = _host(rt, formal[0], info).reshape(-1)
             full = values[self.n].spec.shape[1] if len(values[self.n].spec.shape) > 1 else None
             if full is None or any(int(x) != full for x in lens):
                 raise info.error(f"input 'sequence_lens' {lens.tolist()}: only the full length ({full}) is supported")

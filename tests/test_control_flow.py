@@ -313,3 +313,31 @@ def test_opset8_scan_runs_full_sequence_lens_and_names_shorter_ones():
     np.testing.assert_array_equal(out["ys"], np.cumsum(xs, axis=1)), "result: running sums per batch entry"
     with pytest.raises(OpError, match=r"'scan8'.*sequence_lens"):
         ex.run({"lens": np.array([2], np.int32), "init": np.zeros((1, 2), np.float32), "xs": xs})
+
+
+def test_a_branch_output_that_is_a_view_of_a_branch_temporary_outlives_the_branch():
+    """Identity(Reshape(Add(...))) inside a branch: the Reshape is a view of the Add's buffer,
+    which the branch frees when it ends; the If's output is its own copy, never a view of freed
+    memory (which the sim may still read back right: its addresses are not reused at once)."""
+    branch = h.make_graph([h.make_node("Add", ["x", "x"], ["t1"], name="b_add"),
+                           h.make_node("Reshape", ["t1", "flat"], ["t2"], name="b_view"),
+                           h.make_node("Identity", ["t2"], ["t3"], name="b_id")], "branch", [],
+                          [h.make_tensor_value_info("t3", T.FLOAT, [8])],
+                          initializer=[h.make_tensor("flat", T.INT64, [1], [8])])
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch),
+                      h.make_node("Neg", ["y"], ["out"], name="neg")], "views",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 4]), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [8]), h.make_tensor_value_info("out", T.FLOAT, [8])])
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(h.make_model(g, opset_imports=OPSET, ir_version=10), rt)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    run = ex.start({"x": x, "c": np.array(True)})  # the step API: the If's output as the run holds it
+    try:
+        ex.step(run, 0)
+        assert not run.env["y"].tensor.ref.buffer.freed, "contract: the If's output is not in freed memory"
+        ex.step(run, 1)
+        out = ex.finish(run)
+    finally:
+        ex.release(run)
+    np.testing.assert_array_equal(out["y"], 2 * x.reshape(8)), "result: the branch's value"
+    np.testing.assert_array_equal(out["out"], -2 * x.reshape(8))

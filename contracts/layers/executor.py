@@ -288,4 +288,11 @@ MUTANTS = [
         breaks="a Scan output with scan_output_directions 1 holds the first iteration's value last",
         tests=_CFT, select="reverse",
     ),
+    Mutant(
+        "executor", "body_view_output_escapes", _CF,
+        old="elif t is not None and id(t) not in passed:  # a view of a temporary: its own copy",
+        new="elif False:  # a view of a temporary: its own copy",
+        breaks="a subgraph output that is a view of the subgraph's temporary is copied before the body frees it",
+        tests=_CFT, select="view_of_a_branch",
+    ),
 ]
