@@ -1,5 +1,6 @@
 """Attention-family ops: Attention (23-25), RotaryEmbedding (23), TensorScatter (24), and
-ai.onnx.preview FlexAttention (1; without score_mod/prob_mod subgraphs).
+ai.onnx.preview FlexAttention (1; without score_mod/prob_mod subgraphs: with them the executor
+runs it, ``reference_runtime/control_flow.py``, through this module's ``flex_*`` stages).
 
 All products go through ``_linalg.matmul``; masks are built on the device from ``xp.arange``
 (nonpad_kv_seqlen and write_indices stay on the device), so every op here is capture-safe.
@@ -399,25 +400,44 @@ def _flex_shapes(node, specs):
     return [Spec((B, hq, L, v.shape[3]), v.dtype)]
 
 
-def _flex_compute(xp, node, q, k, v):
+def flex_scores(xp, node, q, k):
+    """FlexAttention's ``(Q * sqrt(scale)) @ (K * sqrt(scale))^T`` (K's heads repeated for GQA) in
+    the softmax precision (``flex_precision``). Shared with the subgraph path
+    (``reference_runtime.control_flow``), which runs score_mod/prob_mod between the stages."""
     dt = np.dtype(q.dtype)
     hq, hkv, E = q.shape[1], k.shape[1], q.shape[3]
     if hq != hkv:
         k = xp.repeat(k, hq // hkv, axis=1)
-        v = xp.repeat(v, hq // hkv, axis=1)
     scale = node.attr("scale")
     scale = 1.0 / np.sqrt(E) if scale is None else float(scale)
     s = dt.type(np.sqrt(np.float32(scale)))
     scores = matmul(xp, q * s, xp.swapaxes(k * s, -1, -2)).astype(dt)
+    return scores.astype(flex_precision(node, dt))
+
+
+def flex_precision(node, dt) -> np.dtype:
+    """The softmax precision: the attribute's, else float32 for inputs narrower than it, else theirs."""
     prec = node.attr("softmax_precision")
     if prec is not None:
-        cdt = np.dtype(_PRECISION[int(prec)])
-    else:
-        cdt = np.dtype(np.float32) if dt.itemsize < 4 else dt
-    scores = scores.astype(cdt)
+        return np.dtype(_PRECISION[int(prec)])
+    return np.dtype(np.float32) if np.dtype(dt).itemsize < 4 else np.dtype(dt)
+
+
+def flex_softmax(xp, scores):
     e = _f32(xp, xp.exp, scores - xp.max(scores, axis=-1, keepdims=True))
-    probs = e / _sum_last(xp, e)
-    return (matmul(xp, probs, v.astype(cdt)).astype(v.dtype),)
+    return e / _sum_last(xp, e)
+
+
+def flex_output(xp, probs, v):
+    """``probs @ V`` (V's heads repeated for GQA) in the softmax precision, cast to V's dtype."""
+    hq, hkv = probs.shape[1], v.shape[1]
+    if hq != hkv:
+        v = xp.repeat(v, hq // hkv, axis=1)
+    return matmul(xp, probs, v.astype(probs.dtype)).astype(v.dtype)
+
+
+def _flex_compute(xp, node, q, k, v):
+    return (flex_output(xp, flex_softmax(xp, flex_scores(xp, node, q, k)), v),)
 
 
 ATTENTION_OPS = [

@@ -103,7 +103,9 @@ def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "o
     born: dict[Symbol, "onnx.NodeProto"] = {}
     for step in executor.steps:
         node = step.node
-        if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+        if step.control is not None:
+            value_deps = None  # computed by subgraphs on the device
+        elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
             value_deps = {d for d in shapes[node.input[0]] if isinstance(d, Symbol)}
         elif all(i in deps for i in node.input if i):
             value_deps = set().union(*[deps[i] for i in node.input if i]) if node.input else set()
@@ -220,11 +222,11 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
     decisions: list[tuple[str, str | None]] = []
     for step in executor.steps:
         node, name = step.node, step.info.name
+        if node.op_type in _HOST_CONTROL or step.control is not None:  # (FlexAttention with subgraphs too)
+            decisions.append((name, f"host control flow: {node.op_type}"))
+            continue
         if step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
             decisions.append((name, None))
-            continue
-        if node.op_type in _HOST_CONTROL:
-            decisions.append((name, f"host control flow: {node.op_type}"))
             continue
         if step.kernel.host is not None or name in executor.host_steps:  # sequences, optionals, strings
             decisions.append((name, f"host values: {node.op_type}"))

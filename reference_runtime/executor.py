@@ -4,7 +4,9 @@ Load: the model is checked (``model.load_model``; opsets newer than onnx knows a
 ``UnsupportedModel``), its nodes are put in topological order,
 ``Constant`` nodes and initializers become device tensors once, and every other node is matched to
 a kernel (``kernels.registry``). Any node without one is reported before anything executes,
-with op type, domain and opset (``UnsupportedModel``). The model's symbolic dims (onnx's shape
+with op type, domain and opset (``UnsupportedModel``). Control flow (If, Loop, Scan,
+FlexAttention with modifier subgraphs) is run by the executor itself (``control_flow``): its
+subgraphs are built as nested executors at load, checked the same way. The model's symbolic dims (onnx's shape
 inference, contained: ``symbols``, ``symbolic_shapes``) are worked out on first need, by the
 capture planner or a second run of a step signature; a one-shot run never needs them.
 
@@ -64,19 +66,23 @@ class _Value:
 class _Step:
     node: onnx.NodeProto
     info: NodeInfo
-    kernel: OpKernel | None  # None: handled by the executor (Identity)
+    kernel: OpKernel | None  # None: handled by the executor (Identity, control flow)
     launch: Kernel | None
     alias: bool = False  # the output may be a view of input 0 (``is_view``): no allocation, no launch
     # node.input and node.output, read once: each read of a protobuf repeated field builds new strings
+    # (a control-flow node's inputs are followed by the outer-scope names its subgraphs read)
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    control: Any = None  # control_flow's step object (If, Loop, Scan, FlexAttention): run by the executor
 
     def __init__(self, node: onnx.NodeProto, info: NodeInfo, kernel: OpKernel | None, launch: Kernel | None,
-                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None):
+                 alias: bool = False, inputs: tuple[str, ...] | None = None, outputs: tuple[str, ...] | None = None,
+                 control: Any = None):
         d = self.__dict__  # one per node at load: the frozen fields written directly (as kernels' Spec)
         d["node"], d["info"], d["kernel"], d["launch"], d["alias"] = node, info, kernel, launch, alias
         d["inputs"] = tuple(node.input) if inputs is None else inputs
         d["outputs"] = tuple(node.output) if outputs is None else outputs
+        d["control"] = control
 
     def is_view(self, spec: "Spec | None") -> bool:
         """Whether this run's output is a view of input 0 (of ``spec``): always for the Reshape
@@ -97,6 +103,7 @@ class _Step:
 # output (a graph output is the caller's, and a view of a feed could be overwritten in place).
 # A Transpose is one when it moves only dims of size 1 (``_Step.is_view``).
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
+_CONTROL_TYPES = frozenset({"If", "Loop", "Scan", "FlexAttention"})  # op types that may hold subgraphs
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
@@ -183,9 +190,11 @@ class Executor:
     """A loaded model bound to a runtime. ``run(feeds)`` returns the graph outputs as numpy arrays."""
 
     PAGE_MIN = 4096  # bytes: initializers at least this large are paged when the runtime has a vram_limit
+    CHECK_MODEL = True  # onnx.checker at load (off for a subgraph's executor: control_flow.Body)
 
     def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
-        self.model, self.base_dir = load_model(model)
+        self.model, self.base_dir = load_model(model, check=self.CHECK_MODEL)
+        self.registry = registry
         check_opsets(self.model)
         self.runtime = runtime
         graph = self.model.graph
@@ -201,6 +210,11 @@ class Executor:
         host_io = bool(self._host_feeds) or any(host_valued(vi.type) for vi in graph.output)
         nodes = list(graph.node)
         io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
+        from .control_flow import build_control, implicit_inputs, is_control
+
+        implicit = {k: implicit_inputs(n) for k, n in enumerate(nodes) if n.op_type in _CONTROL_TYPES}
+        for k, extra in implicit.items():  # outer-scope reads order the graph like inputs
+            io[k] = (io[k][0] + extra, io[k][1])
         order = _topological(graph, init_names | {vi.name for vi in graph.input}, io)
         self.steps: list[_Step] = []
         self._constants: dict[str, np.ndarray] = {t.name: tensor_to_numpy(t, self.base_dir) for t in graph.initializer}
@@ -219,12 +233,16 @@ class Executor:
                 attrs = _attrs(node, self.base_dir)
             except Exception as exc:
                 raise ModelError(f"node {name!r} ({op_type}): bad attribute: {exc}") from exc
-            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins), len(outs))
+            info = NodeInfo(name, op_type, domain, opset, attrs, len(ins) - len(implicit.get(k, ())), len(outs))
             if (domain, op_type) in EXECUTOR_OPS:
                 if op_type == "Constant":
                     self._constants[outs[0]] = self._constant_value(info)
                 else:
                     self.steps.append(_Step(node, info, None, None, False, ins, outs))
+                continue
+            if op_type in _CONTROL_TYPES and is_control(domain, op_type, node):  # subgraphs built and validated now
+                control = build_control(self, info, node, implicit.get(k, ()))
+                self.steps.append(_Step(node, info, None, None, False, ins, outs, control))
                 continue
             kernel = registry.lookup(domain, op_type, opset)
             if kernel is None:
@@ -284,12 +302,14 @@ class Executor:
         # proxy: no executor<->cache cycle, so a dropped executor (and its runtime, whose finalizer
         # drains and frees) goes at once, not at the next cyclic garbage collection
         # host values (sequences, optionals, strings) anywhere: some nodes run on the host
-        # (``host_values``), which execution plans do not replay
+        # (``host_values``), which execution plans do not replay; nor control flow: a branch or a trip
+        # count may change shapes under one signature
         self._hostish = (host_io or any(st.kernel is not None and st.kernel.host is not None for st in self.steps)
                          or any(np.asarray(v).dtype == object for v in self._constants.values()))
         self.host_steps: set[str] = {st.info.name for st in self.steps if st.kernel is not None and st.kernel.host}
         self.plans: PlanCache | None = (PlanCache(weakref.proxy(self)) if runtime.config.execution_plans
-                                        and self.pager is None and not self._hostish else None)
+                                        and self.pager is None and not self._hostish
+                                        and not any(st.control is not None for st in self.steps) else None)
 
     def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
         if self._symbolic is None:
@@ -549,8 +569,12 @@ class Executor:
         env = run.env
         temps = run.temps if temps is None else temps
         values = [env[n] if n else None for n in step.inputs]
-        if step.kernel is None:  # Identity: alias, no launch
-            env[step.outputs[0]] = values[0]  # type: ignore[assignment]
+        if step.kernel is None:
+            if step.control is not None:  # If, Loop, Scan, FlexAttention (control_flow)
+                rt.current_node = info.name
+                step.control.run(self, run, values, temps, persist, step.outputs)
+                return
+            env[step.outputs[0]] = values[0]  # Identity: alias, no launch  # type: ignore[assignment]
             return
         if self._hostish and (step.kernel.host is not None or any(
                 v is not None and (type(v) is not _Value or v.tensor is None) for v in values)):
@@ -680,7 +704,7 @@ class Executor:
         """The inputs that ``out`` may not be bound in place over (a node after its producer reads
         them); ``FeedError`` if no kernel produces ``out``. Memoised: it depends on the graph only."""
         producer = self._producer.get(out)
-        if producer is None or self.steps[producer].kernel is None:
+        if producer is None or (self.steps[producer].kernel is None and self.steps[producer].control is None):
             raise FeedError(f"output {out!r} is not produced by a kernel; it cannot be bound")
         unsafe = self._unsafe_over[out] = frozenset(
             vi.name for vi in self.inputs if any(i > producer for i in self._readers.get(vi.name, ())))

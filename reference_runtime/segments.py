@@ -161,7 +161,7 @@ class CaptureSession:
             own = set(made)
             reads = []
             for i in current:
-                for v in ex.steps[i].node.input:
+                for v in ex.steps[i].inputs:
                     if v and v not in own and v not in ex.constants and v not in from_segments and v not in reads:
                         reads.append(v)
             weights = list(dict.fromkeys(w for i in current for w in ex.paged_inputs.get(ex.steps[i].info.name, ())))
@@ -187,7 +187,7 @@ class CaptureSession:
         for kind, item in items:
             steps = [item] if kind == "seam" else item.steps
             own = set() if kind == "seam" else set(item.produced)
-            exposed.update(v for i in steps for v in ex.steps[i].node.input if v and v not in own)
+            exposed.update(v for i in steps for v in ex.steps[i].inputs if v and v not in own)
         for kind, item in items:
             if kind == "segment":
                 item.exposed = frozenset(exposed)  # a replay puts only these into the run's values

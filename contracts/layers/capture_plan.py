@@ -160,4 +160,11 @@ MUTANTS = [
         breaks="a device kernel that ran on the host because it was given strings (Equal) is a host seam, never captured",
         tests=("tests/test_host_values.py",), select="capture_seams",
     ),
+    Mutant(
+        "capture_plan", "control_flow_admitted", _C,
+        old="if node.op_type in _HOST_CONTROL or step.control is not None:",
+        new="if node.op_type in _HOST_CONTROL and step.kernel is not None:",
+        breaks="a control-flow node (run by the executor, no kernel) is a host-control-flow seam, never captured",
+        tests=("tests/test_control_flow.py",), select="capture",
+    ),
 ]

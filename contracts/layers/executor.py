@@ -9,6 +9,8 @@ _S = "lockstep.reference_runtime.symbols"
 _EX = ("tests/test_executor.py",)
 _P = "lockstep.reference_runtime.plan"
 _PLANS = ("tests/test_execution_plans.py",)
+_CF = "lockstep.reference_runtime.control_flow"
+_CFT = ("tests/test_control_flow.py",)
 
 MUTANTS = [
     Mutant(
@@ -257,5 +259,40 @@ MUTANTS = [
         new="                ex.step(run, pn.index)",
         breaks="a dynamic node writes its output that static nodes read into the planned buffer they read",
         tests=_PLANS, select="byte_identical",
+    ),
+    Mutant(
+        "executor", "outer_scope_reads_ignored", _E,
+        old="            io[k] = (io[k][0] + extra, io[k][1])",
+        new="            pass",
+        breaks="a subgraph's outer-scope reads order the graph and keep their producers alive through pruning",
+        tests=_CFT, select="outer_scope",
+    ),
+    Mutant(
+        "executor", "loop_carried_values_leak", _CF,
+        old="            for v in (it_v, cond_v, outs[0], *carried):",
+        new="            for v in (it_v, cond_v, outs[0]):",
+        breaks="a Loop frees each superseded loop-carried value (stream-ordered) as the next iteration replaces it",
+        tests=_CFT, select="superseded",
+    ),
+    Mutant(
+        "executor", "scan_input_direction_ignored", _CF,
+        old="sliced = [self._take(v, a, t if d == 0 else steps - 1 - t, owned)",
+        new="sliced = [self._take(v, a, t, owned)",
+        breaks="a Scan input with scan_input_directions 1 is scanned from its last slice",
+        tests=_CFT, select="reverse",
+    ),
+    Mutant(
+        "executor", "scan_output_direction_ignored", _CF,
+        old="idx = list(range(steps)) if self.out_dirs[k] == 0 else list(range(steps - 1, -1, -1))",
+        new="idx = list(range(steps))",
+        breaks="a Scan output with scan_output_directions 1 holds the first iteration's value last",
+        tests=_CFT, select="reverse",
+    ),
+    Mutant(
+        "executor", "body_view_output_escapes", _CF,
+        old="elif t is not None and id(t) not in passed:  # a view of a temporary: its own copy",
+        new="elif False:  # a view of a temporary: its own copy",
+        breaks="a subgraph output that is a view of the subgraph's temporary is copied before the body frees it",
+        tests=_CFT, select="view_of_a_branch",
     ),
 ]

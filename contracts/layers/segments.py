@@ -80,8 +80,8 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "replay_publishes_seam_inputs_only", _S,
-        old="exposed.update(v for i in steps for v in ex.steps[i].node.input if v and v not in own)",
-        new="exposed.update(v for i in steps for v in ex.steps[i].node.input if v and kind == \"seam\")",
+        old="exposed.update(v for i in steps for v in ex.steps[i].inputs if v and v not in own)",
+        new="exposed.update(v for i in steps for v in ex.steps[i].inputs if v and kind == \"seam\")",
         breaks="a replay publishes the values another segment reads, for a segment recorded after it replayed",
         tests=_SEG, select="later_segment",
     ),

@@ -1,0 +1,586 @@
+"""Control flow with subgraphs, run by the executor: If, Loop, Scan, and FlexAttention's modifiers.
+
+A node with graph attributes is not a kernel: the executor runs it itself (``CONTROL_OPS``). At
+load, each subgraph becomes a ``Body``: a nested ``Executor`` over the subgraph wrapped as a model
+whose inputs are the subgraph's formal inputs followed by the outer-scope names it reads
+(``free_names``, nested subgraphs included). Its nodes are matched to kernels and validated then,
+so an unsupported op or a bad attribute inside a body is refused when the enclosing model loads,
+naming the node. The enclosing step lists those outer-scope names after its own inputs
+(``implicit_inputs``): they order the graph, keep their producers alive through pruning, and reach
+the body as the very value objects of the enclosing run (host values, when known, included).
+
+At run time everything stays on the runtime's compute stream:
+
+- If reads its condition on the host (a host seam: a synchronising read unless the value is
+  host-known) and runs one branch;
+- Loop reads its trip count and, after each iteration, the body's condition on the host; the
+  iteration number is uploaded as a host-known int64 scalar; scan outputs are stacked on the
+  device when the loop ends;
+- Scan (opsets 8 and 9+) slices its scan inputs and writes each iteration's scan outputs into the
+  stacked outputs on the device (``_TAKE``/``_PUT`` launches); its trip count is a shape;
+- FlexAttention (ai.onnx.preview) launches Q·K^T, softmax and the product with V as kernels and
+  runs ``score_mod``/``prob_mod`` as bodies on the scores and probabilities.
+
+Host control flow is a capture seam (``capture_plan``'s "host control flow"); an executor with a
+control-flow node runs node by node (no execution plan: a branch may change its outputs' shapes).
+Values a body creates are handed to the enclosing run (freed with its temporaries); every other
+temporary (slices, superseded loop-carried values) is freed stream-ordered as soon as it is dead.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+from lockstep.kernels import Kernel, primitives
+from lockstep.kernels._attention import flex_output, flex_precision, flex_scores, flex_softmax
+from lockstep.kernels._op import NodeInfo, OpError, Spec
+
+from .executor import Executor, Run, _Value
+from .model import np_dtype
+from .runtime import Tensor
+
+__all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]
+
+CONTROL_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan"), ("ai.onnx.preview", "FlexAttention")})
+
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def free_names(graph: onnx.GraphProto) -> list[str]:
+    """The names ``graph`` (and the subgraphs of its nodes) reads but does not define: its
+    outer-scope references, in first-use order."""
+    bound = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    bound |= {t.values.name for t in graph.sparse_initializer}
+    seen: dict[str, None] = {}
+    for node in graph.node:
+        refs = list(node.input)
+        for g in _subgraphs(node):
+            refs.extend(free_names(g))
+        for name in refs:
+            if name and name not in bound:
+                seen.setdefault(name, None)
+        bound.update(o for o in node.output if o)
+    for vi in graph.output:  # an output may be an outer value passed straight through
+        if vi.name not in bound:
+            seen.setdefault(vi.name, None)
+    return list(seen)
+
+
+def is_control(domain: str, op_type: str, node: onnx.NodeProto) -> bool:
+    """Whether the executor runs ``node`` itself: If, Loop, Scan, and a FlexAttention with a
+    score_mod or prob_mod subgraph (without one it is an ordinary kernel, ``kernels._attention``)."""
+    if (domain, op_type) not in CONTROL_OPS:
+        return False
+    return op_type != "FlexAttention" or bool(_subgraphs(node))
+
+
+def implicit_inputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The outer-scope names a node's subgraphs read, not among its own inputs ((): no subgraph)."""
+    graphs = _subgraphs(node)
+    if not graphs:
+        return ()
+    own = set(node.input)
+    names: dict[str, None] = {}
+    for g in graphs:
+        for n in free_names(g):
+            if n not in own:
+                names.setdefault(n, None)
+    return tuple(names)
+
+
+# -- device kernels (capture-safe: basic indexing and copies on the arrays the runtime gives)
+def _take_body(xp, out, src, *, axis, index):
+    out[...] = src[(slice(None),) * axis + (index,)]
+
+
+def _put_body(xp, dst, src, *, axis, index):
+    dst[(slice(None),) * axis + (index,)] = src
+
+
+def _cast_body(xp, out, src):
+    out[...] = src.astype(out.dtype)
+
+
+_TAKE = Kernel("control_flow:take", _take_body, writes=(0,))
+_PUT = Kernel("control_flow:put", _put_body, writes=(0,))
+_CAST = Kernel("control_flow:cast", _cast_body, writes=(0,))
+
+
+class _BodyExecutor(Executor):
+    """An executor over a subgraph: its model is not run through onnx.checker on its own (its
+    outer-scope names are inputs without types; the enclosing model's check covered the subgraph),
+    and it never plans (each call may bring other shapes)."""
+
+    CHECK_MODEL = False
+
+    def __init__(self, model: onnx.ModelProto, runtime: Any, *, registry: Any):
+        super().__init__(model, runtime, registry=registry)
+        self.plans = None
+
+
+class Body:
+    """A subgraph built once at load: ``call`` runs it on value objects and returns its outputs."""
+
+    def __init__(self, graph: onnx.GraphProto, parent: Executor, where: str):
+        self.where = where
+        self.formal = [vi.name for vi in graph.input]
+        self.outer = [n for n in free_names(graph) if n not in self.formal]
+        self.declared = list(graph.output)
+        wrapped = onnx.GraphProto()
+        wrapped.CopyFrom(graph)
+        for name in self.outer:
+            wrapped.input.append(onnx.ValueInfoProto(name=name))
+        model = onnx.helper.make_model(wrapped, opset_imports=list(parent.model.opset_import),
+                                       ir_version=parent.model.ir_version)
+        self.executor = _BodyExecutor(model, parent.runtime, registry=parent.registry)
+        self.outputs = list(self.executor.outputs)
+
+    def out_spec(self, k: int) -> "tuple[tuple[int, ...] | None, np.dtype | None]":
+        """Output ``k``'s declared static shape and dtype (None where the graph does not say)."""
+        tt = self.declared[k].type.tensor_type if self.declared[k].type.HasField("tensor_type") else None
+        if tt is None:
+            return None, None
+        dtype = np_dtype(tt.elem_type) if tt.elem_type else None
+        if not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
+            return None, dtype
+        return tuple(d.dim_value for d in tt.shape.dim), dtype
+
+    def call(self, formal: list[Any], outer: dict[str, Any], owned: dict[int, Tensor]) -> list[Any]:
+        """Run the body: ``formal`` values for its inputs, ``outer`` the enclosing scope's. Tensors
+        the body creates for its outputs are added to ``owned`` (by id); outputs that are inputs or
+        the body's constants come back as they are."""
+        ex = self.executor
+        rt = ex.runtime
+        run = Run(dict(ex._const_values), [], frozenset(), {})
+        env = run.env
+        for name in self.outer:
+            env[name] = outer[name]
+        for name, v in zip(self.formal, formal):
+            if v is not None:
+                env[name] = v
+        # the values the body did not make (its inputs, the outer scope's, its constants): passed as they are
+        passed = {id(getattr(v, "tensor", None)) for v in env.values()}
+        try:
+            for i in range(len(ex.steps)):
+                ex.step(run, i)
+            temps = {id(t) for t in run.temps}
+            result = []
+            for o in self.outputs:
+                v = env.get(o)
+                if v is None:
+                    raise OpError(f"{self.where}: body output {o!r} was never produced")
+                t = getattr(v, "tensor", None)
+                if t is not None and id(t) in temps:
+                    run.handed.add(id(t))
+                    owned[id(t)] = t
+                elif t is not None and id(t) not in passed:  # a view of a temporary: its own copy
+                    own = rt.empty(t.shape, t.dtype, name=o)
+                    rt.launch(primitives.copy, own, t)
+                    owned[id(own)] = own
+                    v = _Value(own, v.spec)
+                result.append(v)
+            return result
+        finally:
+            ex.release(run)
+
+
+def _host(rt, v: _Value, info: NodeInfo) -> np.ndarray:
+    """A value on the host: its known host value, else a synchronising read (the node's host seam)."""
+    if v.spec.value is not None:
+        return np.asarray(v.spec.value)
+    rt.current_node = info.name
+    return rt.download(v.tensor)
+
+
+def _scalar_bool(arr: np.ndarray, what: str, info: NodeInfo) -> bool:
+    if arr.size != 1:
+        raise info.error(f"{what} must hold one element, got shape {tuple(arr.shape)}")
+    return bool(arr.reshape(()))
+
+
+class _Control(abc.ABC):
+    """One control-flow node: built at load (subgraphs, attribute checks), run per step."""
+
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        self.info = info
+        self.n_formal = n_formal
+        self.runtime = executor.runtime
+
+    def _body(self, executor: Executor, attr: str, *, required: bool = True) -> "Body | None":
+        g = self.info.attrs.get(attr)
+        if g is None:
+            if required:
+                raise self.info.error(f"attribute {attr!r} (a graph) is required")
+            return None
+        if not isinstance(g, onnx.GraphProto):
+            raise self.info.error(f"attribute {attr!r} must be a graph, got {type(g).__name__}")
+        return Body(g, executor, f"node {self.info.name!r} ({self.info.op_type}) attribute {attr!r}")
+
+    def run(self, executor: Executor, run: Run, values: list[Any], temps: list[Tensor],
+            persist: "dict[str, Tensor] | None", outputs: tuple[str, ...]) -> None:
+        rt = self.runtime
+        rt.current_node = self.info.name
+        formal, outer_vals = values[:self.n_formal], values[self.n_formal:]
+        owned: dict[int, Tensor] = {}
+        outer = {n: v for n, v in zip(self.input_names, formal) if n}  # a body may read the node's inputs too
+        outer.update(zip(self.outer_names, outer_vals))
+        kept: set[int] = set()  # owned tensors that became the node's outputs: the run's temporaries
+        try:
+            results = self.execute(formal, outer, owned)
+            if len(results) != len(outputs):
+                raise self.info.error(f"produced {len(results)} outputs, the node has {len(outputs)}")
+            for name, v in zip(outputs, results):
+                if not name:
+                    continue
+                t = getattr(v, "tensor", None)  # (other value kinds pass through as they are)
+                target = run.bind.get(name) or (persist.get(name) if persist else None)
+                if target is not None and t is not target:
+                    if t is None or tuple(target.shape) != tuple(v.spec.shape) or target.dtype != v.spec.dtype:
+                        raise self.info.error(f"output {name!r} is {getattr(v, 'spec', v)} but its buffer is {target!r}")
+                    rt.launch(primitives.copy, target, t)  # on the compute stream, in order: no sync
+                    v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
+                elif t is not None and id(t) in owned:
+                    kept.add(id(t))
+                run.env[name] = v
+        finally:
+            for key, t in owned.items():
+                if key in kept:
+                    temps.append(t)
+                elif not t.freed:
+                    rt.free(t)
+
+    outer_names: tuple[str, ...] = ()  # the outer-scope names the subgraphs read (after the node's inputs)
+    input_names: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def execute(self, formal: list[Any], outer: dict[str, Any], owned: dict[int, Tensor]) -> list[Any]:
+        """The node's output values from its inputs (``formal``) and the outer scope's; every tensor
+        it allocates goes into ``owned`` (``run`` hands the outputs over and frees the rest)."""
+
+    # -- helpers on the device
+    def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]") -> None:
+        """Free ``v``'s tensor if this node owns it and no value in ``live`` still holds it."""
+        t = getattr(v, "tensor", None)
+        if t is None or id(t) not in owned or any(getattr(x, "tensor", None) is t for x in live):
+            return
+        del owned[id(t)]
+        self.runtime.free(t)
+
+    def _new(self, shape: tuple[int, ...], dtype: Any, name: str, owned: dict[int, Tensor]) -> Tensor:
+        t = self.runtime.empty(tuple(int(d) for d in shape), dtype, name=name)
+        owned[id(t)] = t
+        return t
+
+    def _take(self, v: _Value, axis: int, index: int, owned: dict[int, Tensor]) -> _Value:
+        shape = v.spec.shape[:axis] + v.spec.shape[axis + 1:]
+        out = self._new(shape, v.spec.dtype, f"{self.info.name}:slice", owned)
+        self.runtime.launch(_TAKE, out, v.tensor, axis=axis, index=index)
+        return _Value(out, Spec(shape, v.spec.dtype))
+
+    def _stack(self, parts: list[_Value], axis: int, indices: "list[int] | None", name: str,
+               owned: dict[int, Tensor], empty: "tuple[tuple[int, ...] | None, Any]") -> _Value:
+        """The ``parts`` stacked along a new ``axis`` (part k at ``indices[k]``, default k)."""
+        if not parts:
+            shape, dtype = empty
+            if dtype is None:
+                raise self.info.error(f"output {name!r} of zero iterations: the body does not declare its "
+                                      f"element type")
+            shape = (0,) + tuple(shape or ())
+            return _Value(self._new(shape, dtype, name, owned), Spec(shape, np.dtype(dtype)))
+        first = parts[0].spec
+        for p in parts[1:]:
+            if p.spec.shape != first.shape or p.spec.dtype != first.dtype:
+                raise self.info.error(f"scan output {name!r} changes between iterations: "
+                                      f"{first.dtype}{list(first.shape)} then {p.spec.dtype}{list(p.spec.shape)}")
+        shape = first.shape[:axis] + (len(parts),) + first.shape[axis:]
+        out = self._new(shape, first.dtype, name, owned)
+        for k, p in enumerate(parts):
+            self.runtime.launch(_PUT, out, p.tensor, axis=axis, index=k if indices is None else indices[k])
+        return _Value(out, Spec(shape, first.dtype))
+
+
+def _check_io(info: NodeInfo, body: Body, attr: str, n_in: int | None, n_out: int | None) -> None:
+    if n_in is not None and len(body.formal) != n_in:
+        raise info.error(f"attribute {attr!r}: the body has {len(body.formal)} inputs, {n_in} expected")
+    if n_out is not None and len(body.outputs) != n_out:
+        raise info.error(f"attribute {attr!r}: the body has {len(body.outputs)} outputs, {n_out} expected")
+
+
+class _If(_Control):
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        super().__init__(executor, info, n_formal)
+        if n_formal != 1:
+            raise info.error(f"If takes one input (the condition), got {n_formal}")
+        self.then = self._body(executor, "then_branch")
+        self.otherwise = self._body(executor, "else_branch")
+        for attr, body in (("then_branch", self.then), ("else_branch", self.otherwise)):
+            _check_io(info, body, attr, 0, info.n_outputs)
+
+    def execute(self, formal, outer, owned):
+        cond = _scalar_bool(_host(self.runtime, formal[0], self.info), "the condition", self.info)
+        return (self.then if cond else self.otherwise).call([], outer, owned)
+
+
+class _Loop(_Control):
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        super().__init__(executor, info, n_formal)
+        if n_formal < 2:
+            raise info.error(f"Loop takes the trip count and the condition (either may be empty), got {n_formal} inputs")
+        self.n_carried = n_formal - 2
+        self.body = self._body(executor, "body")
+        _check_io(info, self.body, "body", 2 + self.n_carried, None)
+        self.n_scan = len(self.body.outputs) - 1 - self.n_carried
+        if self.n_scan < 0 or info.n_outputs > self.n_carried + self.n_scan:
+            raise info.error(f"attribute 'body': {len(self.body.outputs)} outputs for {self.n_carried} "
+                             f"loop-carried values and {info.n_outputs} node outputs")
+
+    def execute(self, formal, outer, owned):
+        rt, info = self.runtime, self.info
+        trip = None
+        if formal[0] is not None:
+            m = _host(rt, formal[0], info)
+            if m.size != 1:
+                raise info.error(f"the trip count M must hold one element, got shape {tuple(m.shape)}")
+            trip = int(m.reshape(()))
+        cond = True
+        if formal[1] is not None:
+            cond = _scalar_bool(_host(rt, formal[1], info), "the condition", info)
+        carried = list(formal[2:])
+        scans: list[list[_Value]] = [[] for _ in range(self.n_scan)]
+        it = 0
+        while cond and (trip is None or it < trip):
+            num = np.array(it, dtype=np.int64)
+            it_v = _Value(self._new((), np.int64, f"{info.name}:iteration", owned), Spec((), num.dtype, num))
+            rt.write(it_v.tensor, num)
+            cond_arr = np.array(cond, dtype=np.bool_)
+            cond_v = _Value(self._new((), np.bool_, f"{info.name}:cond", owned), Spec((), cond_arr.dtype, cond_arr))
+            rt.write(cond_v.tensor, cond_arr)
+            outs = self.body.call([it_v, cond_v, *carried], outer, owned)
+            cond = _scalar_bool(_host(rt, outs[0], info), "the body's condition output", info)
+            new = outs[1:1 + self.n_carried]
+            for k in range(self.n_scan):
+                scans[k].append(outs[1 + self.n_carried + k])
+            keep = [*new, *[p for s in scans for p in s]]
+            for v in (it_v, cond_v, outs[0], *carried):
+                self._drop(v, owned, keep)
+            carried = new
+            it += 1
+        stacked = [self._stack(parts, 0, None, self.info.name, owned,
+                               self.body.out_spec(1 + self.n_carried + k)) for k, parts in enumerate(scans)]
+        for parts in scans:
+            for p in parts:
+                self._drop(p, owned, carried)
+        return (carried + stacked)[:info.n_outputs]
+
+
+def _int_list(info: NodeInfo, attr: str, n: int, default: int, allowed: "tuple[int, ...] | None" = None) -> list[int]:
+    v = info.attrs.get(attr)
+    if v is None:
+        return [default] * n
+    v = [int(x) for x in v]
+    if len(v) != n:
+        raise info.error(f"attribute {attr!r} has {len(v)} entries, {n} expected")
+    if allowed is not None and any(x not in allowed for x in v):
+        raise info.error(f"attribute {attr!r} must hold values in {list(allowed)}, got {v}")
+    return v
+
+
+class _Scan(_Control):
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        super().__init__(executor, info, n_formal)
+        m = info.attrs.get("num_scan_inputs")
+        if m is None:
+            raise info.error("attribute 'num_scan_inputs' is required")
+        self.batched = info.opset < 9  # opset 8: sequence_lens first, a batch axis 0 everywhere
+        n_in = n_formal - (1 if self.batched else 0)
+        if not isinstance(m, int) or not 1 <= m <= n_in:
+            raise info.error(f"attribute 'num_scan_inputs' must be in [1, {n_in}], got {m!r}")
+        self.m, self.n = m, n_in - m
+        self.body = self._body(executor, "body")
+        _check_io(info, self.body, "body", self.n + m, info.n_outputs)
+        self.k = info.n_outputs - self.n
+        if self.k < 0:
+            raise info.error(f"{info.n_outputs} outputs for {self.n} state variables")
+        if self.batched:
+            self.in_dirs = _int_list(info, "directions", m, 0, (0, 1))
+            self.in_axes, self.out_axes, self.out_dirs = [0] * m, [0] * self.k, [0] * self.k
+        else:
+            self.in_dirs = _int_list(info, "scan_input_directions", m, 0, (0, 1))
+            self.in_axes = _int_list(info, "scan_input_axes", m, 0)
+            self.out_dirs = _int_list(info, "scan_output_directions", self.k, 0, (0, 1))
+            self.out_axes = _int_list(info, "scan_output_axes", self.k, 0)
+
+    def execute(self, formal, outer, owned):
+        if not self.batched:
+            return self._scan(formal, outer, owned)
+        info, rt = self.info, self.runtime
+        values = formal[1:]
+        for v in values:
+            if len(v.spec.shape) < 1:
+                raise info.error("opset-8 Scan inputs need a batch axis")
+        if formal[0] is not None:  # lengths other than the scan axis's leave outputs the spec does not define
+            lens = _host(rt, formal[0], info).reshape(-1)
+            full = values[self.n].spec.shape[1] if len(values[self.n].spec.shape) > 1 else None
+            if full is None or any(int(x) != full for x in lens):
+                raise info.error(f"input 'sequence_lens' {lens.tolist()}: only the full length ({full}) is supported")
+        batch = values[0].spec.shape[0]
+        if any(v.spec.shape[0] != batch for v in values):
+            raise info.error(f"batch sizes differ: {[v.spec.shape[0] for v in values]}")
+        per: list[list[_Value]] = [[] for _ in range(info.n_outputs)]
+        for b in range(batch):
+            sliced = [self._take(v, 0, b, owned) for v in values]
+            outs = self._scan(sliced, outer, owned)
+            for k, o in enumerate(outs):
+                per[k].append(o)
+            for s in sliced:
+                self._drop(s, owned, outs)
+        stacked = [self._stack(parts, 0, None, info.name, owned, (None, None)) for parts in per]
+        for parts in per:
+            for p in parts:
+                self._drop(p, owned, [])
+        return stacked
+
+    def _scan(self, formal, outer, owned):
+        info = self.info
+        states, xs = list(formal[:self.n]), formal[self.n:]
+        axes = []
+        for v, a in zip(xs, self.in_axes):
+            r = len(v.spec.shape)
+            if not -r <= a < r:
+                raise info.error(f"attribute 'scan_input_axes': axis {a} out of range for rank {r}")
+            axes.append(a % r)
+        lengths = {v.spec.shape[a] for v, a in zip(xs, axes)}
+        if len(lengths) != 1:
+            raise info.error(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
+        steps = lengths.pop()
+        parts: list[list[_Value]] = [[] for _ in range(self.k)]
+        for t in range(steps):
+            sliced = [self._take(v, a, t if d == 0 else steps - 1 - t, owned)
+                      for v, a, d in zip(xs, axes, self.in_dirs)]
+            outs = self.body.call([*states, *sliced], outer, owned)
+            new = outs[:self.n]
+            for k in range(self.k):
+                parts[k].append(outs[self.n + k])
+            keep = [*new, *[p for s in parts for p in s]]
+            for v in (*sliced, *states):
+                self._drop(v, owned, keep)
+            states = new
+        result = list(states)
+        for k in range(self.k):
+            rank = len(parts[k][0].spec.shape) + 1 if parts[k] else 1
+            a = self.out_axes[k]
+            if not -rank <= a < rank:
+                raise info.error(f"attribute 'scan_output_axes': axis {a} out of range for rank {rank}")
+            idx = list(range(steps)) if self.out_dirs[k] == 0 else list(range(steps - 1, -1, -1))
+            result.append(self._stack(parts[k], a % rank, idx, info.name, owned, self.body.out_spec(self.n + k)))
+            for p in parts[k]:
+                self._drop(p, owned, result)
+        return result
+
+
+# -- FlexAttention (ai.onnx.preview): Q·K^T, softmax and ·V on the device, the modifiers as bodies
+_PRECISION = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+              onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.DOUBLE: "float64"}
+
+
+def _scores_body(xp, out, q, k, *, node):
+    out[...] = flex_scores(xp, node, q, k)
+
+
+def _softmax_body(xp, out, s):
+    out[...] = flex_softmax(xp, s)
+
+
+def _pv_body(xp, out, p, v):
+    out[...] = flex_output(xp, p, v)
+
+
+_SCORES = Kernel("FlexAttention:scores", _scores_body, writes=(0,))
+_SOFTMAX = Kernel("FlexAttention:softmax", _softmax_body, writes=(0,))
+_PV = Kernel("FlexAttention:pv", _pv_body, writes=(0,))
+
+
+class _FlexAttention(_Control):
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        super().__init__(executor, info, n_formal)
+        if n_formal != 3 or info.n_outputs != 1:
+            raise info.error(f"FlexAttention takes Q, K, V and gives Y, got {n_formal} inputs, {info.n_outputs} outputs")
+        p = info.attrs.get("softmax_precision")
+        if p is not None and p not in _PRECISION:
+            raise info.error(f"attribute 'softmax_precision' must be one of {sorted(_PRECISION)} "
+                             f"(float, float16, bfloat16, double), got {p!r}")
+        scale = info.attrs.get("scale")
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise info.error(f"attribute 'scale' must be a finite positive number, got {scale!r}")
+        self.mods = []
+        for attr in ("score_mod", "prob_mod"):
+            body = self._body(executor, attr, required=False)
+            if body is not None:
+                _check_io(info, body, attr, 1, 1)
+            self.mods.append(body)
+
+    def _modify(self, body: "Body | None", v: _Value, outer, owned) -> _Value:
+        if body is None:
+            return v
+        out = body.call([v], outer, owned)[0]
+        if out.spec.shape != v.spec.shape:
+            raise self.info.error(f"a modifier changed the shape {list(v.spec.shape)} to {list(out.spec.shape)}")
+        if out.spec.dtype != v.spec.dtype:
+            cast = self._new(v.spec.shape, v.spec.dtype, f"{self.info.name}:cast", owned)
+            self.runtime.launch(_CAST, cast, out.tensor)
+            self._drop(out, owned, [])
+            out = _Value(cast, Spec(v.spec.shape, v.spec.dtype))
+        return out
+
+    def execute(self, formal, outer, owned):
+        info, rt = self.info, self.runtime
+        q, k, v = formal
+        shapes = [x.spec.shape for x in formal]
+        if any(len(s) != 4 for s in shapes):
+            raise info.error(f"Q, K and V must be rank 4, got {[list(s) for s in shapes]}")
+        (b, hq, lq, e), (bk, hk, s, ek), (bv, hv, sv, ev) = shapes
+        if ek != e or sv != s or hv != hk or not (b == bk == bv):
+            raise info.error(f"Q {list(shapes[0])}, K {list(shapes[1])} and V {list(shapes[2])} do not agree")
+        if hk <= 0 or hq % hk:
+            raise info.error(f"q_num_heads ({hq}) must be a multiple of kv_num_heads ({hk})")
+        cdt = flex_precision(info, q.spec.dtype)
+        shape = (b, hq, lq, s)
+        scores = _Value(self._new(shape, cdt, f"{info.name}:scores", owned), Spec(shape, cdt))
+        rt.launch(_SCORES, scores.tensor, q.tensor, k.tensor, node=info)
+        modded = self._modify(self.mods[0], scores, outer, owned)
+        self._drop(scores, owned, [modded])
+        probs = _Value(self._new(shape, cdt, f"{info.name}:probs", owned), Spec(shape, cdt))
+        rt.launch(_SOFTMAX, probs.tensor, modded.tensor)
+        self._drop(modded, owned, [probs])
+        final = self._modify(self.mods[1], probs, outer, owned)
+        self._drop(probs, owned, [final])
+        yshape = (b, hq, lq, ev)
+        y = _Value(self._new(yshape, v.spec.dtype, info.name, owned), Spec(yshape, v.spec.dtype))
+        rt.launch(_PV, y.tensor, final.tensor, v.tensor)
+        self._drop(final, owned, [y])
+        return [y]
+
+
+_BUILDERS = {"If": _If, "Loop": _Loop, "Scan": _Scan, "FlexAttention": _FlexAttention}
+
+
+def build_control(executor: Executor, info: NodeInfo, node: onnx.NodeProto, implicit: tuple[str, ...]) -> _Control:
+    """The control-flow step of ``node`` (its subgraphs built and checked now)."""
+    control = _BUILDERS[info.op_type](executor, info, len(node.input))
+    control.outer_names = implicit
+    control.input_names = tuple(node.input)
+    return control

@@ -1,0 +1,343 @@
+"""Control flow run by the executor (``reference_runtime.control_flow``): what ONNX's node cases do
+not cover. A nested If inside a Loop reading an outer-scope value, a body's unsupported op and bad
+attributes refused at load naming the node, a Loop of zero iterations, Scan's reversed and
+re-axed outputs, host-read conditions that change per run, the temporaries freed, and capture
+on a model with an If (the If an eager seam, the rest captured, bytes equal to eager)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from lockstep.kernels._op import OpError
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends.sim import SimDevice
+from lockstep.reference_runtime.executor import Executor, UnsupportedModel
+from lockstep.reference_runtime.segments import CaptureSession
+
+OPSET = [h.make_opsetid("", 21)]
+
+
+def _run(model, feeds, runtime=None):
+    ex = Executor(model, runtime or Runtime(SimDevice(), RuntimeConfig()))
+    return ex, ex.run(feeds)
+
+
+def _scalar(name, elem):
+    return h.make_tensor_value_info(name, elem, [])
+
+
+def _nested_if_in_loop_model():
+    """w = 2 * w_in (an outer-scope value the nested If reads); Loop M times over x: iteration 0
+    subtracts w, later iterations add it (If on ``i > 0`` inside the body); the scan output
+    collects each iteration's value."""
+    then_g = h.make_graph([h.make_node("Add", ["x_c", "w"], ["t_out"], name="then_add")], "then", [],
+                          [h.make_tensor_value_info("t_out", T.FLOAT, [3])])
+    else_g = h.make_graph([h.make_node("Sub", ["x_c", "w"], ["e_out"], name="else_sub")], "else", [],
+                          [h.make_tensor_value_info("e_out", T.FLOAT, [3])])
+    body = h.make_graph(
+        [h.make_node("Greater", ["i", "zero"], ["later"], name="later"),
+         h.make_node("If", ["later"], ["x_next"], name="inner_if", then_branch=then_g, else_branch=else_g),
+         h.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going"),
+         h.make_node("Identity", ["x_next"], ["x_scan"], name="collect")],
+        "body",
+        [_scalar("i", T.INT64), _scalar("cond_in", T.BOOL), h.make_tensor_value_info("x_c", T.FLOAT, [3])],
+        [_scalar("cond_out", T.BOOL), h.make_tensor_value_info("x_next", T.FLOAT, [3]),
+         h.make_tensor_value_info("x_scan", T.FLOAT, [3])],
+        initializer=[h.make_tensor("zero", T.INT64, [], [0])])
+    g = h.make_graph(
+        [h.make_node("Mul", ["w_in", "two"], ["w"], name="double"),
+         h.make_node("Loop", ["M", "", "x"], ["x_final", "xs"], name="loop", body=body)],
+        "nested", [_scalar("M", T.INT64), h.make_tensor_value_info("x", T.FLOAT, [3]),
+                   h.make_tensor_value_info("w_in", T.FLOAT, [3])],
+        [h.make_tensor_value_info("x_final", T.FLOAT, [3]), h.make_tensor_value_info("xs", T.FLOAT, [None, 3])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def test_nested_if_inside_a_loop_reads_an_outer_scope_value():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    w_in = np.array([0.5, -1.0, 2.0], np.float32)
+    _, out = _run(_nested_if_in_loop_model(), {"M": np.array(3, np.int64), "x": x, "w_in": w_in})
+    w = 2 * w_in
+    expect = [x - w, x - w + w, x - w + w + w]  # iteration 0 subtracts, 1 and 2 add
+    np.testing.assert_array_equal(out["xs"], np.stack(expect)), "result: each iteration's value, stacked"
+    np.testing.assert_array_equal(out["x_final"], expect[-1]), "result: the last loop-carried value"
+
+
+def test_a_loop_of_zero_iterations_returns_its_initial_values_and_empty_scan_outputs():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    _, out = _run(_nested_if_in_loop_model(), {"M": np.array(0, np.int64), "x": x, "w_in": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(out["x_final"], x), "result: no iteration: the initial value"
+    assert out["xs"].shape == (0, 3) and out["xs"].dtype == np.float32, \
+        "result: an empty scan output of the body's declared element type and shape"
+
+
+def test_an_executor_with_control_flow_runs_each_run_node_by_node_and_frees_its_temporaries():
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(_nested_if_in_loop_model(), rt)
+    assert ex.plans is None, "contract: no execution plan (a trip count changes shapes under one signature)"
+    x, w_in = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+    shapes = [ex.run({"M": np.array(m, np.int64), "x": x, "w_in": w_in})["xs"].shape for m in (2, 5, 1)]
+    assert shapes == [(2, 3), (5, 3), (1, 3)], "result: each run's trip count, not the first run's"
+    rt.synchronize()
+    base = rt.device.allocated_bytes
+    ex.run({"M": np.array(4, np.int64), "x": x, "w_in": w_in})
+    rt.synchronize()
+    assert rt.device.allocated_bytes == base, "contract: slices, iteration scalars and carried values freed"
+
+
+def test_a_loop_ends_on_its_bodys_condition():
+    """No trip count: the body's condition output (read on the host each iteration) ends it."""
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "one"], ["s_next"], name="inc"),
+         h.make_node("Less", ["s_next", "limit"], ["go"], name="go"),
+         h.make_node("Identity", ["s_next"], ["s_trace"], name="trace")],
+        "body", [_scalar("i", T.INT64), _scalar("c", T.BOOL), _scalar("s", T.FLOAT)],
+        [_scalar("go", T.BOOL), _scalar("s_next", T.FLOAT), _scalar("s_trace", T.FLOAT)],
+        initializer=[h.make_tensor("one", T.FLOAT, [], [1.0])])
+    g = h.make_graph([h.make_node("Loop", ["", "c0", "s0"], ["s_final", "trace"], name="while", body=body)],
+                     "while", [_scalar("c0", T.BOOL), _scalar("s0", T.FLOAT), _scalar("limit", T.FLOAT)],
+                     [_scalar("s_final", T.FLOAT), h.make_tensor_value_info("trace", T.FLOAT, [None])])
+    model = h.make_model(g, opset_imports=OPSET, ir_version=10)
+    _, out = _run(model, {"c0": np.array(True), "s0": np.array(0.0, np.float32), "limit": np.array(3.5, np.float32)})
+    np.testing.assert_array_equal(out["trace"], np.array([1, 2, 3, 4], np.float32)), \
+        "result: runs until the body says stop (4 >= 3.5), that iteration included"
+    assert float(out["s_final"]) == 4.0
+    _, out = _run(model, {"c0": np.array(False), "s0": np.array(7.0, np.float32), "limit": np.array(3.5, np.float32)})
+    assert float(out["s_final"]) == 7.0 and out["trace"].shape == (0,), "result: a false initial condition: no iteration"
+
+
+def _scan_model(**attrs):
+    body = h.make_graph(
+        [h.make_node("Add", ["acc", "x_t"], ["acc_next"], name="acc"),
+         h.make_node("Mul", ["x_t", "acc_next"], ["y_t"], name="y")],
+        "body", [h.make_tensor_value_info("acc", T.FLOAT, [2]), h.make_tensor_value_info("x_t", T.FLOAT, [2])],
+        [h.make_tensor_value_info("acc_next", T.FLOAT, [2]), h.make_tensor_value_info("y_t", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Scan", ["init", "xs"], ["final", "ys"], name="scan", body=body,
+                                  num_scan_inputs=1, **attrs)],
+                     "scan", [h.make_tensor_value_info("init", T.FLOAT, [2]), h.make_tensor_value_info("xs", T.FLOAT, [2, 4])],
+                     [h.make_tensor_value_info("final", T.FLOAT, [2]), h.make_tensor_value_info("ys", T.FLOAT, [None, None])])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def test_scan_over_axis_1_in_reverse_with_outputs_stacked_on_axis_1_in_reverse():
+    init = np.array([1.0, -1.0], np.float32)
+    xs = np.arange(8, dtype=np.float32).reshape(2, 4)
+    _, out = _run(_scan_model(scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[-1],
+                              scan_output_directions=[1]), {"init": init, "xs": xs})
+    acc, ys = init.copy(), []
+    for t in range(3, -1, -1):  # reversed over axis 1
+        acc = acc + xs[:, t]
+        ys.append(xs[:, t] * acc)
+    np.testing.assert_array_equal(out["final"], acc), "result: the state after the last slice"
+    np.testing.assert_array_equal(out["ys"], np.stack(ys[::-1], axis=1)), \
+        "result: outputs stacked on axis 1, the first iteration's last"
+
+
+@pytest.mark.parametrize("attrs, named", [
+    ({"scan_input_directions": [2]}, "scan_input_directions"),
+    ({"scan_output_axes": [0, 1]}, "scan_output_axes"),
+])
+def test_a_bad_scan_attribute_is_refused_at_load_naming_node_and_attribute(attrs, named):
+    with pytest.raises(OpError, match=rf"'scan'.*{named}"):
+        Executor(_scan_model(**attrs), Runtime(SimDevice(), RuntimeConfig()))
+
+
+def test_a_scan_axis_out_of_range_is_a_named_error():
+    ex = Executor(_scan_model(scan_input_axes=[2]), Runtime(SimDevice(), RuntimeConfig()))
+    with pytest.raises(OpError, match=r"'scan'.*scan_input_axes.*out of range"):
+        ex.run({"init": np.zeros(2, np.float32), "xs": np.zeros((2, 4), np.float32)})
+
+
+def _loop_with_body(node, extra_opsets=(), n=2, initializer=()):
+    body = h.make_graph([node, h.make_node("Identity", ["c"], ["c_out"], name="keep")], "body",
+                        [_scalar("i", T.INT64), _scalar("c", T.BOOL), h.make_tensor_value_info("v", T.FLOAT, [n])],
+                        [_scalar("c_out", T.BOOL), h.make_tensor_value_info("v_next", T.FLOAT, [n])],
+                        initializer=list(initializer))
+    g = h.make_graph([h.make_node("Loop", ["M", "", "v0"], ["v_final"], name="loop", body=body)], "loop",
+                     [_scalar("M", T.INT64), h.make_tensor_value_info("v0", T.FLOAT, [n])],
+                     [h.make_tensor_value_info("v_final", T.FLOAT, [n])])
+    return h.make_model(g, opset_imports=OPSET + list(extra_opsets), ir_version=10)
+
+
+def test_a_long_loop_frees_each_superseded_carried_value_within_the_memory_budget():
+    """40 iterations over a 1 MiB carried value under an 8 MiB device budget: fits only if each
+    iteration's superseded value is freed as the next replaces it (not all at the loop's end)."""
+    n = 1 << 18  # float32: 1 MiB
+    model = _loop_with_body(h.make_node("Add", ["v", "one"], ["v_next"], name="inc"), n=n,
+                            initializer=[h.make_tensor("one", T.FLOAT, [], [1.0])])
+    rt = Runtime(SimDevice(), RuntimeConfig(device_memory_limit=8 << 20))
+    out = Executor(model, rt).run({"M": np.array(40, np.int64), "v0": np.zeros(n, np.float32)})
+    assert out["v_final"].shape == (n,) and bool((out["v_final"] == 40).all()), "result: 40 increments"
+
+
+def test_a_loop_whose_body_has_an_unsupported_op_is_refused_at_load_naming_it():
+    model = _loop_with_body(h.make_node("Frobnicate", ["v"], ["v_next"], name="body_frob", domain="com.example"),
+                            [h.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedModel, match="body_frob"):
+        Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+
+
+def test_a_bad_attribute_inside_a_body_is_refused_at_load_naming_the_body_node():
+    model = _loop_with_body(h.make_node("LeakyRelu", ["v"], ["v_next"], name="body_act", alpha=0.1))
+    Executor(model, Runtime(SimDevice(), RuntimeConfig()))  # the good one loads
+    model = _loop_with_body(h.make_node("CumSum", ["v", "axis"], ["v_next"], name="body_cumsum", exclusive=3))
+    model.graph.node[0].attribute[0].g.initializer.append(h.make_tensor("axis", T.INT64, [], [0]))
+    with pytest.raises(OpError, match=r"body_cumsum.*exclusive"):
+        Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+
+
+def _if_model():
+    """r = Relu(x); y = If(c, r * 2, -r); out = y + 1: the If between two capturable nodes."""
+    then_g = h.make_graph([h.make_node("Mul", ["r", "two"], ["t"], name="then_mul")], "then", [],
+                          [h.make_tensor_value_info("t", T.FLOAT, [1, 8])])
+    else_g = h.make_graph([h.make_node("Neg", ["r"], ["e"], name="else_neg")], "else", [],
+                          [h.make_tensor_value_info("e", T.FLOAT, [1, 8])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"),
+         h.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+         h.make_node("Add", ["y", "one"], ["out"], name="add")],
+        "if_model", [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("c", T.BOOL, [1])],
+        [h.make_tensor_value_info("out", T.FLOAT, [1, 8])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0]), h.make_tensor("one", T.FLOAT, [], [1.0])])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def _drive_if(runner, steps=6):
+    rng = np.random.default_rng(3)
+    out = []
+    for s in range(steps):
+        x = rng.normal(size=(1, 8)).astype(np.float32)
+        out.append(runner.run({"x": x, "c": np.array([s % 2 == 0])})["out"].tobytes())
+    return out
+
+
+def test_capture_on_a_model_with_an_if_runs_the_if_as_a_seam_and_matches_eager(make_runtime):
+    """The If reads its condition on the host: a "host control flow" seam every step; the nodes
+    around it are captured and replayed; the condition flips each step and the bytes equal eager."""
+    eager = _drive_if(Executor(_if_model(), make_runtime()))
+    session = CaptureSession(Executor(_if_model(), make_runtime()))
+    captured = _drive_if(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["if"] == "host control flow: If", "contract: the If is a seam, never recorded"
+    assert decisions["relu"] is None and decisions["add"] is None, "contract: the nodes around it are captured"
+    c = session.counters
+    assert c.fallbacks == 0 and c.captured_steps > 0 and c.replays > 0
+    assert captured == eager, "result: byte-identical to eager, both branches"
+    x = np.frombuffer(eager[0], np.float32)  # not vacuous: the eager bytes are the If's semantics
+    assert x.shape == (8,)
+
+
+def test_if_semantics_and_a_condition_of_two_elements_is_a_named_error():
+    ex = Executor(_if_model(), Runtime(SimDevice(), RuntimeConfig()))
+    x = np.array([[-1, 2, -3, 4, 0, 1, -2, 3]], np.float32)
+    r = np.maximum(x, 0)
+    np.testing.assert_array_equal(ex.run({"x": x, "c": np.array([True])})["out"], r * 2 + 1)
+    np.testing.assert_array_equal(ex.run({"x": x, "c": np.array([False])})["out"], -r + 1)
+    model = _if_model()
+    model.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 2
+    ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    with pytest.raises(OpError, match=r"'if'.*one element"):
+        ex.run({"x": x, "c": np.array([True, False])})
+
+
+def test_flexattention_with_a_bad_softmax_precision_is_refused_at_load():
+    mod = h.make_graph([h.make_node("Identity", ["s"], ["s_out"])], "mod",
+                       [h.make_tensor_value_info("s", T.FLOAT, [1, 1, 2, 2])], [h.make_tensor_value_info("s_out", T.FLOAT, [1, 1, 2, 2])])
+    shape = [1, 1, 2, 4]
+    g = h.make_graph([h.make_node("FlexAttention", ["q", "k", "v"], ["y"], name="flex", domain="ai.onnx.preview",
+                                  score_mod=mod, softmax_precision=T.INT32)], "flex",
+                     [h.make_tensor_value_info(n, T.FLOAT, shape) for n in "qkv"],
+                     [h.make_tensor_value_info("y", T.FLOAT, shape)])
+    model = h.make_model(g, opset_imports=OPSET + [h.make_opsetid("ai.onnx.preview", 1)], ir_version=10)
+    with pytest.raises(OpError, match=r"'flex'.*softmax_precision"):
+        Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+
+
+def test_a_loop_output_bound_to_a_device_tensor_is_written_into_it():
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(_nested_if_in_loop_model(), rt)
+    x, w_in = np.array([1.0, 2.0, 3.0], np.float32), np.ones(3, np.float32)
+    bound = rt.empty((3,), np.float32, name="bound-x_final")
+    out = ex.run({"M": np.array(2, np.int64), "x": x, "w_in": w_in}, bind={"x_final": bound})
+    assert out["x_final"] is bound, "contract: IO binding hands back the caller's tensor"
+    np.testing.assert_array_equal(rt.download(bound), x), "result: x - w + w, written into the bound tensor"
+
+
+def _if_shape_model():
+    """y = If(c, Concat(r, r), r) after r = Relu(x); out = y * 2: the branches' shapes differ."""
+    then_g = h.make_graph([h.make_node("Concat", ["r", "r"], ["t"], name="then_cat", axis=1)], "then", [],
+                          [h.make_tensor_value_info("t", T.FLOAT, [1, 16])])
+    else_g = h.make_graph([h.make_node("Identity", ["r"], ["e"], name="else_id")], "else", [],
+                          [h.make_tensor_value_info("e", T.FLOAT, [1, 8])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"),
+         h.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+         h.make_node("Mul", ["y", "two"], ["out"], name="mul")],
+        "if_shapes", [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("c", T.BOOL, [1])],
+        [h.make_tensor_value_info("out", T.FLOAT, [1, None])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def test_capture_with_an_if_whose_branches_differ_in_shape_keeps_their_reader_eager(make_runtime):
+    """The If's output shape follows the branch (device data): its reader is not baked into a
+    segment, so alternating branches under one step signature still give the eager bytes."""
+    eager = _drive_if(Executor(_if_shape_model(), make_runtime()))
+    session = CaptureSession(Executor(_if_shape_model(), make_runtime()))
+    captured = _drive_if(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["if"] == "host control flow: If" and decisions["mul"] is not None, \
+        f"contract: the If and its reader are seams, got {decisions}"
+    assert session.counters.fallbacks == 0 and session.counters.captured_steps > 0
+    assert captured == eager and {len(b) for b in eager} == {32, 64}, "result: both shapes, byte-identical to eager"
+
+
+def test_opset8_scan_runs_full_sequence_lens_and_names_shorter_ones():
+    body = h.make_graph([h.make_node("Add", ["acc", "x_t"], ["acc_next"], name="acc"),
+                         h.make_node("Identity", ["acc_next"], ["y_t"], name="y")], "body",
+                        [h.make_tensor_value_info("acc", T.FLOAT, [2]), h.make_tensor_value_info("x_t", T.FLOAT, [2])],
+                        [h.make_tensor_value_info("acc_next", T.FLOAT, [2]), h.make_tensor_value_info("y_t", T.FLOAT, [2])])
+    g = h.make_graph([h.make_node("Scan", ["lens", "init", "xs"], ["final", "ys"], name="scan8", body=body,
+                                  num_scan_inputs=1)], "scan8",
+                     [h.make_tensor_value_info("lens", T.INT32, [1]), h.make_tensor_value_info("init", T.FLOAT, [1, 2]),
+                      h.make_tensor_value_info("xs", T.FLOAT, [1, 3, 2])],
+                     [h.make_tensor_value_info("final", T.FLOAT, [1, 2]), h.make_tensor_value_info("ys", T.FLOAT, [1, 3, 2])])
+    ex = Executor(h.make_model(g, opset_imports=[h.make_opsetid("", 8)], ir_version=10), Runtime(SimDevice(), RuntimeConfig()))
+    xs = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
+    out = ex.run({"lens": np.array([3], np.int32), "init": np.zeros((1, 2), np.float32), "xs": xs})
+    np.testing.assert_array_equal(out["ys"], np.cumsum(xs, axis=1)), "result: running sums per batch entry"
+    with pytest.raises(OpError, match=r"'scan8'.*sequence_lens"):
+        ex.run({"lens": np.array([2], np.int32), "init": np.zeros((1, 2), np.float32), "xs": xs})
+
+
+def test_a_branch_output_that_is_a_view_of_a_branch_temporary_outlives_the_branch():
+    """Identity(Reshape(Add(...))) inside a branch: the Reshape is a view of the Add's buffer,
+    which the branch frees when it ends; the If's output is its own copy, never a view of freed
+    memory (which the sim may still read back right: its addresses are not reused at once)."""
+    branch = h.make_graph([h.make_node("Add", ["x", "x"], ["t1"], name="b_add"),
+                           h.make_node("Reshape", ["t1", "flat"], ["t2"], name="b_view"),
+                           h.make_node("Identity", ["t2"], ["t3"], name="b_id")], "branch", [],
+                          [h.make_tensor_value_info("t3", T.FLOAT, [8])],
+                          initializer=[h.make_tensor("flat", T.INT64, [1], [8])])
+    g = h.make_graph([h.make_node("If", ["c"], ["y"], name="if", then_branch=branch, else_branch=branch),
+                      h.make_node("Neg", ["y"], ["out"], name="neg")], "views",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 4]), h.make_tensor_value_info("c", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [8]), h.make_tensor_value_info("out", T.FLOAT, [8])])
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(h.make_model(g, opset_imports=OPSET, ir_version=10), rt)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    run = ex.start({"x": x, "c": np.array(True)})  # the step API: the If's output as the run holds it
+    try:
+        ex.step(run, 0)
+        assert not run.env["y"].tensor.ref.buffer.freed, "contract: the If's output is not in freed memory"
+        ex.step(run, 1)
+        out = ex.finish(run)
+    finally:
+        ex.release(run)
+    np.testing.assert_array_equal(out["y"], 2 * x.reshape(8)), "result: the branch's value"
+    np.testing.assert_array_equal(out["out"], -2 * x.reshape(8))
