@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 from lockstep.kernels import Kernel, primitives
 from lockstep.kernels._attention import flex_output, flex_precision, flex_scores, flex_softmax
+from lockstep.kernels._host import Seq
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .executor import Executor, Run, _Value
@@ -45,7 +46,7 @@ from .runtime import Tensor
 
 __all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]
 
-CONTROL_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan"), ("ai.onnx.preview", "FlexAttention")})
+CONTROL_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan"), ("", "SequenceMap"), ("ai.onnx.preview", "FlexAttention")})
 
 _GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
@@ -81,7 +82,7 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
 
 
 def is_control(domain: str, op_type: str, node: onnx.NodeProto) -> bool:
-    """Whether the executor runs ``node`` itself: If, Loop, Scan, and a FlexAttention with a
+    """Whether the executor runs ``node`` itself: If, Loop, Scan, SequenceMap, and a FlexAttention with a
     score_mod or prob_mod subgraph (without one it is an ordinary kernel, ``kernels._attention``)."""
     if (domain, op_type) not in CONTROL_OPS:
         return False
@@ -118,6 +119,17 @@ def _cast_body(xp, out, src):
 _TAKE = Kernel("control_flow:take", _take_body, writes=(0,))
 _PUT = Kernel("control_flow:put", _put_body, writes=(0,))
 _CAST = Kernel("control_flow:cast", _cast_body, writes=(0,))
+
+
+def _tensors(v: Any):
+    """The device tensors a value holds: a tensor value's own, each element's of a sequence (``Seq``)."""
+    if isinstance(v, Seq):
+        for item in v.items:
+            yield from _tensors(item)
+        return
+    t = getattr(v, "tensor", None)
+    if t is not None:
+        yield t
 
 
 class _BodyExecutor(Executor):
@@ -173,16 +185,16 @@ class Body:
             if v is not None:
                 env[name] = v
         # the values the body did not make (its inputs, the outer scope's, its constants): passed as they are
-        passed = {id(getattr(v, "tensor", None)) for v in env.values()}
+        passed = {id(t) for v in env.values() for t in _tensors(v)}
         try:
             for i in range(len(ex.steps)):
                 ex.step(run, i)
             temps = {id(t) for t in run.temps}
-            result = []
-            for o in self.outputs:
-                v = env.get(o)
-                if v is None:
-                    raise OpError(f"{self.where}: body output {o!r} was never produced")
+
+            def hand_over(v: Any, o: str) -> Any:
+                """``v`` made the caller's: its tensors (a sequence's elements too) handed over or copied."""
+                if isinstance(v, Seq):
+                    return Seq(tuple(hand_over(item, o) for item in v.items), v.dtype)
                 t = getattr(v, "tensor", None)
                 if t is not None and id(t) in temps:
                     run.handed.add(id(t))
@@ -192,7 +204,13 @@ class Body:
                     rt.launch(primitives.copy, own, t)
                     owned[id(own)] = own
                     v = _Value(own, v.spec)
-                result.append(v)
+                return v
+
+            result = []
+            for o in self.outputs:
+                if o not in env:
+                    raise OpError(f"{self.where}: body output {o!r} was never produced")
+                result.append(hand_over(env[o], o))
             return result
         finally:
             ex.release(run)
@@ -253,8 +271,8 @@ class _Control(abc.ABC):
                         raise self.info.error(f"output {name!r} is {getattr(v, 'spec', v)} but its buffer is {target!r}")
                     rt.launch(primitives.copy, target, t)  # on the compute stream, in order: no sync
                     v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
-                elif t is not None and id(t) in owned:
-                    kept.add(id(t))
+                else:  # the tensors it holds (a sequence's elements too) become the run's temporaries
+                    kept.update(id(x) for x in _tensors(v) if id(x) in owned)
                 run.env[name] = v
         finally:
             for key, t in owned.items():
@@ -273,12 +291,13 @@ class _Control(abc.ABC):
 
     # -- helpers on the device
     def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]") -> None:
-        """Free ``v``'s tensor if this node owns it and no value in ``live`` still holds it."""
-        t = getattr(v, "tensor", None)
-        if t is None or id(t) not in owned or any(getattr(x, "tensor", None) is t for x in live):
-            return
-        del owned[id(t)]
-        self.runtime.free(t)
+        """Free ``v``'s tensors (a sequence's elements too) that this node owns and no value in
+        ``live`` still holds."""
+        held = {id(x) for lv in live for x in _tensors(lv)}
+        for t in list(_tensors(v)):
+            if id(t) in owned and id(t) not in held:
+                del owned[id(t)]
+                self.runtime.free(t)
 
     def _new(self, shape: tuple[int, ...], dtype: Any, name: str, owned: dict[int, Tensor]) -> Tensor:
         t = self.runtime.empty(tuple(int(d) for d in shape), dtype, name=name)
@@ -575,7 +594,41 @@ class _FlexAttention(_Control):
         return [y]
 
 
-_BUILDERS = {"If": _If, "Loop": _Loop, "Scan": _Scan, "FlexAttention": _FlexAttention}
+class _SequenceMap(_Control):
+    """SequenceMap: the body once per element of the input sequence; additional inputs that are
+    sequences (of the same length) give their element, tensors are passed whole. Each body output
+    is collected into an output sequence."""
+
+    def __init__(self, executor: Executor, info: NodeInfo, n_formal: int):
+        super().__init__(executor, info, n_formal)
+        if n_formal < 1:
+            raise info.error("SequenceMap takes an input sequence")
+        self.body = self._body(executor, "body")
+        _check_io(info, self.body, "body", n_formal, info.n_outputs)
+
+    def execute(self, formal, outer, owned):
+        info = self.info
+        if not isinstance(formal[0], Seq):
+            raise info.error(f"input 0 must be a sequence, got {type(formal[0]).__name__}")
+        n = len(formal[0])
+        for k, x in enumerate(formal[1:], 1):
+            if isinstance(x, Seq) and len(x) != n:
+                raise info.error(f"input {k} is a sequence of {len(x)} elements, input 0 has {n}")
+        collected: list[list[Any]] = [[] for _ in range(info.n_outputs)]
+        for i in range(n):
+            args = [x.items[i] if isinstance(x, Seq) else x for x in formal]
+            for k, v in enumerate(self.body.call(args, outer, owned)):
+                collected[k].append(v)
+        out = []
+        for k, items in enumerate(collected):
+            dtype = items[0].spec.dtype if items else self.body.out_spec(k)[1]
+            if dtype is None:
+                raise info.error(f"output {k} of an empty sequence: the body does not declare its element type")
+            out.append(Seq(tuple(items), np.dtype(dtype)))
+        return out
+
+
+_BUILDERS = {"If": _If, "Loop": _Loop, "Scan": _Scan, "SequenceMap": _SequenceMap, "FlexAttention": _FlexAttention}
 
 
 def build_control(executor: Executor, info: NodeInfo, node: onnx.NodeProto, implicit: tuple[str, ...]) -> _Control:

@@ -103,7 +103,7 @@ class _Step:
 # output (a graph output is the caller's, and a view of a feed could be overwritten in place).
 # A Transpose is one when it moves only dims of size 1 (``_Step.is_view``).
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
-_CONTROL_TYPES = frozenset({"If", "Loop", "Scan", "FlexAttention"})  # op types that may hold subgraphs
+_CONTROL_TYPES = frozenset({"If", "Loop", "Scan", "SequenceMap", "FlexAttention"})  # op types that may hold subgraphs
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:

@@ -341,3 +341,60 @@ def test_a_branch_output_that_is_a_view_of_a_branch_temporary_outlives_the_branc
         ex.release(run)
     np.testing.assert_array_equal(out["y"], 2 * x.reshape(8)), "result: the branch's value"
     np.testing.assert_array_equal(out["out"], -2 * x.reshape(8))
+
+
+def _seq_type(elem=T.FLOAT, shape=None):
+    return h.make_sequence_type_proto(h.make_tensor_type_proto(elem, shape))
+
+
+def _loop_appending_to_a_sequence_model():
+    """Loop M times: the body appends ``x * i`` (a body temporary) to a carried sequence."""
+    body = h.make_graph(
+        [h.make_node("Cast", ["i"], ["i_f"], name="cast", to=T.FLOAT),
+         h.make_node("Mul", ["x", "i_f"], ["xi"], name="scale"),
+         h.make_node("SequenceInsert", ["seq_in", "xi"], ["seq_out"], name="append"),
+         h.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")],
+        "body",
+        [_scalar("i", T.INT64), _scalar("cond_in", T.BOOL), h.make_value_info("seq_in", _seq_type(T.FLOAT, [2]))],
+        [_scalar("cond_out", T.BOOL), h.make_value_info("seq_out", _seq_type(T.FLOAT, [2]))])
+    g = h.make_graph(
+        [h.make_node("SequenceEmpty", [], ["empty"], name="empty", dtype=T.FLOAT),
+         h.make_node("Loop", ["M", "", "empty"], ["seq"], name="loop", body=body)],
+        "seqloop", [_scalar("M", T.INT64), h.make_tensor_value_info("x", T.FLOAT, [2])],
+        [h.make_value_info("seq", _seq_type(T.FLOAT, [2]))])
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def test_a_loop_carrying_a_sequence_keeps_the_body_tensors_it_holds_and_frees_the_rest():
+    """The elements a body appends are body temporaries: the carried sequence holds them, so they
+    are handed over (not freed with the body's run: a use after free before), and everything else
+    is freed by the run's end."""
+    rt = Runtime(SimDevice(), RuntimeConfig())
+    ex = Executor(_loop_appending_to_a_sequence_model(), rt)
+    x = np.array([1.0, 2.0], np.float32)
+    out = ex.run({"M": np.array(4, np.int64), "x": x})["seq"]
+    assert [a.tolist() for a in out] == [(x * i).tolist() for i in range(4)], "result: x * i for each iteration"
+    rt.synchronize()
+    base = rt.device.allocated_bytes
+    ex.run({"M": np.array(6, np.int64), "x": x})
+    rt.synchronize()
+    assert rt.device.allocated_bytes == base, "contract: the sequence's elements and the loop's temporaries freed"
+
+
+def _sequence_map_model():
+    body = h.make_graph([h.make_node("Add", ["a", "b"], ["c"], name="add")], "body",
+                        [h.make_tensor_value_info("a", T.FLOAT, [None]), h.make_tensor_value_info("b", T.FLOAT, [None])],
+                        [h.make_tensor_value_info("c", T.FLOAT, [None])])
+    g = h.make_graph([h.make_node("SequenceMap", ["xs", "ys"], ["zs"], name="map", body=body)], "map",
+                     [h.make_value_info("xs", _seq_type(T.FLOAT, [None])), h.make_value_info("ys", _seq_type(T.FLOAT, [None]))],
+                     [h.make_value_info("zs", _seq_type(T.FLOAT, [None]))])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_sequence_map_adds_elementwise_and_names_a_length_mismatch():
+    ex = Executor(_sequence_map_model(), Runtime(SimDevice(), RuntimeConfig()))
+    xs = [np.arange(n, dtype=np.float32) for n in (1, 3)]
+    out = ex.run({"xs": xs, "ys": [a * 10 for a in xs]})["zs"]
+    assert [a.tolist() for a in out] == [(a * 11).tolist() for a in xs], "result: x + 10x per element"
+    with pytest.raises(OpError, match=r"map.*input 1 is a sequence of 1 elements, input 0 has 2"):
+        ex.run({"xs": xs, "ys": xs[:1]})

@@ -275,6 +275,13 @@ MUTANTS = [
         tests=_CFT, select="superseded",
     ),
     Mutant(
+        "executor", "body_sequence_elements_not_handed", _CF,
+        old="return Seq(tuple(hand_over(item, o) for item in v.items), v.dtype)",
+        new="return v",
+        breaks="the tensors a body's output sequence holds are handed to the caller, not freed with the body's run",
+        tests=_CFT, select="sequence",
+    ),
+    Mutant(
         "executor", "scan_input_direction_ignored", _CF,
         old="sliced = [self._take(v, a, t if d == 0 else steps - 1 - t, owned)",
         new="sliced = [self._take(v, a, t, owned)",
