@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "E8M0", "FloatFmt", "IntFmt", "bit_width", "convert", "encode", "fmt_of", "is_numpy", "is_small", "raw",
-    "to_float", "wrap",
+    "E8M0", "SMALL_DTYPES", "FloatFmt", "IntFmt", "bit_width", "canonical_dtype", "convert", "decode", "encode",
+    "fmt_of", "is_numpy", "is_small", "raw", "storage_dtype", "to_float", "wrap",
 ]
 
 
@@ -95,6 +95,9 @@ _FORMATS: dict[str, Any] = {
 }
 _FORMATS[E8M0] = E8M0
 
+# The numpy (ml_dtypes) names of the small types: what a device without them stores as raw bits.
+SMALL_DTYPES = frozenset(_FORMATS)
+
 
 def fmt_of(dtype: Any) -> Any:
     """The small-type format of ``dtype`` (FloatFmt, IntFmt or E8M0), or None for a standard dtype."""
@@ -118,6 +121,22 @@ def is_numpy(xp: Any) -> bool:
 
 def _store_of(fmt: Any) -> Any:
     return fmt.store if isinstance(fmt, FloatFmt) else np.uint8
+
+
+def storage_dtype(dtype: Any) -> np.dtype:
+    """The dtype a small type is stored as on a device that lacks it (uint16 for bfloat16, uint8 for
+    the others, one element per byte for the 4- and 2-bit types); any other dtype is its own."""
+    f = fmt_of(dtype)
+    return np.dtype(dtype) if f is None else np.dtype(_store_of(f))
+
+
+def canonical_dtype(dtype: Any) -> np.dtype:
+    """The standard dtype a small type decodes to exactly: int8 for int4/uint4/int2/uint2, float32
+    for the floats (bfloat16, float8, float8e8m0, float4/float6); any other dtype is its own."""
+    f = fmt_of(dtype)
+    if f is None:
+        return np.dtype(dtype)
+    return np.dtype(np.int8) if isinstance(f, IntFmt) else np.dtype(np.float32)
 
 
 def raw(xp: Any, x: Any) -> Any:
@@ -296,6 +315,20 @@ def _canonical(xp: Any, x: Any) -> Any:
     if f is not None:
         return to_float(xp, x)
     return x
+
+
+def decode(xp: Any, bits: Any, dtype: Any) -> Any:
+    """The raw storage ``bits`` of the small type ``dtype`` (uint8/uint16, or an array of ``dtype``
+    itself) decoded exactly to ``canonical_dtype(dtype)``."""
+    f = fmt_of(dtype)
+    b = raw(xp, bits)
+    if isinstance(f, FloatFmt):
+        return _decode_float(xp, b, f)
+    if f == E8M0:
+        return _decode_e8m0(xp, b)
+    if isinstance(f, IntFmt):
+        return _decode_int(xp, b, f)
+    raise TypeError(f"{np.dtype(dtype)} is not a small type")
 
 
 def encode(xp: Any, v: Any, dst: Any, saturate: bool = True, round_mode: str = "up") -> Any:

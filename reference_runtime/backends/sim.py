@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from lockstep.kernels._cast_util import storage_dtype
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
@@ -66,10 +67,10 @@ from ..errors import (
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
-from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
+from ._base import CUPY_DTYPES, ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
 from ._hazards import HazardTracker
 
-__all__ = ["SimDevice"]
+__all__ = ["SimDevice", "RawSimDevice"]
 
 POOL_BASE = 0x7000_0000_0000
 VMM_BASE = 0x7F00_0000_0000
@@ -717,3 +718,18 @@ class SimDevice(Device):
             stream._capture.nodes.append(("d2d", dict(dst=d, src=s_)))
             return
         stream._enqueue("d2d", [("memcpy DtoD", d, True), ("memcpy DtoD", s_, False)], dst=d, src=s_)
+
+
+class RawSimDevice(SimDevice):
+    """The simulated device holding CuPy's dtypes only (``CUPY_DTYPES``), with the small types
+    (bfloat16, float8, int4...) stored as raw bits, as on CuPy (``Device.RAW_STORAGE``): copies
+    move the bytes of the logical type, kernel bodies get each small-typed array as its uint8/uint16
+    storage, and the executor runs the nodes that touch one through ``kernels._small``, the code
+    path ref-cuda takes, on numpy (engine ``ref-sim-raw``, ``engine.sim_raw_engine``)."""
+
+    ARRAY_DTYPES = CUPY_DTYPES
+    RAW_STORAGE = True
+
+    def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
+        super()._exec_kernel(kernel, [(addr, shape, storage_dtype(dtype)) for addr, shape, dtype in refs],
+                             scalars, stream, guarded=guarded)
