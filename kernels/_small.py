@@ -69,7 +69,7 @@ def _bits(xp: Any, r: Any, dst: np.dtype, mode: str) -> Any:
         return raw(xp, r)
     if mode != "decode" and r.dtype == storage_dtype(dst):  # already the bits
         return r
-    return raw(xp, encode(xp, r, dst, saturate=False))
+    return raw(xp, encode(xp, r, dst, saturate=False, round_mode="nearest"))  # as ml_dtypes' astype
 
 
 def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any]) -> "tuple[Any, ...] | None":
