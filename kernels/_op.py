@@ -198,12 +198,13 @@ class OpKernel:
     # them as raw bits (CuPy; ``_small``): "decode" (inputs decoded to float32/int8, outputs
     # encoded back), "native" (inputs decoded, ``node.in_dtypes`` naming their types, outputs
     # encoded by the kernel itself: the cast family), or "raw" (dtype-agnostic: storage bits in,
-    # storage bits out, output specs in their storage dtypes).
-    small: str = "decode"
+    # storage bits out, output specs in their storage dtypes). None (the default): "raw" for the
+    # ai.onnx ops that only move elements (``_small.MOVES``: Reshape, Gather...), else "decode".
+    small: str | None = None
 
     def __post_init__(self) -> None:
-        if self.small not in ("decode", "native", "raw"):
-            raise ValueError(f"{self.op_type}: small must be decode/native/raw, got {self.small!r}")
+        if self.small not in (None, "decode", "native", "raw"):
+            raise ValueError(f"{self.op_type}: small must be decode/native/raw (or None), got {self.small!r}")
         if self.capture not in ("safe", "unsupported", "conditional"):
             raise ValueError(f"{self.op_type}: capture must be safe/unsupported/conditional, got {self.capture!r}")
         if self.capture != "safe" and not self.reason:

@@ -6,9 +6,10 @@ the simulated device's ``RawSimDevice``, which models it on numpy) keeps such a 
 type in its ``Tensor``/``Spec`` and stores its elements as their raw bits: uint16 for bfloat16,
 uint8 for the others (one element per byte for the 4- and 2-bit types, in the low bits, as
 ml_dtypes lays them out). Kernel bodies then receive the storage arrays, and the executor runs
-each node that touches a small type through ``run``, according to its ``OpKernel.small``:
+each node that touches a small type through ``run``, according to its ``OpKernel.small``
+(``mode``):
 
-- ``"decode"`` (the default): small inputs decoded exactly to float32 (int8 for the integer
+- ``"decode"`` (the default of computing ops): small inputs decoded exactly to float32 (int8 for the integer
   types), the kernel run on standard dtypes with its small output specs in those dtypes, and
   its small outputs encoded back, round to nearest even, overflow as ml_dtypes' ``astype``
   gives it (inf for e5m2/bfloat16, NaN for e4m3fn and the fnuz types, the largest value for
@@ -18,8 +19,9 @@ each node that touches a small type through ``run``, according to its ``OpKernel
 - ``"native"``: inputs decoded the same way, ``node.in_dtypes`` naming their types, the output
   specs left in the small types: the kernel encodes (its own saturation and rounding: Cast,
   QuantizeLinear...);
-- ``"raw"``: the kernel never looks at values (BitCast, data movement): storage bits in and out,
-  output specs (and their host values) in the storage dtypes; its ``into`` may run.
+- ``"raw"``: the kernel never looks at values (BitCast; the default of the data-movement ops in
+  ``MOVES``): storage bits in and out, output specs (and their host values) in the storage
+  dtypes; its ``into`` may run.
 
 Results of a small type come back as storage bits whatever the kernel returned: an ml_dtypes
 array (numpy) is viewed as its bits, bits stay, a standard array is encoded.
@@ -34,7 +36,23 @@ import numpy as np
 from ._cast_util import canonical_dtype, decode, encode, is_small, raw, storage_dtype
 from ._op import NodeInfo, OpKernel, Spec
 
-__all__ = ["run", "in_dtypes", "to_storage"]
+__all__ = ["MOVES", "run", "in_dtypes", "mode", "to_storage"]
+
+# ai.onnx ops whose kernels only move, select or describe elements, never compute with their
+# values: an ``OpKernel`` of one of them that declares no ``small`` runs on the storage bits
+# ("raw"), which keeps NaN payloads and costs no decode or encode.
+MOVES = frozenset({
+    "Shape", "Size", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
+    "Expand", "Tile", "Gather", "GatherElements", "GatherND", "Compress", "ReverseSequence", "Where",
+    "DepthToSpace", "SpaceToDepth",
+})
+
+
+def mode(op: OpKernel) -> str:
+    """``op``'s way of taking the small types on a raw-bit device (``OpKernel.small``)."""
+    if op.small is not None:
+        return op.small
+    return "raw" if op.domain in ("", "ai.onnx") and op.op_type in MOVES else "decode"
 
 
 def in_dtypes(specs: "list[Spec | None]", out_specs: "list[Spec] | tuple[Spec, ...]") -> tuple[Any, ...]:
@@ -60,14 +78,14 @@ def _decoded_value(value: Any, dtype: np.dtype) -> Any:
     return None if value is None else decode(np, np.asarray(value, dtype=dtype), dtype)
 
 
-def _bits(xp: Any, r: Any, dst: np.dtype, mode: str) -> Any:
+def _bits(xp: Any, r: Any, dst: np.dtype, how: str) -> Any:
     """A kernel's result for an output of type ``dst`` as what the device stores."""
     if not is_small(dst):
         return r
     r = xp.asarray(r)
     if is_small(r.dtype):  # an ml_dtypes array (numpy): its bits
         return raw(xp, r)
-    if mode != "decode" and r.dtype == storage_dtype(dst):  # already the bits
+    if how != "decode" and r.dtype == storage_dtype(dst):  # already the bits
         return r
     return raw(xp, encode(xp, r, dst, saturate=False, round_mode="nearest"))  # as ml_dtypes' astype
 
@@ -75,9 +93,9 @@ def _bits(xp: Any, r: Any, dst: np.dtype, mode: str) -> Any:
 def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any]) -> "tuple[Any, ...] | None":
     """Node ``node`` of op ``op`` on a raw-bit device (``node.in_dtypes`` set): its results as
     storage arrays, or None when ``op.into`` wrote ``outs`` itself (raw mode)."""
-    mode = op.small
+    how = mode(op)
     specs = node.out_specs
-    if mode == "raw":
+    if how == "raw":
         call = node.for_run(tuple(_spec_as(s, storage_dtype(s.dtype), None if s.value is None else to_storage(s.value))
                                   for s in specs), node.host, node.index_checks, node.in_dtypes)
         if op.into is not None and op.into(xp, call, outs, *args):
@@ -86,11 +104,11 @@ def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any])
     else:
         args = [decode(xp, a, t) if a is not None and is_small(t) else a for a, t in zip(args, node.in_dtypes)]
         call = node
-        if mode == "decode":
+        if how == "decode":
             host = {i: _decoded_value(v, node.in_dtypes[i]) if is_small(node.in_dtypes[i]) else v
                     for i, v in node.host.items()}
             call = node.for_run(tuple(
                 _spec_as(s, canonical_dtype(s.dtype), _decoded_value(s.value, s.dtype)) if is_small(s.dtype) else s
                 for s in specs), host, node.index_checks)  # standard dtypes only: no in_dtypes
         results = op.compute(xp, call, *args)
-    return tuple(_bits(xp, r, s.dtype, mode) for r, s in zip(results, specs))
+    return tuple(_bits(xp, r, s.dtype, how) for r, s in zip(results, specs))

@@ -185,6 +185,22 @@ def test_raw_path_bitcast_moves_bits_and_dequantize_knows_its_float8_input():
         "result: a float8 zero point is zero by definition (ignored), as on ref-sim"
 
 
+def test_a_captured_small_type_segment_replays_under_the_capture_guard():
+    """decode and native paths inside a captured graph: no host reads (the guard would raise)."""
+    from lockstep.reference_runtime.segments import CaptureSession
+
+    m = _model([helper.make_node("Mul", ["a", "b"], ["m"]), helper.make_node("Softmax", ["m"], ["s"]),
+                helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT8E4M3FN)],
+               [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 3]) for n in "ab"],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2, 3])])
+    a, b = np.arange(6).reshape(2, 3).astype("bfloat16"), np.ones((2, 3), "bfloat16")
+    want = Executor(m, Runtime(SimDevice())).run({"a": a, "b": b})["y"]
+    session = CaptureSession(Executor(m, Runtime(RawSimDevice(capture_guard=True))))
+    outs = [session.run({"a": a, "b": b})["y"] for _ in range(3)]
+    assert session.failure is None and session.counters.replays == 2, "contract: captured once, replayed twice"
+    assert all(o.view(np.uint8).tolist() == want.view(np.uint8).tolist() for o in outs), "result: ref-sim's bits"
+
+
 def test_out_of_range_index_on_raw_bits_is_a_named_device_assert():
     m = _model([helper.make_node("Gather", ["x", "i"], ["y"], name="gather_bf16")],
                [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4]),
@@ -253,3 +269,72 @@ def test_every_small_type_node_case_runs_on_raw_bits_as_on_ref_sim():
     stale = [n for n in RAW_ONLY_FAILURES if run_case(raw, next(c for c in cases if c.name == n)).status == "passed"]
     assert not stale, f"contract: listed cases that now pass: {stale}"
 
+
+
+def _twin(case, elem: int, dtype: str):
+    """``case``'s model and inputs with every float32 tensor made ``elem`` (None: nothing to turn)."""
+    from onnx import numpy_helper
+
+    model, turned = case.proto(), False
+    g = model.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type, turned = elem, True
+    for t in g.initializer:
+        if t.data_type == TensorProto.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(dtype), t.name))
+            turned = True
+    inputs = [x.astype(dtype) if isinstance(x, np.ndarray) and x.dtype == np.float32 else x for x in case.inputs]
+    if not turned or not all(isinstance(x, np.ndarray) for x in inputs):
+        return None
+    return model, inputs
+
+
+def test_small_type_twins_of_every_float_case_agree_with_ref_sim():
+    """Every float32 node case turned bfloat16 (and float8e5m2 for the data-movement ops), run on
+    ref-sim (ml_dtypes arrays) and on raw bits wherever ref-sim runs it: the same dtypes and
+    shapes; bit for bit through the ops of ``_small.MOVES`` (raw mode); within a bfloat16 rounding
+    or two elsewhere (decode mode rounds once where ml_dtypes rounds after every step)."""
+    import warnings
+
+    from lockstep.kernels._small import MOVES
+    from lockstep.reference_runtime.node_cases import _feeds, load_cases
+
+    raw, sim = sim_raw_engine(), sim_engine()
+    compared, moved, wrong = 0, 0, []
+    for case in load_cases():
+        moves_only = {n.op_type for n in case.proto().graph.node} <= MOVES
+        for elem, dtype in ((TensorProto.BFLOAT16, "bfloat16"), (TensorProto.FLOAT8E5M2, "float8_e5m2")):
+            if dtype != "bfloat16" and not moves_only:
+                continue
+            twin = _twin(case, elem, dtype)
+            if twin is None:
+                continue
+            model, inputs = twin
+            feeds = _feeds(model, inputs)
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                try:
+                    want = sim.prepare(model)(feeds)
+                except Exception:
+                    continue  # not a case ref-sim runs in this type: nothing to compare with
+                try:
+                    got = raw.prepare(model)(feeds)
+                except Exception as exc:
+                    wrong.append(f"{case.name} ({dtype}): {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+            compared += 1
+            moved += moves_only
+            for a, b in zip(want, got):
+                if (a.dtype, a.shape) != (b.dtype, b.shape):
+                    wrong.append(f"{case.name} ({dtype}): {b.dtype}{b.shape}, ref-sim {a.dtype}{a.shape}")
+                elif moves_only and a.tobytes() != b.tobytes():
+                    wrong.append(f"{case.name} ({dtype}): bits differ through data movement")
+                elif not moves_only:
+                    af, bf = a.astype(np.float64), b.astype(np.float64)
+                    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities pass by ==
+                        close = np.abs(af - bf) <= 2.0 ** -6 * (1 + np.maximum(np.abs(af), np.abs(bf)))
+                    if not (close | (np.isnan(af) & np.isnan(bf)) | (af == bf)).all():
+                        wrong.append(f"{case.name} ({dtype}): values differ past two bfloat16 roundings")
+    assert compared > 1000 and moved > 200, f"contract: the twins were run ({compared}, {moved} through moves)"
+    assert not wrong, "result: raw bits disagree with ref-sim on\n" + "\n".join(wrong)
