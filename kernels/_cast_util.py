@@ -14,7 +14,9 @@ arrays, with ops that exist in both numpy and CuPy:
 Arrays of a small type are read through ``raw(xp, x)`` (``x.view(uint8/uint16)`` on numpy; on
 CuPy an array that reaches a kernel as raw storage is already unsigned bits). Results are turned
 into the type by ``wrap(xp, bits, dst)``: ``bits.view(dst)`` on numpy; on CuPy the raw bits are
-returned, the only representation such a value can have there.
+returned, the only representation such a value can have there. ``storage_dtype`` is what a device
+without the type stores it as, ``canonical_dtype`` what ``decode(xp, bits, dtype)`` gives
+(``_small`` runs kernels on raw bits with them).
 
 Rounding is round-to-nearest-even throughout. Values below the target's normal range are rounded
 by an addition in the source float type (``|x| + C`` where C's ulp is the target's subnormal
