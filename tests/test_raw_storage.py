@@ -117,6 +117,47 @@ def test_upload_download_round_trip_is_bit_exact_with_nan_payloads(name):
         "result: the bytes round trip exactly"
 
 
+@pytest.mark.parametrize("name", SMALL)
+def test_every_device_round_trips_the_small_types_bit_for_bit(device_name, make_runtime, name):
+    """On CuPy (the GPU lane) the raw-bit storage itself: upload, a device-to-device copy, and
+    ``download`` (one copy) and ``memcpy_dtoh_many`` (with the latch) give every pattern back."""
+    host = codes(name).view(name)
+    rt = make_runtime()
+    t = rt.upload(host)
+    u = rt.empty(host.shape, name)
+    rt.copy(u, t)
+    store = cu.storage_dtype(name)
+    for out in (rt.download(t), rt.download(u), rt.device.memcpy_dtoh(u.ref, rt.compute)):
+        assert out.dtype == np.dtype(name), "contract: the logical dtype comes back"
+        assert np.array_equal(out.view(store), host.view(store)), "result: every bit pattern, NaN payloads included"
+
+
+def test_a_small_type_model_gives_ref_sims_bits_on_every_device(device_name, make_runtime):
+    """decode (Mul, Softmax), native (Cast, DequantizeLinear) and raw (Transpose, BitCast) nodes on
+    the device under test against the simulated device with ml_dtypes arrays: the same bytes
+    (on CuPy, the raw-bit path; rounding once where ml_dtypes rounds once)."""
+    m = _model([helper.make_node("Mul", ["a", "b"], ["m"]), helper.make_node("Transpose", ["m"], ["t"]),
+                helper.make_node("Cast", ["t"], ["f8"], to=TensorProto.FLOAT8E4M3FN),
+                helper.make_node("BitCast", ["f8"], ["bits"], to=TensorProto.UINT8),
+                helper.make_node("DequantizeLinear", ["q", "s"], ["d"])],
+               [*(helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 3]) for n in "ab"),
+                helper.make_tensor_value_info("q", TensorProto.INT4, [4]),
+                helper.make_tensor_value_info("s", TensorProto.BFLOAT16, [])],
+               [helper.make_tensor_value_info("bits", TensorProto.UINT8, [3, 2]),
+                helper.make_tensor_value_info("t", TensorProto.BFLOAT16, [3, 2]),
+                helper.make_tensor_value_info("d", TensorProto.BFLOAT16, [4])], opset=26)
+    feeds = {"a": np.array([[1.0078125, 3, -7], [1e38, 0.1, np.nan]], dtype="bfloat16"),
+             "b": np.array([[1.0078125, -0.5, 2], [100, 3, 1]], dtype="bfloat16"),
+             "q": np.array([-8, -1, 0, 7], dtype="int4"), "s": np.array(0.375, dtype="bfloat16")}
+    with np.errstate(all="ignore"):
+        want = Executor(m, Runtime(SimDevice())).run(feeds)
+        runs = [Executor(m, make_runtime()).run(feeds), Executor(m, Runtime(RawSimDevice())).run(feeds)]
+    for got in runs:  # the device under test, and CuPy's model on numpy
+        for name in ("bits", "t", "d"):
+            assert got[name].dtype == want[name].dtype, f"contract: {name} keeps its type"
+            assert got[name].tobytes() == want[name].tobytes(), f"result: {name} has ref-sim's bytes"
+
+
 def test_kernel_bodies_get_the_storage_bits():
     seen = []
 
