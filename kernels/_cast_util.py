@@ -118,7 +118,9 @@ def bit_width(dtype: Any) -> int:
 
 
 def is_numpy(xp: Any) -> bool:
-    return getattr(xp, "__name__", "") == "numpy"
+    """numpy holding the small types as ml_dtypes arrays (not the raw-bit simulated device's
+    ``RAW_BITS`` numpy, which models CuPy: bits only)."""
+    return getattr(xp, "__name__", "") == "numpy" and not getattr(xp, "RAW_BITS", False)
 
 
 def _store_of(fmt: Any) -> Any:

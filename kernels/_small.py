@@ -23,8 +23,8 @@ each node that touches a small type through ``run``, according to its ``OpKernel
   ``MOVES``): storage bits in and out, output specs (and their host values) in the storage
   dtypes; its ``into`` may run.
 
-Results of a small type come back as storage bits whatever the kernel returned: an ml_dtypes
-array (numpy) is viewed as its bits, bits stay, a standard array is encoded.
+Results of a small type come back as storage bits: bits stay (native and raw modes), a standard
+array is encoded; an array of the small type itself (numpy can make one, CuPy cannot) is an error.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def _bits(xp: Any, r: Any, dst: np.dtype, how: str) -> Any:
     if not is_small(dst):
         return r
     r = xp.asarray(r)
-    if is_small(r.dtype):  # an ml_dtypes array (numpy): its bits
-        return raw(xp, r)
+    if is_small(r.dtype):  # numpy made it (RawSimDevice); CuPy cannot: the kernel is wrong there
+        raise TypeError(f"the kernel returned a {r.dtype} array: a device without the type holds it as raw bits "
+                        f"only (make it with kernels._cast_util: encode/wrap give the bits)")
     if how != "decode" and r.dtype == storage_dtype(dst):  # already the bits
         return r
     return raw(xp, encode(xp, r, dst, saturate=False, round_mode="nearest"))  # as ml_dtypes' astype

@@ -254,6 +254,26 @@ def test_out_of_range_index_on_raw_bits_is_a_named_device_assert():
         ex.run({"x": x, "i": np.array([4, 0])})
 
 
+def test_a_kernel_that_makes_a_small_type_array_itself_is_named_on_the_raw_device():
+    """CuPy cannot make a bfloat16 array; numpy can: the raw-bit device refuses the result, so a
+    kernel that would break on the GPU breaks here too (a KernelHostError naming the node)."""
+    from lockstep.kernels import KernelHostError
+    from lockstep.kernels._op import Spec
+    from lockstep.kernels.registry import Registry
+
+    op = OpKernel("ToBf16", lambda node, specs: [Spec(specs[0].shape, np.dtype("bfloat16"))],
+                  lambda xp, node, x: (x.astype(node.out_specs[0].dtype),), domain="com.example", small="native")
+    graph = helper.make_graph([helper.make_node("ToBf16", ["x"], ["y"], name="to_bf16", domain="com.example")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example", 1)])
+    x = np.array([1.5, 3.0], np.float32)
+    assert Executor(m, Runtime(SimDevice()), registry=Registry([op])).run({"x": x})["y"].tolist() == [1.5, 3.0], \
+        "result: ml_dtypes arrays are fine on ref-sim"
+    with pytest.raises(KernelHostError, match=r"node 'to_bf16'.*returned a bfloat16 array"):
+        Executor(m, Runtime(RawSimDevice()), registry=Registry([op])).run({"x": x})
+
+
 def test_bad_small_declaration_and_raw_storage_off_the_simulated_device_are_refused():
     with pytest.raises(ValueError, match="small must be decode/native/raw"):
         OpKernel("X", lambda node, specs: [], lambda xp, node: (), small="bits")
