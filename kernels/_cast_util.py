@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ._op import dtype_name
+
 __all__ = [
     "E8M0", "SMALL_DTYPES", "FloatFmt", "IntFmt", "bit_width", "canonical_dtype", "convert", "decode", "encode",
     "fmt_of", "is_numpy", "is_small", "raw", "storage_dtype", "to_float", "wrap",
@@ -103,7 +105,7 @@ SMALL_DTYPES = frozenset(_FORMATS)
 
 def fmt_of(dtype: Any) -> Any:
     """The small-type format of ``dtype`` (FloatFmt, IntFmt or E8M0), or None for a standard dtype."""
-    return _FORMATS.get(np.dtype(dtype).name)
+    return _FORMATS.get(dtype_name(dtype))  # (memoised name: the executor asks per node on CuPy)
 
 
 def is_small(dtype: Any) -> bool:

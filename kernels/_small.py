@@ -98,7 +98,8 @@ def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any])
     specs = node.out_specs
     if how == "raw":
         call = node.for_run(tuple(_spec_as(s, storage_dtype(s.dtype), None if s.value is None else to_storage(s.value))
-                                  for s in specs), node.host, node.index_checks, node.in_dtypes)
+                                  for s in specs), {i: to_storage(v) for i, v in node.host.items()},
+                            node.index_checks, node.in_dtypes)
         if op.into is not None and op.into(xp, call, outs, *args):
             return None
         results = op.compute(xp, call, *args)
