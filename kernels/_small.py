@@ -36,7 +36,7 @@ import numpy as np
 from ._cast_util import canonical_dtype, decode, encode, is_small, raw, storage_dtype
 from ._op import NodeInfo, OpKernel, Spec
 
-__all__ = ["MOVES", "run", "in_dtypes", "mode", "to_storage"]
+__all__ = ["MOVES", "in_dtypes", "mode", "run", "to_storage"]
 
 # ai.onnx ops whose kernels only move, select or describe elements, never compute with their
 # values: an ``OpKernel`` of one of them that declares no ``small`` runs on the storage bits
@@ -55,7 +55,7 @@ def mode(op: OpKernel) -> str:
     return "raw" if op.domain in ("", "ai.onnx") and op.op_type in MOVES else "decode"
 
 
-def in_dtypes(specs: "list[Spec | None]", out_specs: "list[Spec] | tuple[Spec, ...]") -> tuple[Any, ...]:
+def in_dtypes(specs: list[Spec | None], out_specs: list[Spec] | tuple[Spec, ...]) -> tuple[Any, ...]:
     """What ``NodeInfo.in_dtypes`` holds for a node on a raw-bit device: the input types when a
     small type is among its inputs or outputs, else ``()`` (the node runs as on any device)."""
     types = tuple(None if s is None else s.dtype for s in specs)
@@ -91,7 +91,7 @@ def _bits(xp: Any, r: Any, dst: np.dtype, how: str) -> Any:
     return raw(xp, encode(xp, r, dst, saturate=False, round_mode="nearest"))  # as ml_dtypes' astype
 
 
-def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any]) -> "tuple[Any, ...] | None":
+def run(op: OpKernel, xp: Any, node: NodeInfo, outs: list[Any], args: list[Any]) -> tuple[Any, ...] | None:
     """Node ``node`` of op ``op`` on a raw-bit device (``node.in_dtypes`` set): its results as
     storage arrays, or None when ``op.into`` wrote ``outs`` itself (raw mode)."""
     how = mode(op)

@@ -14,6 +14,7 @@ import ctypes
 from typing import Any
 
 import numpy as np
+from lockstep.kernels._cast_util import storage_dtype
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
@@ -25,8 +26,6 @@ from ..errors import (
     MemoryAllocation,
     from_cuda_status,
 )
-from lockstep.kernels._cast_util import storage_dtype
-
 from ._base import CUPY_DTYPES, ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
 
 __all__ = ["CupyDevice", "available"]
