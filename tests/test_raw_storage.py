@@ -2,7 +2,8 @@
 int2/uint2) on a device without them: the conversions (``kernels._cast_util``) bit for bit
 against ml_dtypes, the simulated device modelling CuPy's dtypes (``RawSimDevice``), the
 executor's decode/native/raw paths (``kernels._small``), and every ONNX node case that has a
-small type, run through that path: what ref-cuda runs, on numpy."""
+small type, run through that path: what ref-cuda runs, on numpy. With ``--devices=cupy`` (the GPU
+lane) the device-parametrized tests run the same checks on CuPy itself (ref-cuda)."""
 
 from __future__ import annotations
 
@@ -306,14 +307,21 @@ def _small_cases():
     return [c for c in load_cases() if _dtypes(c.proto()) & cu.SMALL_DTYPES]
 
 
-def test_every_small_type_node_case_runs_on_raw_bits_as_on_ref_sim():
-    """The prediction of ref-cuda on these cases: on raw bits each passes, or fails as ref-sim
-    does (a kernel not written yet: ref-sim's expectation covers it), or is listed above."""
+def _raw_engine(device_name: str):
+    """The raw-bit engine on the device under test: ref-sim-raw on the simulated device (CuPy's
+    path on numpy), ref-cuda itself on CuPy (the GPU lane: ``--devices=cupy``)."""
+    return sim_raw_engine() if device_name == "sim" else RefEngine(device_name)
+
+
+def test_every_small_type_node_case_runs_on_raw_bits_as_on_ref_sim(device_available):
+    """On the simulated device, the prediction of ref-cuda on these cases; on CuPy, ref-cuda
+    itself: on raw bits each passes, or fails as ref-sim does (a kernel not written yet:
+    ref-sim's expectation covers it), or is listed above."""
     from lockstep.reference_runtime.node_cases import run_case
 
     cases = _small_cases()
     assert len(cases) >= 190, "contract: ONNX's small-type cases were found (190 in onnx 1.23)"
-    raw, sim = sim_raw_engine(), sim_engine()
+    raw, sim = _raw_engine(device_available), sim_engine()
     wrong, passed = [], 0
     for case in cases:
         got = run_case(raw, case)
@@ -351,7 +359,7 @@ def _twin(case, elem: int, dtype: str):
     return model, inputs
 
 
-def test_small_type_twins_of_every_float_case_agree_with_ref_sim():
+def test_small_type_twins_of_every_float_case_agree_with_ref_sim(device_available):
     """Every float32 node case turned bfloat16 (and float8e5m2 for the data-movement ops), run on
     ref-sim (ml_dtypes arrays) and on raw bits wherever ref-sim runs it: the same dtypes and
     shapes; bit for bit through the ops of ``_small.MOVES`` (raw mode); within a bfloat16 rounding
@@ -361,7 +369,7 @@ def test_small_type_twins_of_every_float_case_agree_with_ref_sim():
     from lockstep.kernels._small import MOVES
     from lockstep.reference_runtime.node_cases import _feeds, load_cases
 
-    raw, sim = sim_raw_engine(), sim_engine()
+    raw, sim = _raw_engine(device_available), sim_engine()
     compared, moved, wrong = 0, 0, []
     for case in load_cases():
         moves_only = {n.op_type for n in case.proto().graph.node} <= MOVES
