@@ -17,7 +17,7 @@ import numpy as np
 
 from ._fused import attention_into, rope_into, tensor_scatter_into
 from ._latch import IndexCheck
-from ._linalg import bf16_as_float32, matmul
+from ._linalg import matmul
 from ._op import OpKernel, Spec, normalize_axis
 
 __all__ = ["ATTENTION_OPS"]
@@ -441,10 +441,10 @@ def _flex_compute(xp, node, q, k, v):
 
 
 ATTENTION_OPS = [
-    OpKernel("FlexAttention", _flex_shapes, bf16_as_float32(_flex_compute), domain="ai.onnx.preview", since=1),
-    OpKernel("Attention", _attention_shapes, bf16_as_float32(_attention_compute), since=23,
+    OpKernel("FlexAttention", _flex_shapes, _flex_compute, domain="ai.onnx.preview", since=1),
+    OpKernel("Attention", _attention_shapes, _attention_compute, since=23,
              workspace=_attention_workspace, into=_attention_into),
-    OpKernel("RotaryEmbedding", _rope_shapes, bf16_as_float32(_rope_compute), since=23, index_checks=_rope_check,
+    OpKernel("RotaryEmbedding", _rope_shapes, _rope_compute, since=23, index_checks=_rope_check,
              into=_rope_into),
     OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check, into=_ts_into),
 ]

@@ -14,7 +14,9 @@ arrays, with ops that exist in both numpy and CuPy:
 Arrays of a small type are read through ``raw(xp, x)`` (``x.view(uint8/uint16)`` on numpy; on
 CuPy an array that reaches a kernel as raw storage is already unsigned bits). Results are turned
 into the type by ``wrap(xp, bits, dst)``: ``bits.view(dst)`` on numpy; on CuPy the raw bits are
-returned, the only representation such a value can have there.
+returned, the only representation such a value can have there. ``storage_dtype`` is what a device
+without the type stores it as, ``canonical_dtype`` what ``decode(xp, bits, dtype)`` gives
+(``_small`` runs kernels on raw bits with them).
 
 Rounding is round-to-nearest-even throughout. Values below the target's normal range are rounded
 by an addition in the source float type (``|x| + C`` where C's ulp is the target's subnormal
@@ -28,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from ._op import dtype_name
+
 __all__ = [
-    "E8M0", "FloatFmt", "IntFmt", "bit_width", "convert", "encode", "fmt_of", "is_numpy", "is_small", "raw",
-    "to_float", "wrap",
+    "E8M0", "SMALL_DTYPES", "FloatFmt", "IntFmt", "bit_width", "canonical_dtype", "convert", "decode", "encode",
+    "fmt_of", "is_numpy", "is_small", "raw", "storage_dtype", "to_float", "wrap",
 ]
 
 
@@ -95,10 +99,13 @@ _FORMATS: dict[str, Any] = {
 }
 _FORMATS[E8M0] = E8M0
 
+# The numpy (ml_dtypes) names of the small types: what a device without them stores as raw bits.
+SMALL_DTYPES = frozenset(_FORMATS)
+
 
 def fmt_of(dtype: Any) -> Any:
     """The small-type format of ``dtype`` (FloatFmt, IntFmt or E8M0), or None for a standard dtype."""
-    return _FORMATS.get(np.dtype(dtype).name)
+    return _FORMATS.get(dtype_name(dtype))  # (memoised name: the executor asks per node on CuPy)
 
 
 def is_small(dtype: Any) -> bool:
@@ -113,11 +120,29 @@ def bit_width(dtype: Any) -> int:
 
 
 def is_numpy(xp: Any) -> bool:
-    return getattr(xp, "__name__", "") == "numpy"
+    """numpy holding the small types as ml_dtypes arrays (not the raw-bit simulated device's
+    ``RAW_BITS`` numpy, which models CuPy: bits only)."""
+    return getattr(xp, "__name__", "") == "numpy" and not getattr(xp, "RAW_BITS", False)
 
 
 def _store_of(fmt: Any) -> Any:
     return fmt.store if isinstance(fmt, FloatFmt) else np.uint8
+
+
+def storage_dtype(dtype: Any) -> np.dtype:
+    """The dtype a small type is stored as on a device that lacks it (uint16 for bfloat16, uint8 for
+    the others, one element per byte for the 4- and 2-bit types); any other dtype is its own."""
+    f = fmt_of(dtype)
+    return np.dtype(dtype) if f is None else np.dtype(_store_of(f))
+
+
+def canonical_dtype(dtype: Any) -> np.dtype:
+    """The standard dtype a small type decodes to exactly: int8 for int4/uint4/int2/uint2, float32
+    for the floats (bfloat16, float8, float8e8m0, float4/float6); any other dtype is its own."""
+    f = fmt_of(dtype)
+    if f is None:
+        return np.dtype(dtype)
+    return np.dtype(np.int8) if isinstance(f, IntFmt) else np.dtype(np.float32)
 
 
 def raw(xp: Any, x: Any) -> Any:
@@ -296,6 +321,20 @@ def _canonical(xp: Any, x: Any) -> Any:
     if f is not None:
         return to_float(xp, x)
     return x
+
+
+def decode(xp: Any, bits: Any, dtype: Any) -> Any:
+    """The raw storage ``bits`` of the small type ``dtype`` (uint8/uint16, or an array of ``dtype``
+    itself) decoded exactly to ``canonical_dtype(dtype)``."""
+    f = fmt_of(dtype)
+    b = raw(xp, bits)
+    if isinstance(f, FloatFmt):
+        return _decode_float(xp, b, f)
+    if f == E8M0:
+        return _decode_e8m0(xp, b)
+    if isinstance(f, IntFmt):
+        return _decode_int(xp, b, f)
+    raise TypeError(f"{np.dtype(dtype)} is not a small type")
 
 
 def encode(xp: Any, v: Any, dst: Any, saturate: bool = True, round_mode: str = "up") -> Any:

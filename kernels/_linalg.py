@@ -10,8 +10,6 @@ accumulation in the input's integer type.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -20,7 +18,7 @@ import numpy as np
 from ._fast import launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
-__all__ = ["matmul", "matmul_into", "matmul_shape", "bf16_as_float32"]
+__all__ = ["matmul", "matmul_into", "matmul_shape"]
 
 
 def matmul_shape(a_shape, b_shape) -> tuple[int, ...]:
@@ -250,41 +248,3 @@ def matmul(xp, a, b):
     if xp.__name__ == "numpy":
         return _matmul_numpy(a, b)
     return _matmul_cupy(xp, a, b)
-
-
-# -- bfloat16 on CuPy ------------------------------------------------------------------------------
-# CuPy has no bfloat16: such values reach a kernel as their raw uint16 bits. ``bf16_as_float32``
-# wraps an op's compute so that, when an output is bfloat16 and the device is CuPy, every uint16
-# input is decoded to float32, the op runs in float32, and bfloat16 outputs are encoded back to
-# bits (round to nearest even). On numpy (ml_dtypes arrays) the compute runs unchanged unless
-# ``BF16_ON_NUMPY`` is set (for testing this path without a GPU).
-
-BF16_ON_NUMPY = False
-
-
-def _bf16_decode(xp, x):
-    bits = x if x.dtype == np.uint16 else x.view(np.uint16)
-    return (bits.astype(xp.uint32) << 16).view(xp.float32)
-
-
-def _bf16_encode(xp, f, dtype):
-    f = xp.asarray(f).astype(xp.float32)
-    u = f.view(xp.uint32)
-    r = (u + (((u >> 16) & 1) + 0x7FFF)) >> 16
-    r = xp.where(f != f, 0x7FC0, r).astype(xp.uint16)
-    return r.view(dtype) if xp.__name__ == "numpy" else r
-
-
-def bf16_as_float32(compute):
-    @functools.wraps(compute)
-    def wrapped(xp, node, *args):
-        bf = [dtype_name(s.dtype) == "bfloat16" for s in node.out_specs]
-        if not any(bf) or (xp.__name__ == "numpy" and not BF16_ON_NUMPY):
-            return compute(xp, node, *args)
-        args = [_bf16_decode(xp, a) if a is not None and (a.dtype == np.uint16 or dtype_name(a.dtype) == "bfloat16") else a
-                for a in args]
-        specs = tuple(dataclasses.replace(s, dtype=np.dtype(np.float32)) if b else s for s, b in zip(node.out_specs, bf))
-        res = compute(xp, dataclasses.replace(node, out_specs=specs), *args)
-        return tuple(_bf16_encode(xp, r, s.dtype) if b else r for r, s, b in zip(res, node.out_specs, bf))
-
-    return wrapped

@@ -101,24 +101,33 @@ class NodeInfo:
     out_specs: tuple["Spec", ...] = ()
     host: dict[int, np.ndarray] = field(default_factory=dict, compare=False)
     index_checks: tuple[Any, ...] = ()  # IndexCheck entries (kernels/_latch.py)
+    # On a device that stores the small types as raw bits (``_small``): the element type of each
+    # input (None where absent), set only when a small type is among the node's values; else ().
+    in_dtypes: tuple[Any, ...] = ()
 
     def __init__(self, name: str, op_type: str, domain: str, opset: int, attrs: dict[str, Any], n_inputs: int,
                  n_outputs: int, out_specs: tuple["Spec", ...] = (), host: dict[int, np.ndarray] | None = None,
-                 index_checks: tuple[Any, ...] = ()):
+                 index_checks: tuple[Any, ...] = (), in_dtypes: tuple[Any, ...] = ()):
         d = self.__dict__
         d["name"], d["op_type"], d["domain"], d["opset"], d["attrs"] = name, op_type, domain, opset, attrs
         d["n_inputs"], d["n_outputs"], d["out_specs"] = n_inputs, n_outputs, out_specs
-        d["host"], d["index_checks"] = {} if host is None else host, index_checks
+        d["host"], d["index_checks"], d["in_dtypes"] = {} if host is None else host, index_checks, in_dtypes
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
 
+    def in_dtype(self, i: int, x: Any) -> np.dtype:
+        """The element type of input ``i`` whose array is ``x``: ``x.dtype``, except on a raw-bit
+        device, where a small type's array holds its storage bits and ``in_dtypes`` names the type."""
+        return self.in_dtypes[i] if self.in_dtypes else x.dtype
+
     def for_run(self, out_specs: tuple["Spec", ...], host: dict[int, np.ndarray],
-                index_checks: tuple[Any, ...] = ()) -> "NodeInfo":
-        """This node with one run's output specs, host values and index checks (what
-        ``dataclasses.replace`` does, without its per-call field introspection: once per node run)."""
+                index_checks: tuple[Any, ...] = (), in_dtypes: tuple[Any, ...] = ()) -> "NodeInfo":
+        """This node with one run's output specs, host values, index checks and (raw-bit devices)
+        input types (what ``dataclasses.replace`` does, without its per-call field introspection:
+        once per node run)."""
         return NodeInfo(self.name, self.op_type, self.domain, self.opset, self.attrs, self.n_inputs,
-                        self.n_outputs, out_specs, host, index_checks)
+                        self.n_outputs, out_specs, host, index_checks, in_dtypes)
 
     def error(self, msg: str) -> OpError:
         return OpError(f"node {self.name!r} ({self.op_type}, opset {self.opset}): {msg}")
@@ -188,8 +197,17 @@ class OpKernel:
     # A host kernel (``kernels/_host.py``): ``host(ctx, node, *values) -> outputs`` runs on the host
     # between launches on sequences, optionals and string tensors; ``shapes``/``compute`` are unused.
     host: Callable[..., tuple[Any, ...]] | None = None
+    # How the kernel takes the small types (bfloat16, float8, int4...) on a device that stores
+    # them as raw bits (CuPy; ``_small``): "decode" (inputs decoded to float32/int8, outputs
+    # encoded back), "native" (inputs decoded, ``node.in_dtypes`` naming their types, outputs
+    # encoded by the kernel itself: the cast family), or "raw" (dtype-agnostic: storage bits in,
+    # storage bits out, output specs in their storage dtypes). None (the default): "raw" for the
+    # ai.onnx ops that only move elements (``_small.MOVES``: Reshape, Gather...), else "decode".
+    small: str | None = None
 
     def __post_init__(self) -> None:
+        if self.small not in (None, "decode", "native", "raw"):
+            raise ValueError(f"{self.op_type}: small must be decode/native/raw (or None), got {self.small!r}")
         if self.capture not in ("safe", "unsupported", "conditional"):
             raise ValueError(f"{self.op_type}: capture must be safe/unsupported/conditional, got {self.capture!r}")
         if self.capture != "safe" and not self.reason:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._linalg import bf16_as_float32, matmul
+from ._linalg import matmul
 from ._op import OpKernel, Spec, head_counts
 
 __all__ = ["RECURRENT_OPS"]
@@ -134,6 +134,6 @@ def _cc_compute(xp, node, x, w, bias=None, past=None):
 
 
 RECURRENT_OPS = [
-    OpKernel("LinearAttention", _la_shapes, bf16_as_float32(_la_compute), since=27),
-    OpKernel("CausalConvWithState", _cc_shapes, bf16_as_float32(_cc_compute), since=27),
+    OpKernel("LinearAttention", _la_shapes, _la_compute, since=27),
+    OpKernel("CausalConvWithState", _cc_shapes, _cc_compute, since=27),
 ]

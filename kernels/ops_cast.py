@@ -4,7 +4,10 @@ The small ONNX types (bfloat16, float8 e4m3fn/e4m3fnuz/e5m2/e5m2fnuz, float8e8m0
 float6, int4/uint4, int2/uint2) are converted with integer bit manipulation (``_cast_util``), so
 every kernel here is a plain elementwise computation on numpy and CuPy alike: all capture-safe.
 On numpy these values are ml_dtypes arrays; CuPy has no such dtypes, so there they can only
-exist as their raw storage bits (what ``_cast_util.wrap`` returns).
+exist as their raw storage bits (what ``_cast_util.wrap`` returns): there (``kernels._small``)
+Cast, CastLike, QuantizeLinear and DequantizeLinear get their small inputs decoded exactly, with
+``node.in_dtypes`` naming the types, and encode their small outputs themselves (``small="native"``);
+BitCast moves the storage bits (``small="raw"``).
 """
 
 from __future__ import annotations
@@ -89,8 +92,8 @@ def _cast_into(xp, node, outs, x, *_):
 
 
 OPS += [
-    OpKernel("Cast", _cast_shapes, _cast_compute, into=_cast_into),
-    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15, into=_cast_into),
+    OpKernel("Cast", _cast_shapes, _cast_compute, into=_cast_into, small="native"),
+    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15, into=_cast_into, small="native"),
 ]
 
 
@@ -117,7 +120,7 @@ def _bitcast_compute(xp, node, x):
     return (wrap(xp, bits, dst) if is_small(dst) else bits.view(dst),)
 
 
-OPS.append(OpKernel("BitCast", _bitcast_shapes, _bitcast_compute, since=26))
+OPS.append(OpKernel("BitCast", _bitcast_shapes, _bitcast_compute, since=26, small="raw"))
 
 
 # ----------------------------------------------------------------------------- Quantize / Dequantize
@@ -255,7 +258,7 @@ def _dequantize_shapes(node, specs):
 def _dequantize_compute(xp, node, x, scale, zp=None):
     dst = node.out_specs[0].dtype
     axis, block = _axis_block(node, x.ndim, tuple(scale.shape))
-    f = fmt_of(x.dtype)
+    f = fmt_of(node.in_dtype(0, x))  # (x arrives decoded on a raw-bit device: kernels/_small.py)
     dx = to_float(xp, x).astype(xp.float32)
     # float quantized types have no zero point in effect (it is zero by definition)
     if zp is not None and not isinstance(f, FloatFmt) and f != E8M0:
@@ -266,8 +269,8 @@ def _dequantize_compute(xp, node, x, scale, zp=None):
 
 
 OPS += [
-    OpKernel("QuantizeLinear", _quantize_shapes, _quantize_compute, since=10),
-    OpKernel("DequantizeLinear", _dequantize_shapes, _dequantize_compute, since=10),
+    OpKernel("QuantizeLinear", _quantize_shapes, _quantize_compute, since=10, small="native"),
+    OpKernel("DequantizeLinear", _dequantize_shapes, _dequantize_compute, since=10, small="native"),
 ]
 
 

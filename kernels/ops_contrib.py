@@ -57,7 +57,7 @@ import numpy as np
 
 from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
 from ._latch import IndexCheck
-from ._linalg import bf16_as_float32, matmul
+from ._linalg import matmul
 from ._op import OpKernel, Spec, head_counts, normalize_axis
 
 OPS: list[OpKernel] = []
@@ -98,7 +98,6 @@ def _sln_shapes(node, specs):
     return [Spec(x.shape, scale.dtype), Spec(stat, stash)][:max(node.n_outputs, 1)]
 
 
-@bf16_as_float32
 def _sln_compute(xp, node, x, scale):
     axis = normalize_axis(node, int(node.attr("axis", -1)), x.ndim)
     eps = float(node.attr("epsilon", 1e-5))
@@ -134,7 +133,6 @@ def _skip_shapes(node, specs):
     return [Spec(x.shape, x.dtype), Spec(stat, f32), Spec(stat, f32), Spec(x.shape, x.dtype)][:max(node.n_outputs, 1)]
 
 
-@bf16_as_float32
 def _skip_compute(xp, node, x, skip, gamma, bias=None):
     eps = float(node.attr("epsilon", 1e-12))
     work = work_dtype(x.dtype)
@@ -196,7 +194,6 @@ def _nbits_shapes(node, specs):
     return [Spec(tuple(a.shape[:-1]) + (N,), a.dtype)]
 
 
-@bf16_as_float32
 def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
     K, N, bs, bits = _nbits_attrs(node)
     work = work_dtype(a.dtype)
@@ -321,7 +318,6 @@ def _heads(x, B, S, n, D):
     return x.reshape(B, S, n, D).transpose(0, 2, 1, 3)
 
 
-@bf16_as_float32
 def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=None, *unused):
     nq, nkv, causal, window, softcap = _gqa_attrs(node)
     B, S = q.shape[0], q.shape[1]

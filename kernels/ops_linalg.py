@@ -11,7 +11,7 @@ import numpy as np
 
 from ._attention import ATTENTION_OPS
 from ._einsum import EINSUM_OPS
-from ._linalg import bf16_as_float32, matmul, matmul_into, matmul_shape
+from ._linalg import matmul, matmul_into, matmul_shape
 from ._op import OpKernel, Spec, broadcast
 from ._recurrent import RECURRENT_OPS
 
@@ -163,8 +163,8 @@ def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
 
 
 OPS: list[OpKernel] = [
-    OpKernel("MatMul", _matmul_shapes, bf16_as_float32(_matmul_compute), since=1, into=_matmul_into),
-    OpKernel("Gemm", _gemm_shapes, bf16_as_float32(_gemm_compute), since=1),
+    OpKernel("MatMul", _matmul_shapes, _matmul_compute, since=1, into=_matmul_into),
+    OpKernel("Gemm", _gemm_shapes, _gemm_compute, since=1),
     OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10),
     OpKernel("QLinearMatMul", _qlinear_shapes, _qlinear_compute, since=10),
     *EINSUM_OPS,

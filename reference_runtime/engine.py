@@ -29,7 +29,7 @@ from lockstep.engines.protocol import CaptureStats, RunFn
 from .config import RuntimeConfig
 from .model import UnsupportedModel
 
-__all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine"]
+__all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine", "sim_raw_engine"]
 
 # The engine name of each device (backends.DEVICES); each also has a factory below and an entry
 # point in pyproject.toml.
@@ -44,11 +44,16 @@ class RefEngine:
     precision = {"float32": "fp32", "float16": "fp16"}  # fp16 products accumulate in fp32 (kernels._linalg)
     values = frozenset({"sequence", "optional"})  # feeds and outputs (``host_values``), besides tensors
 
-    def __init__(self, device: str, config: RuntimeConfig | None = None):
+    def __init__(self, device: str, config: RuntimeConfig | None = None, *, raw_storage: bool = False):
         if device not in ENGINE_OF_DEVICE:
             raise ValueError(f"no reference engine for device {device!r}; engines: {ENGINE_OF_DEVICE}")
+        if raw_storage and device != "sim":
+            raise ValueError(f"raw_storage models CuPy's dtypes on the simulated device, not on {device!r}")
         self.device_name = device
-        self.name = ENGINE_OF_DEVICE[device]
+        # raw_storage: the simulated device holding only CuPy's dtypes, the small types as raw bits
+        # (backends.sim.RawSimDevice): ref-cuda's dtype path, on numpy
+        self.raw_storage = raw_storage
+        self.name = ENGINE_OF_DEVICE[device] + ("-raw" if raw_storage else "")
         self.config = config if config is not None else RuntimeConfig.from_env()
         self._device: Any = None
 
@@ -58,7 +63,10 @@ class RefEngine:
         return available_devices()[self.device_name]
 
     def describe(self) -> dict[str, str]:
-        return {"device": self.device_name, "config": repr(self.config)}
+        out = {"device": self.device_name, "config": repr(self.config)}
+        if self.raw_storage:
+            out["storage"] = "CuPy's dtypes; the small types as raw bits"
+        return out
 
     def _device_class(self):
         """The device's class, looked up once (prepare asks twice per model)."""
@@ -67,29 +75,36 @@ class RefEngine:
             from .backends import device_class
 
             cls = self._cls = device_class(self.device_name)
+            if self.raw_storage:
+                from .backends.sim import RawSimDevice
+
+                cls = self._cls = RawSimDevice
         return cls
 
     def _fresh_device(self):
-        from .backends import make_device
-
-        if not self._device_class().SHARED:
-            return make_device(self.device_name)  # cheap; a fault in one model never poisons the next
+        cls = self._device_class()
+        if not cls.SHARED:
+            return cls()  # cheap; a fault in one model never poisons the next
         if self._device is None or self._device.sticky_error is not None:
-            self._device = make_device(self.device_name)
+            self._device = cls()
         return self._device
 
     def _check_dtypes(self, model: onnx.ModelProto) -> None:
-        holds = self._device_class().ARRAY_DTYPES
+        cls = self._device_class()
+        holds = cls.ARRAY_DTYPES
+        if holds is not None and cls.RAW_STORAGE:  # the small types live there as raw bits
+            from lockstep.kernels._cast_util import SMALL_DTYPES
+
+            holds = holds | SMALL_DTYPES
         exotic = _dtypes(model) - holds if holds is not None else set()
         if exotic:
             raise UnsupportedModel(f"{self.name}: the {self.device_name} device has no array dtype for", sorted(exotic))
 
     def runtime(self, config: RuntimeConfig | None = None):
         """A runtime on a fresh device of this engine's kind."""
-        from .backends import make_device
         from .runtime import Runtime
 
-        return Runtime(make_device(self.device_name), config if config is not None else self.config)
+        return Runtime(self._device_class()(), config if config is not None else self.config)
 
     def prepare(self, model: onnx.ModelProto) -> RunFn:
         from .executor import Executor
@@ -118,6 +133,13 @@ def sim_engine() -> RefEngine:
 def cuda_engine() -> RefEngine:
     """Entry point ``ref-cuda``."""
     return RefEngine("cupy")
+
+
+def sim_raw_engine() -> RefEngine:
+    """``ref-sim-raw``: the simulated device with CuPy's dtypes only, the small types (bfloat16,
+    float8, int4...) as raw bits: what ref-cuda runs, on numpy. Not an entry point (not one of the
+    default engines); named as ``lockstep.reference_runtime.engine:sim_raw_engine``."""
+    return RefEngine("sim", raw_storage=True)
 
 
 def _dtypes(model: onnx.ModelProto) -> set[str]:

@@ -36,6 +36,8 @@ from lockstep.kernels import Kernel
 from lockstep.kernels._kernel import KernelHostError, is_host_error
 from lockstep.kernels._latch import as_check, flag_check
 from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
+from lockstep.kernels._small import in_dtypes as small_in_dtypes
+from lockstep.kernels._small import run as run_small
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
@@ -169,9 +171,14 @@ def _node_kernel(op: OpKernel, info: NodeInfo, present: tuple[bool, ...], n_out:
         for check in node.index_checks:  # IndexCheck entries (kernels/_latch.py)
             if args[check.input] is not None:
                 flag_check(xp, latch, args[check.input], check, site)
-        if into is not None and into(xp, node, outs, *args):
+        if node.in_dtypes:  # a raw-bit device, and a small type among the node's values
+            results = run_small(op, xp, node, outs, args)
+            if results is None:
+                return  # written in place by the op's ``into`` (on the storage bits)
+        elif into is not None and into(xp, node, outs, *args):
             return  # written in place: one launch, no copy
-        results = op.compute(xp, node, *args)
+        else:
+            results = op.compute(xp, node, *args)
         if len(results) < n_out:
             raise node.error(f"compute returned {len(results)} outputs, {n_out} expected")
         for out, res in zip(outs, results):
@@ -197,6 +204,7 @@ class Executor:
         self.registry = registry
         check_opsets(self.model)
         self.runtime = runtime
+        self._raw_storage = runtime.device.RAW_STORAGE
         graph = self.model.graph
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self.model.opset_import}
         self._names = itertools.count()
@@ -597,6 +605,10 @@ class Executor:
         host = {k: specs[k].value for k in step.kernel.host_inputs if k < len(specs) and specs[k] is not None}
         checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
         call = info.for_run(tuple(out_specs), host, checks)
+        if self._raw_storage:  # the small types are raw bits on this device (kernels/_small.py)
+            types = small_in_dtypes(specs, out_specs)
+            if types:
+                call = info.for_run(tuple(out_specs), host, checks, types)
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
         if step.alias and not (persist and step.outputs[0] in persist) and step.is_view(specs[0]):

@@ -275,7 +275,20 @@ MUTANTS = [
         new='return bool(node.attr("saturate", 0)) if node.opset >= 19 else True',
         breaks="Cast to float8 saturates out-of-range values by default (saturate=1)",
         tests=_NODE, select=_node("test_cast_FLOAT_to_FLOAT8", "test_cast_no_saturate_FLOAT_to_FLOAT8"),
-        devices=("sim",),  # CuPy has no float8 arrays: these node cases are the cupy device's unsupported ones
+    ),
+    Mutant(
+        "kernels", "small_decode_mode_gets_raw_bits", _K + "_small",
+        old="args = [decode(xp, a, t) if a is not None and is_small(t) else a for a, t in zip(args, node.in_dtypes)]",
+        new="args = [a for a, t in zip(args, node.in_dtypes)]",
+        breaks="on a raw-bit device a kernel gets a small-type input's value (decoded exactly), not its storage bits",
+        tests=("tests/test_raw_storage.py",), select="decode_path or ref_sims_bits", ci=True,
+    ),
+    Mutant(
+        "kernels", "small_results_saturate", _K + "_small",
+        old='encode(xp, r, dst, saturate=False, round_mode="nearest")',
+        new='encode(xp, r, dst, saturate=True, round_mode="nearest")',
+        breaks="a computed small-type result past the type's range overflows as ml_dtypes' astype (bfloat16: inf)",
+        tests=("tests/test_raw_storage.py",), select="decode_path",
     ),
     Mutant(
         "kernels", "conv_pads_symmetric", _K + "_conv_util",

@@ -32,6 +32,15 @@ from lockstep.kernels._kernel import Kernel
 from ..errors import InvalidValue
 
 
+# The dtypes CuPy has arrays of (``CupyDevice.ARRAY_DTYPES``, and the simulated device's model of
+# it, ``sim.RawSimDevice``). A whitelist by name: ml_dtypes types (bfloat16, float8_*, int4)
+# register themselves with numpy, and their kind differs across numpy versions (seen on the H200).
+CUPY_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+})
+
+
 @dataclass(eq=False)
 class Buffer:
     """One device allocation: an address range owned by a device."""
@@ -208,6 +217,11 @@ class Device(ABC):
     # -- what the engine layer needs to know of a device class
     # The numpy dtype names its arrays can hold (None: every dtype numpy has, ml_dtypes included).
     ARRAY_DTYPES: frozenset[str] | None = None
+    # True: the small types it has no dtype for (bfloat16, float8, int4..., ``kernels._cast_util.
+    # SMALL_DTYPES``) live in its memory as raw bits: a tensor keeps its logical dtype (``ArrayRef``,
+    # ``Spec``), copies move the bytes, kernel bodies get uint8/uint16 arrays (``storage_dtype``)
+    # and the executor runs the nodes that touch them through ``kernels._small``.
+    RAW_STORAGE = False
     # True if building one is expensive (a CUDA context): the engine keeps one per process and
     # builds a fresh one only after a sticky error; False: a fresh device per model.
     SHARED = False

@@ -14,6 +14,7 @@ import ctypes
 from typing import Any
 
 import numpy as np
+from lockstep.kernels._cast_util import storage_dtype
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
@@ -25,7 +26,7 @@ from ..errors import (
     MemoryAllocation,
     from_cuda_status,
 )
-from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
+from ._base import CUPY_DTYPES, ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
 
 __all__ = ["CupyDevice", "available"]
 
@@ -316,12 +317,8 @@ class CupyStream(Stream):
 
 class CupyDevice(Device):
     name = "cupy"
-    # A whitelist by name: ml_dtypes types (bfloat16, float8_*, int4) register themselves with
-    # numpy, and their kind differs across numpy versions (seen on the H200); CuPy holds none of them.
-    ARRAY_DTYPES = frozenset({
-        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
-    })
+    ARRAY_DTYPES = CUPY_DTYPES  # by name (_base.CUPY_DTYPES): none of ml_dtypes' types
+    RAW_STORAGE = True  # the small types (bfloat16, float8, int4...) as raw bits (kernels/_small.py)
     SHARED = True  # one CUDA context per process
 
     def __init__(self, device_id: int = 0):
@@ -442,7 +439,8 @@ class CupyDevice(Device):
         key = (ref.offset, ref.shape, ref.dtype)
         v = views.get(key)
         if v is None:
-            v = views[key] = self.xp.ndarray(ref.shape, ref.dtype, memptr=buf.handle + ref.offset)
+            # a small type (bfloat16, float8, int4...) is viewed as its raw storage bits
+            v = views[key] = self.xp.ndarray(ref.shape, storage_dtype(ref.dtype), memptr=buf.handle + ref.offset)
         return v
 
     # -- copies
@@ -452,12 +450,12 @@ class CupyDevice(Device):
         if data.shape != tuple(dst.shape):
             raise InvalidValue(f"host array of shape {data.shape} does not fit {dst!r}", subject=dst)
         with self._errors("memcpy HtoD"):
-            self._as_cupy(dst).set(data, stream=stream.s)
+            self._as_cupy(dst).set(data.view(storage_dtype(data.dtype)), stream=stream.s)  # a small type's bits
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
         assert isinstance(stream, CupyStream)
         with self._errors("memcpy DtoH"):
-            return self._as_cupy(src).get(stream=stream.s)
+            return self._as_cupy(src).get(stream=stream.s).view(src.dtype)  # a small type from its bits
 
     def memcpy_dtoh_many(self, srcs: list[ArrayRef], stream: Stream) -> list[np.ndarray]:
         """Each copy enqueued (cudaMemcpyAsync into this device's pinned staging buffer, at 256-byte

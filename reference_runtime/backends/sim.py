@@ -46,12 +46,14 @@ import bisect
 import itertools
 import math
 import os
+import types
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from lockstep.kernels._cast_util import storage_dtype
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
 from ..errors import (
@@ -66,10 +68,10 @@ from ..errors import (
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
-from ._base import ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
+from ._base import CUPY_DTYPES, ArrayRef, Buffer, Device, Event, Graph, Stream, check_buffer
 from ._hazards import HazardTracker
 
-__all__ = ["SimDevice"]
+__all__ = ["SimDevice", "RawSimDevice"]
 
 POOL_BASE = 0x7000_0000_0000
 VMM_BASE = 0x7F00_0000_0000
@@ -493,12 +495,12 @@ class SimDevice(Device):
             if view is None:
                 return
             arrays.append(view)
-        xp: Any = np
+        xp: Any = self.xp
         if guarded:  # a captured kernel: its arrays and xp refuse host reads (HostReadInCapture)
             from ._capture_guard import GuardContext, GuardedNumpy, guard
 
             ctx = GuardContext.of_launch(kernel, scalars)
-            xp, arrays = GuardedNumpy(ctx), [guard(a, ctx) for a in arrays]
+            xp, arrays = GuardedNumpy(ctx, self.xp), [guard(a, ctx) for a in arrays]
         try:
             kernel.run(xp, arrays, scalars)
         except Exception as exc:  # the body's host code raised: not a device fault, not sticky
@@ -717,3 +719,39 @@ class SimDevice(Device):
             stream._capture.nodes.append(("d2d", dict(dst=d, src=s_)))
             return
         stream._enqueue("d2d", [("memcpy DtoD", d, True), ("memcpy DtoD", s_, False)], dst=d, src=s_)
+
+
+class RawNumpy(types.ModuleType):
+    """numpy as kernel bodies see it on ``RawSimDevice``: numpy itself (``__name__`` stays "numpy",
+    so kernels take their numpy paths), marked ``RAW_BITS``: ``kernels._cast_util`` then returns
+    small-type results as their storage bits, as on CuPy, and ``kernels._small`` refuses a kernel
+    result of a small dtype (CuPy could not have made it)."""
+
+    RAW_BITS = True
+
+    def __init__(self) -> None:
+        super().__init__("numpy")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+
+RAW_NUMPY = RawNumpy()
+
+
+class RawSimDevice(SimDevice):
+    """The simulated device holding CuPy's dtypes only (``CUPY_DTYPES``), with the small types
+    (bfloat16, float8, int4...) stored as raw bits, as on CuPy (``Device.RAW_STORAGE``): copies
+    move the bytes of the logical type, kernel bodies get each small-typed array as its uint8/uint16
+    storage and ``RAW_NUMPY`` as their ``xp``, and the executor runs the nodes that touch one
+    through ``kernels._small``: the code path ref-cuda takes, on numpy (engine ``ref-sim-raw``,
+    ``engine.sim_raw_engine``). Not modelled: a kernel body that makes a small-type array with
+    numpy and turns it back into a standard one before returning (CuPy would refuse the first)."""
+
+    ARRAY_DTYPES = CUPY_DTYPES
+    RAW_STORAGE = True
+    xp = RAW_NUMPY
+
+    def _exec_kernel(self, kernel: Kernel, refs, scalars, stream, *, guarded: bool = False) -> None:
+        super()._exec_kernel(kernel, [(addr, shape, storage_dtype(dtype)) for addr, shape, dtype in refs],
+                             scalars, stream, guarded=guarded)
