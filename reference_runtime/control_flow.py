@@ -37,11 +37,12 @@ import numpy as np
 import onnx
 from lockstep.kernels import Kernel, primitives
 from lockstep.kernels._attention import flex_output, flex_precision, flex_scores, flex_softmax
+from lockstep.kernels._cast_util import SMALL_DTYPES
 from lockstep.kernels._host import Seq
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .executor import Executor, Run, _Value
-from .model import np_dtype
+from .model import UnsupportedModel, np_dtype
 from .runtime import Tensor
 
 __all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]
@@ -568,6 +569,11 @@ class _FlexAttention(_Control):
     def execute(self, formal, outer, owned):
         info, rt = self.info, self.runtime
         q, k, v = formal
+        small = sorted({str(x.spec.dtype) for x in formal if str(x.spec.dtype) in SMALL_DTYPES})
+        if small and rt.device.RAW_STORAGE:
+            # the stage kernels and the modifier subgraphs would see storage bits, not values
+            raise UnsupportedModel("FlexAttention with score_mod/prob_mod on a raw-bit device",
+                                   [f"{info.name}: inputs of type {', '.join(small)} (stored as raw bits here)"])
         shapes = [x.spec.shape for x in formal]
         if any(len(s) != 4 for s in shapes):
             raise info.error(f"Q, K and V must be rank 4, got {[list(s) for s in shapes]}")
