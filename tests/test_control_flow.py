@@ -7,7 +7,6 @@ on a model with an If (the If an eager seam, the rest captured, bytes equal to e
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
