@@ -15,7 +15,7 @@ from lockstep.kernels._op import OpError
 from lockstep.reference_runtime import DeviceAssert, Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.executor import Executor
-from onnx import TensorProto, helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 F = np.float32
