@@ -174,10 +174,7 @@ OPS.append(OpKernel("SwiGLU", _swiglu_shapes, _swiglu_compute, since=28))
 # and the op runs along the flattened trailing block; from 13: along the single axis.
 
 def _softmax(xp, x, axis):
-    d = x - xp.max(x, axis=axis, keepdims=True)
-    # float16: exp of the float32 value, rounded once to float16 (what numpy's float16 exp does);
-    # CuPy's own float16 exp differs from it in the last bit at some elements
-    e = xp.exp(d.astype(xp.float32)).astype(x.dtype) if x.dtype == np.float16 else xp.exp(d)
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
