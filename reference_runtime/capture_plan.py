@@ -3,12 +3,13 @@
 One admission point decides every node, in this order (the first failing check is the seam's
 reason):
 1. structure: control flow or a sequence op runs on the host — "host control flow" (If: its
-   branch is a host read; SequenceMap, the sequence ops, FlexAttention's modifiers), except a
+   branch is a host read; SequenceMap and the sequence ops), except a
    Scan or Loop whose trip count is fixed (``_control_seam``): a Scan (its trip count is a shape;
    at opset 8, ``sequence_lens`` absent or host-known) or a Loop (its trip count M host-known, its
    condition absent or host-known and passed through by the body) whose body is capture-safe
    (every body node, nested bodies too, a capture-safe kernel or an Identity, reading nothing on
-   the host the host does not know) is admitted, its iterations recorded into the segment; its
+   the host the host does not know) is admitted, its iterations recorded into the segment (so is
+   a FlexAttention whose ``score_mod``/``prob_mod`` bodies are capture-safe); its
    reason otherwise names the body node, e.g. "host control flow: Scan (body node 'n': kernel:
    ...)" or "host control flow: Loop (trip count read on the host)". An admitted one then passes
    the checks below on its inputs (outer-scope reads included; its outputs' shapes follow from
@@ -300,10 +301,14 @@ def _control_seam(executor, step, known: set[str]) -> "str | None":
     segment: a Scan (its trip count is a shape) whose body is capture-safe (``_body_seam``) and,
     at opset 8, whose ``sequence_lens`` is absent or host-known; a Loop whose trip count M is
     host-known (at most ``MAX_CAPTURED_TRIPS``), whose condition input is absent or host-known and
-    whose body passes its condition through. If (a branch chosen on the host), SequenceMap and the
-    sequence ops, and FlexAttention's modifiers stay host control flow."""
+    whose body passes its condition through; a FlexAttention whose modifier bodies are capture-safe
+    (each runs once). If (a branch chosen on the host), SequenceMap and the sequence ops stay host
+    control flow."""
     node, control = step.node, step.control
     op = node.op_type
+    if control is not None and op == "FlexAttention":  # its modifiers run once, on the scores
+        why = next((w for b in control.mods if b is not None for w in [_body_seam(b, known)] if w), None)
+        return None if why is None else f"host control flow: FlexAttention ({why})"
     if control is None or op not in ("Scan", "Loop"):
         return f"host control flow: {op}"
     ins = step.inputs

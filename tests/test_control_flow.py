@@ -2,7 +2,11 @@
 not cover. A nested If inside a Loop reading an outer-scope value, a body's unsupported op and bad
 attributes refused at load naming the node, a Loop of zero iterations, Scan's reversed and
 re-axed outputs, host-read conditions that change per run, the temporaries freed, and capture
-on a model with an If (the If an eager seam, the rest captured, bytes equal to eager)."""
+on a model with an If (the If an eager seam, the rest captured, bytes equal to eager); capture of
+control flow whose trip count is fixed (a Scan, a Loop with a constant trip count and a passed-through
+condition, a FlexAttention's modifiers) when the body is capture-safe, recorded in a segment,
+replayed with the eager bytes (under the capture guard too), its temporaries retained and freed
+with the graph, past the memory budget a recording failure; otherwise a seam naming the reason."""
 
 from __future__ import annotations
 
@@ -569,3 +573,66 @@ def test_a_captured_scan_whose_retained_temporaries_pass_the_budget_falls_back_t
     assert session.failure.startswith("RetainedPastBudget: Scan 'scan'"), session.failure
     assert dict(session.plan.decisions)["scan"] == "recording failed: Scan quarantined"
     assert all(bool((o == 2 * t).all()) for o in outs), "result: every step's sum, eagerly"
+
+
+@pytest.mark.parametrize("mod, reason", [
+    (h.make_node("Mul", ["s", "half"], ["s_out"], name="soft"), None),
+    (h.make_node("RandomUniformLike", ["s"], ["s_out"], name="noise", seed=2.0),
+     "host control flow: FlexAttention (body node 'noise': kernel: draws on the host and uploads them each run)"),
+])
+def test_capture_records_a_flexattention_whose_score_mod_is_capture_safe(make_runtime, mod, reason):
+    """FlexAttention's modifier runs once on the scores, reading nothing on the host: with a
+    capture-safe body the node is recorded, else a seam naming the body node; eager bytes either way."""
+    score_mod = h.make_graph([mod], "mod", [h.make_tensor_value_info("s", T.FLOAT, [1, 1, 2, 2])],
+                             [h.make_tensor_value_info("s_out", T.FLOAT, [1, 1, 2, 2])],
+                             initializer=[h.make_tensor("half", T.FLOAT, [], [0.5])])
+    shape = [1, 1, 2, 4]
+    g = h.make_graph([h.make_node("Relu", ["q_in"], ["q"], name="relu"),
+                      h.make_node("FlexAttention", ["q", "k", "v"], ["y"], name="flex", domain="ai.onnx.preview",
+                                  score_mod=score_mod)], "flex",
+                     [h.make_tensor_value_info(n, T.FLOAT, shape) for n in ("q_in", "k", "v")],
+                     [h.make_tensor_value_info("y", T.FLOAT, shape)])
+    model = h.make_model(g, opset_imports=OPSET + [h.make_opsetid("ai.onnx.preview", 1)], ir_version=10)
+
+    def drive(runner):
+        rng = np.random.default_rng(5)
+        return [runner.run({n: rng.normal(size=shape).astype(np.float32) for n in ("q_in", "k", "v")})["y"].tobytes()
+                for _ in range(4)]
+
+    session = CaptureSession(Executor(model, make_runtime()))
+    captured = drive(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["flex"] == reason and decisions["relu"] is None, f"contract: the decisions, got {decisions}"
+    assert session.counters.fallbacks == 0 and session.counters.replays == 3
+    assert captured == drive(Executor(model, make_runtime())), "result: eager bytes"
+
+
+def test_capture_records_a_scan_nested_in_a_scan_body_reading_a_value_two_scopes_out():
+    """The outer body holds a Scan whose body reads ``w`` from the graph: the check recurses into
+    the nested body, the recording retains both levels' temporaries, replays give eager's bytes."""
+    inner = h.make_graph([h.make_node("Add", ["a", "e"], ["a2"], name="inner_add"),
+                          h.make_node("Mul", ["e", "w"], ["eo"], name="inner_mul")], "inner",
+                         [_scalar("a", T.FLOAT), _scalar("e", T.FLOAT)], [_scalar("a2", T.FLOAT), _scalar("eo", T.FLOAT)])
+    outer = h.make_graph([h.make_node("Scan", ["acc", "row"], ["acc2", "row_out"], name="inner_scan", body=inner,
+                                      num_scan_inputs=1),
+                          h.make_node("Identity", ["acc2"], ["acc_out"], name="carry")], "outer",
+                         [_scalar("acc", T.FLOAT), h.make_tensor_value_info("row", T.FLOAT, [3])],
+                         [_scalar("acc_out", T.FLOAT), h.make_tensor_value_info("row_out", T.FLOAT, [3])])
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
+                      h.make_node("Scan", ["z", "r"], ["total", "ys"], name="scan", body=outer, num_scan_inputs=1)],
+                     "nested", [h.make_tensor_value_info("x", T.FLOAT, [4, 3]), _scalar("z", T.FLOAT), _scalar("w", T.FLOAT)],
+                     [_scalar("total", T.FLOAT), h.make_tensor_value_info("ys", T.FLOAT, [4, 3])])
+    model = h.make_model(g, opset_imports=OPSET, ir_version=10)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(4, 3)).astype(np.float32), "z": np.array(0, np.float32),
+              "w": np.array(rng.normal(), np.float32)} for _ in range(4)]
+    eager_ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    eager = [[v.tobytes() for v in eager_ex.run(f).values()] for f in feeds]
+    session = CaptureSession(Executor(model, Runtime(SimDevice(capture_guard=True), RuntimeConfig())))
+    captured = [[v.tobytes() for v in session.run(f).values()] for f in feeds]
+    assert session.plan.decisions == [("relu", None), ("scan", None)], "contract: the nested Scan's node admitted"
+    assert (session.counters.captures, session.counters.replays) == (1, 3)
+    assert captured == eager, "result: guarded replays byte-identical to eager"
+    r = np.maximum(feeds[-1]["x"], 0)
+    np.testing.assert_allclose(np.frombuffer(eager[-1][1], np.float32).reshape(4, 3), r * feeds[-1]["w"], rtol=1e-6), \
+        "result: not vacuous: the inner body's w * element"

@@ -177,6 +177,13 @@ MUTANTS = [
         tests=("tests/test_control_flow.py",), select="capture and scan", ci=True,
     ),
     Mutant(
+        "capture_plan", "flexattention_unsafe_modifier_admitted", _C,
+        old='return None if why is None else f"host control flow: FlexAttention ({why})"',
+        new="return None",
+        breaks="a FlexAttention is recorded only when its modifier bodies are capture-safe",
+        tests=("tests/test_control_flow.py",), select="capture and flexattention",
+    ),
+    Mutant(
         "capture_plan", "loop_body_condition_not_checked", _C,
         old="if not _passes_condition_through(control.body):",
         new="if False:",
