@@ -249,8 +249,8 @@ def _conditional_ok(executor, step) -> bool:
 
 def _body_seam(body, outer_known: set[str]) -> "str | None":
     """Why a control-flow body cannot be recorded inside a segment, or None when it can: every
-    body node (nested bodies too) is a capture-safe kernel, an Identity or an admissible Scan or
-    Loop, and reads nothing on the host that the host does not know. Its shapes follow from the
+    body node (nested bodies too) is a capture-safe kernel, an Identity or an admissible Scan,
+    Loop or FlexAttention, and reads nothing on the host that the host does not know. Its shapes follow from the
     node's inputs' (fixed by the step signature) and host-known values, so one recording replays."""
     ex = body.executor
     if ex.paged_inputs and any(ex.paged_inputs.values()):
@@ -300,10 +300,10 @@ def _control_seam(executor, step, known: set[str]) -> "str | None":
     """The seam reason of a control-flow (or sequence) node, or None when it may be recorded in a
     segment: a Scan (its trip count is a shape) whose body is capture-safe (``_body_seam``) and,
     at opset 8, whose ``sequence_lens`` is absent or host-known; a Loop whose trip count M is
-    host-known (at most ``MAX_CAPTURED_TRIPS``), whose condition input is absent or host-known and
-    whose body passes its condition through; a FlexAttention whose modifier bodies are capture-safe
-    (each runs once). If (a branch chosen on the host), SequenceMap and the sequence ops stay host
-    control flow."""
+    host-known (a constant one at most ``MAX_CAPTURED_TRIPS``), whose condition input is absent or
+    host-known and whose body passes its condition through; a FlexAttention whose modifier bodies
+    are capture-safe (each runs once). If (a branch chosen on the host), SequenceMap and the
+    sequence ops stay host control flow."""
     node, control = step.node, step.control
     op = node.op_type
     if control is not None and op == "FlexAttention":  # its modifiers run once, on the scores

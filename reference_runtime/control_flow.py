@@ -23,8 +23,8 @@ At run time everything stays on the runtime's compute stream:
 
 Host control flow is a capture seam (``capture_plan``'s "host control flow"), except a Scan or a
 Loop whose trip count is fixed and whose body is capture-safe (and a FlexAttention whose modifiers
-are): the plan admits it into a segment and its iterations are recorded like any launches (a Loop's iteration number and condition are
-then written by a fill kernel, not a host copy). An executor with a control-flow node runs node
+are): the plan admits it into a segment and its iterations are recorded like any launches (a
+Loop's iteration number and condition are then written by a fill kernel, not a host copy). An executor with a control-flow node runs node
 by node (no execution plan: a branch may change its outputs' shapes). Values a body creates are
 handed to the enclosing run (freed with its temporaries); every other temporary (slices,
 superseded loop-carried values) is freed stream-ordered as soon as it is dead, except while a

@@ -550,6 +550,17 @@ def test_capture_records_a_loop_only_when_its_trip_count_is_host_known_and_its_c
     assert captured == _drive_loop(Executor(_loop_capture_model(**kw), make_runtime()), extra), "result: eager bytes"
 
 
+def test_capture_keeps_a_loop_with_a_constant_trip_count_past_the_limit_a_seam(make_runtime, monkeypatch):
+    from lockstep.reference_runtime import capture_plan
+
+    monkeypatch.setattr(capture_plan, "MAX_CAPTURED_TRIPS", 2)  # the model's M is 3
+    session = CaptureSession(Executor(_loop_capture_model(), make_runtime()))
+    captured = _drive_loop(session, {})
+    assert dict(session.plan.decisions)["loop"] == "host control flow: Loop (trip count past 2)", \
+        "contract: a Loop recorded iteration by iteration is bounded"
+    assert captured == _drive_loop(Executor(_loop_capture_model(), make_runtime()), {}), "result: eager bytes"
+
+
 def test_a_captured_scan_whose_retained_temporaries_pass_the_budget_falls_back_to_eager():
     """64 iterations of 256 KiB temporaries under a 40 MiB budget: eagerly each iteration's are
     freed as it ends; recorded, all are retained with the graph, past the budget. The recording
@@ -561,7 +572,8 @@ def test_a_captured_scan_whose_retained_temporaries_pass_the_budget_falls_back_t
                         [h.make_tensor_value_info("acc_next", T.FLOAT, [n])],
                         initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
     g = h.make_graph([h.make_node("Scan", ["init", "xs"], ["final"], name="scan", body=body, num_scan_inputs=1)],
-                     "big_scan", [h.make_tensor_value_info("init", T.FLOAT, [n]), h.make_tensor_value_info("xs", T.FLOAT, [t, n])],
+                     "big_scan",
+                     [h.make_tensor_value_info("init", T.FLOAT, [n]), h.make_tensor_value_info("xs", T.FLOAT, [t, n])],
                      [h.make_tensor_value_info("final", T.FLOAT, [n])])
     model = h.make_model(g, opset_imports=OPSET, ir_version=10)
     session = CaptureSession(Executor(model, Runtime(SimDevice(), RuntimeConfig(device_memory_limit=40 << 20))))
@@ -612,7 +624,8 @@ def test_capture_records_a_scan_nested_in_a_scan_body_reading_a_value_two_scopes
     the nested body, the recording retains both levels' temporaries, replays give eager's bytes."""
     inner = h.make_graph([h.make_node("Add", ["a", "e"], ["a2"], name="inner_add"),
                           h.make_node("Mul", ["e", "w"], ["eo"], name="inner_mul")], "inner",
-                         [_scalar("a", T.FLOAT), _scalar("e", T.FLOAT)], [_scalar("a2", T.FLOAT), _scalar("eo", T.FLOAT)])
+                         [_scalar("a", T.FLOAT), _scalar("e", T.FLOAT)],
+                         [_scalar("a2", T.FLOAT), _scalar("eo", T.FLOAT)])
     outer = h.make_graph([h.make_node("Scan", ["acc", "row"], ["acc2", "row_out"], name="inner_scan", body=inner,
                                       num_scan_inputs=1),
                           h.make_node("Identity", ["acc2"], ["acc_out"], name="carry")], "outer",
@@ -620,7 +633,8 @@ def test_capture_records_a_scan_nested_in_a_scan_body_reading_a_value_two_scopes
                          [_scalar("acc_out", T.FLOAT), h.make_tensor_value_info("row_out", T.FLOAT, [3])])
     g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
                       h.make_node("Scan", ["z", "r"], ["total", "ys"], name="scan", body=outer, num_scan_inputs=1)],
-                     "nested", [h.make_tensor_value_info("x", T.FLOAT, [4, 3]), _scalar("z", T.FLOAT), _scalar("w", T.FLOAT)],
+                     "nested",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4, 3]), _scalar("z", T.FLOAT), _scalar("w", T.FLOAT)],
                      [_scalar("total", T.FLOAT), h.make_tensor_value_info("ys", T.FLOAT, [4, 3])])
     model = h.make_model(g, opset_imports=OPSET, ir_version=10)
     rng = np.random.default_rng(0)
