@@ -2,7 +2,18 @@
 
 One admission point decides every node, in this order (the first failing check is the seam's
 reason):
-1. structure: control flow or a sequence op runs on the host — "host control flow"; a node whose
+1. structure: control flow or a sequence op runs on the host — "host control flow" (If: its
+   branch is a host read; SequenceMap and the sequence ops), except a
+   Scan or Loop whose trip count is fixed (``_control_seam``): a Scan (its trip count is a shape;
+   at opset 8, ``sequence_lens`` absent or host-known) or a Loop (its trip count M host-known, its
+   condition absent or host-known and passed through by the body) whose body is capture-safe
+   (every body node, nested bodies too, a capture-safe kernel or an Identity, reading nothing on
+   the host the host does not know) is admitted, its iterations recorded into the segment (so is
+   a FlexAttention whose ``score_mod``/``prob_mod`` bodies are capture-safe); its
+   reason otherwise names the body node, e.g. "host control flow: Scan (body node 'n': kernel:
+   ...)" or "host control flow: Loop (trip count read on the host)". An admitted one then passes
+   the checks below on its inputs (outer-scope reads included; its outputs' shapes follow from
+   them), and the classifier also vetoes one whose input *values* grow (a trip count). A node whose
    shape inference needs a value only the device holds (a ``host_inputs`` entry that is not
    host-known: not a constant, not shape arithmetic the executor folds) is a host seam —
    "host read"; a node that runs on the host on sequences, optionals or string tensors
@@ -158,6 +169,7 @@ def growing_symbols(executor) -> set[Symbol]:
 
     growing: set[Symbol] = set(value_shaped)
     everything = set(executor.symbols.values()) | {d for dims in shapes.values() for d in dims if isinstance(d, Symbol)}
+    fixed = _fixed_trip_controls(executor)
     for sym in everything:
         if grows(sym):
             growing.add(sym)
@@ -167,9 +179,26 @@ def growing_symbols(executor) -> set[Symbol]:
             # data (unknown provenance: fail-safe)
             node = born[sym]
             inputs = [i for i in node.input if i]
+            step = fixed.get(id(node))
+            if step is not None:
+                # a Scan or Loop whose trip count is fixed (``_control_seam``): its outputs' dims
+                # follow from its inputs' shapes and its host-known trip count values alone
+                inputs = [i for i in step.inputs[:2] if i] if node.op_type == "Loop" else []
+                if any(grows(d) for i in step.inputs if i for d in shapes.get(i, ()) if isinstance(d, Symbol)):
+                    growing.add(sym)
+                    continue
             if not all(i in deps for i in inputs) or any(grows(d) for i in inputs for d in deps[i]):
                 growing.add(sym)
     return growing
+
+
+def _fixed_trip_controls(executor) -> dict[int, Any]:
+    """The Scan and Loop steps the plan may admit (``_control_seam``), by their node's id."""
+    controls = [st for st in executor.steps if st.control is not None and st.node.op_type in ("Scan", "Loop")]
+    if not controls:
+        return {}
+    known = _host_known(executor)
+    return {id(st.node): st for st in controls if _control_seam(executor, st, known) is None}
 
 
 def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[Symbol]:
@@ -194,10 +223,11 @@ def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[
     return out
 
 
-def _host_known(executor) -> set[str]:
+def _host_known(executor, outer: "set[str] | frozenset[str]" = frozenset()) -> set[str]:
     """Values whose contents the host knows without reading the device (constants, shapes, and
-    small shape arithmetic over them, which the executor folds)."""
-    known = set(executor.constants)
+    small shape arithmetic over them, which the executor folds); ``outer``: names known already
+    (a body's host-known outer-scope values)."""
+    known = set(executor.constants) | set(outer)
     for step in executor.steps:
         node = step.node
         if node.op_type in ("Shape", "Size"):
@@ -205,6 +235,99 @@ def _host_known(executor) -> set[str]:
         elif step.kernel is not None and step.kernel.capture == "safe" and all(i in known for i in node.input if i):
             known.update(o for o in node.output if o)
     return known
+
+
+def _conditional_ok(executor, step) -> bool:
+    """A ``conditional`` kernel's ``capture_ok``: constants keep their values (Dropout's
+    training_mode=False is inference mode); the rest are placeholders, so a kernel's capture_ok
+    must not rely on their shapes."""
+    consts = executor.constants
+    specs = [None if not i else Spec(np.shape(consts[i]), np.asarray(consts[i]).dtype, np.asarray(consts[i]))
+             if i in consts else Spec(tuple(), np.dtype(np.float32)) for i in step.node.input]
+    return bool(step.kernel.capture_ok(step.info, specs))  # type: ignore[misc]
+
+
+def _body_seam(body, outer_known: set[str]) -> "str | None":
+    """Why a control-flow body cannot be recorded inside a segment, or None when it can: every
+    body node (nested bodies too) is a capture-safe kernel, an Identity or an admissible Scan,
+    Loop or FlexAttention, and reads nothing on the host that the host does not know. Its shapes follow from the
+    node's inputs' (fixed by the step signature) and host-known values, so one recording replays."""
+    ex = body.executor
+    if ex.paged_inputs and any(ex.paged_inputs.values()):
+        return "its weights are paged (a replay cannot page them in)"
+    known = _host_known(ex, {n for n in body.outer if n in outer_known})
+    for step in ex.steps:
+        node, name = step.node, step.info.name
+        if step.control is not None or node.op_type in _HOST_CONTROL:
+            inner = _control_seam(ex, step, known)
+            if inner is not None:
+                return f"body node {name!r}: {inner}"
+            continue
+        if step.kernel is None:  # Identity: an alias, no launch
+            continue
+        if step.kernel.host is not None or name in ex.host_steps:  # sequences, optionals, strings (as it ran)
+            return f"body node {name!r}: host values: {node.op_type}"
+        reads = [node.input[k] for k in step.kernel.host_inputs if k < len(node.input) and node.input[k]]
+        unknown = [r for r in reads if r not in known]
+        if unknown:
+            return f"body node {name!r}: host read: {unknown[0]}"
+        kernel = step.kernel
+        if kernel.capture == "unsupported" or (kernel.capture == "conditional" and not _conditional_ok(ex, step)):
+            return f"body node {name!r}: kernel: {kernel.reason}"
+    return None
+
+
+def _passes_condition_through(body) -> bool:
+    """Whether a Loop body's condition output is its condition input (directly or through
+    Identity nodes): then the condition never changes and no iteration reads it on the host."""
+    target = body.outputs[0]
+    made = {o: st for st in body.executor.steps for o in st.outputs if o}
+    seen = 0
+    while target in made and seen <= len(made):
+        st = made[target]
+        if st.node.op_type != "Identity" or st.kernel is not None or st.control is not None:
+            return False
+        target, seen = st.inputs[0], seen + 1
+    return len(body.formal) > 1 and target == body.formal[1]
+
+
+# a Loop is recorded iteration by iteration: past this many, it stays a seam (a graph of millions
+# of nodes, each iteration's temporaries retained while the graph lives)
+MAX_CAPTURED_TRIPS = 4096
+
+
+def _control_seam(executor, step, known: set[str]) -> "str | None":
+    """The seam reason of a control-flow (or sequence) node, or None when it may be recorded in a
+    segment: a Scan (its trip count is a shape) whose body is capture-safe (``_body_seam``) and,
+    at opset 8, whose ``sequence_lens`` is absent or host-known; a Loop whose trip count M is
+    host-known (a constant one at most ``MAX_CAPTURED_TRIPS``), whose condition input is absent or
+    host-known and whose body passes its condition through; a FlexAttention whose modifier bodies
+    are capture-safe (each runs once). If (a branch chosen on the host), SequenceMap and the
+    sequence ops stay host control flow."""
+    node, control = step.node, step.control
+    op = node.op_type
+    if control is not None and op == "FlexAttention":  # its modifiers run once, on the scores
+        why = next((w for b in control.mods if b is not None for w in [_body_seam(b, known)] if w), None)
+        return None if why is None else f"host control flow: FlexAttention ({why})"
+    if control is None or op not in ("Scan", "Loop"):
+        return f"host control flow: {op}"
+    ins = step.inputs
+    if op == "Scan":
+        if control.batched and ins[0] and ins[0] not in known:
+            return "host control flow: Scan (sequence_lens read on the host)"
+        why = _body_seam(control.body, known)
+        return None if why is None else f"host control flow: Scan ({why})"
+    if not ins[0] or ins[0] not in known:
+        return "host control flow: Loop (trip count read on the host)"
+    if ins[1] and ins[1] not in known:
+        return "host control flow: Loop (condition read on the host)"
+    if not _passes_condition_through(control.body):
+        return "host control flow: Loop (the body's condition read on the host each iteration)"
+    m = np.asarray(executor.constants[ins[0]]) if ins[0] in executor.constants else None
+    if m is not None and (m.size != 1 or int(m.reshape(())) > MAX_CAPTURED_TRIPS):
+        return f"host control flow: Loop (trip count past {MAX_CAPTURED_TRIPS})"
+    why = _body_seam(control.body, known)
+    return None if why is None else f"host control flow: Loop ({why})"
 
 
 _HOST_CONTROL = {"If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
@@ -222,21 +345,30 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
     decisions: list[tuple[str, str | None]] = []
     for step in executor.steps:
         node, name = step.node, step.info.name
-        if node.op_type in _HOST_CONTROL or step.control is not None:  # (FlexAttention with subgraphs too)
-            decisions.append((name, f"host control flow: {node.op_type}"))
-            continue
-        if step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
+        control = node.op_type in _HOST_CONTROL or step.control is not None  # (FlexAttention with subgraphs too)
+        if control:
+            seam = _control_seam(executor, step, known)
+            if seam is not None:
+                decisions.append((name, seam))
+                continue
+        elif step.kernel is None:  # executor-handled aliasing (Identity): no launch, nothing to capture
             decisions.append((name, None))
             continue
-        if step.kernel.host is not None or name in executor.host_steps:  # sequences, optionals, strings
+        elif step.kernel.host is not None or name in executor.host_steps:  # sequences, optionals, strings
             decisions.append((name, f"host values: {node.op_type}"))
             continue
-        reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
+        if control:  # an admitted Scan or Loop: its host reads were checked by _control_seam
+            reads = []
+        else:
+            reads = [node.input[i] for i in step.kernel.host_inputs if i < len(node.input) and node.input[i]]
         unknown = [r for r in reads if r not in known]
         if unknown:
             decisions.append((name, f"host read: {unknown[0]}"))
             continue
-        unresolved = [v for v in [*node.input, *node.output] if v and v not in shapes and v not in executor.constants]
+        # (an admitted Scan or Loop: its outputs' shapes follow from its inputs' and a host-known trip
+        # count, which the step signature fixes, so only its inputs need resolving)
+        unresolved = [v for v in [*step.inputs, *node.output] if v and v not in shapes and v not in executor.constants
+                      and not (control and v in step.outputs)]
         if unresolved:
             decisions.append((name, f"unresolved shape: {unresolved[0]}"))
             continue
@@ -246,28 +378,30 @@ def plan_capture(executor, *, quarantined: "frozenset[str] | set[str]" = frozens
         if warmed is not None and name not in warmed:
             decisions.append((name, "kernel not warmed"))
             continue
-        touched = [d for v in [*node.input, *node.output] if v for d in shapes.get(v, ()) if isinstance(d, Symbol)]
+        touched = [d for v in [*step.inputs, *node.output] if v for d in shapes.get(v, ()) if isinstance(d, Symbol)]
         hit = next((d for d in touched if d in growing), None)
         if hit is None:
             # value-level: shape arithmetic whose *contents* grow (past_len + seq_len) is folded on
             # the host at eager time; a replay would not refresh the host's copy, so it stays eager
             hit = next((d for o in node.output if o for d in sorted(deps.get(o, ()), key=lambda d: d.name)
                         if d in growing), None)
+        if hit is None and control:
+            # a trip count, or a value a body folds on the host (a Reshape's shape), that grows: the
+            # recording would bake this step's iterations and shapes
+            grown = [d for i in step.inputs if i for d in deps.get(i, ()) if d in growing]
+            hit = min(grown, key=lambda d: d.name) if grown else None
         if hit is not None:
             decisions.append((name, f"classifier: grows with {hit.name}"))
             continue
         k = step.kernel
+        if k is None:  # an admitted Scan or Loop: its body's kernels were checked by _control_seam
+            decisions.append((name, None))
+            continue
         if k.capture == "unsupported":
             decisions.append((name, f"kernel: {k.reason}"))
             continue
-        if k.capture == "conditional":
-            # constants keep their values (Dropout's training_mode=False is inference mode); the
-            # rest are placeholders: a kernel's capture_ok must not rely on their shapes
-            consts = executor.constants
-            specs = [None if not i else Spec(np.shape(consts[i]), np.asarray(consts[i]).dtype, np.asarray(consts[i]))
-                     if i in consts else Spec(tuple(), np.dtype(np.float32)) for i in node.input]
-            if not k.capture_ok(step.info, specs):  # type: ignore[misc]
-                decisions.append((name, f"kernel: {k.reason}"))
-                continue
+        if k.capture == "conditional" and not _conditional_ok(executor, step):
+            decisions.append((name, f"kernel: {k.reason}"))
+            continue
         decisions.append((name, None))
     return CapturePlan(decisions, frozenset(s.name for s in growing))

@@ -21,10 +21,15 @@ At run time everything stays on the runtime's compute stream:
 - FlexAttention (ai.onnx.preview) launches Q·K^T, softmax and the product with V as kernels and
   runs ``score_mod``/``prob_mod`` as bodies on the scores and probabilities.
 
-Host control flow is a capture seam (``capture_plan``'s "host control flow"); an executor with a
-control-flow node runs node by node (no execution plan: a branch may change its outputs' shapes).
-Values a body creates are handed to the enclosing run (freed with its temporaries); every other
-temporary (slices, superseded loop-carried values) is freed stream-ordered as soon as it is dead.
+Host control flow is a capture seam (``capture_plan``'s "host control flow"), except a Scan or a
+Loop whose trip count is fixed and whose body is capture-safe (and a FlexAttention whose modifiers
+are): the plan admits it into a segment and its iterations are recorded like any launches (a
+Loop's iteration number and condition are then written by a fill kernel, not a host copy). An executor with a control-flow node runs node
+by node (no execution plan: a branch may change its outputs' shapes). Values a body creates are
+handed to the enclosing run (freed with its temporaries); every other temporary (slices,
+superseded loop-carried values) is freed stream-ordered as soon as it is dead, except while a
+segment records the node: then nothing is freed (the graph bakes every address it touched) and
+the node's temporaries are retained with the segment's (``segments``).
 """
 
 from __future__ import annotations
@@ -214,7 +219,12 @@ class Body:
                 result.append(hand_over(env[o], o))
             return result
         finally:
-            ex.release(run)
+            if rt.is_capturing:  # recorded in a segment: the graph bakes every temporary's address
+                retained: list[Tensor] = []
+                ex.release(run, retain=retained)
+                owned.update((id(t), t) for t in retained)  # retained by the node, with the segment
+            else:
+                ex.release(run)
 
 
 def _host(rt, v: _Value, info: NodeInfo) -> np.ndarray:
@@ -276,9 +286,10 @@ class _Control(abc.ABC):
                     kept.update(id(x) for x in _tensors(v) if id(x) in owned)
                 run.env[name] = v
         finally:
+            capturing = rt.is_capturing
             for key, t in owned.items():
-                if key in kept:
-                    temps.append(t)
+                if key in kept or (capturing and not t.freed):
+                    temps.append(t)  # an output, or (recording) a temporary the segment's graph bakes
                 elif not t.freed:
                     rt.free(t)
 
@@ -293,7 +304,11 @@ class _Control(abc.ABC):
     # -- helpers on the device
     def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]") -> None:
         """Free ``v``'s tensors (a sequence's elements too) that this node owns and no value in
-        ``live`` still holds."""
+        ``live`` still holds. While a segment records the node, nothing is freed: the graph bakes
+        every address it touched, so ``run`` retains them with the segment (freed when its graph is
+        dropped); a free then would let the replay touch released memory."""
+        if self.runtime.is_capturing:
+            return
         held = {id(x) for lv in live for x in _tensors(lv)}
         for t in list(_tensors(v)):
             if id(t) in owned and id(t) not in held:
@@ -385,10 +400,14 @@ class _Loop(_Control):
         while cond and (trip is None or it < trip):
             num = np.array(it, dtype=np.int64)
             it_v = _Value(self._new((), np.int64, f"{info.name}:iteration", owned), Spec((), num.dtype, num))
-            rt.write(it_v.tensor, num)
             cond_arr = np.array(cond, dtype=np.bool_)
             cond_v = _Value(self._new((), np.bool_, f"{info.name}:cond", owned), Spec((), cond_arr.dtype, cond_arr))
-            rt.write(cond_v.tensor, cond_arr)
+            if rt.is_capturing:  # recorded: a fill kernel holds the value (a host write is not captured)
+                rt.launch(primitives.fill, it_v.tensor, value=it)  # Python scalars: no host array to copy
+                rt.launch(primitives.fill, cond_v.tensor, value=bool(cond))
+            else:
+                rt.write(it_v.tensor, num)
+                rt.write(cond_v.tensor, cond_arr)
             outs = self.body.call([it_v, cond_v, *carried], outer, owned)
             cond = _scalar_bool(_host(rt, outs[0], info), "the body's condition output", info)
             new = outs[1:1 + self.n_carried]

@@ -14,7 +14,11 @@ growing dims masked, plus the identity of device tensors the graphs would bake) 
   writes its output straight into it (``Executor.step(persist=...)``). Values a segment
   produces live in the graph's retained intermediates, at fixed addresses the seams read;
 - no allocation during a replay; the seams allocate and free their own temporaries (stream-ordered);
-- a recording failure (a kernel that syncs, reads back, or calls cuBLAS while capturing) aborts
+- a Scan or Loop the plan admits (``capture_plan``: a fixed trip count, a capture-safe body) is
+  recorded iteration by iteration into its segment; nothing it allocates while recording is freed
+  (the graph bakes those addresses), it is retained with the segment's intermediates instead;
+- a recording failure (a kernel that syncs, reads back, or calls cuBLAS while capturing, or a
+  Scan or Loop whose retained temporaries pass the device memory budget) aborts
   that segment's capture, quarantines the op type for the session, runs the segment eagerly (the
   step's bytes are the eager bytes), and the next step of that signature is planned again without
   it ("recording failed" seams);
@@ -37,6 +41,7 @@ from .errors import (
     CaptureD2HRefused,
     CublasDuringCapture,
     IllegalState,
+    MemoryAllocation,
     StreamCaptureInvalidated,
     StreamCaptureUnsupported,
 )
@@ -45,12 +50,18 @@ from .executor import Executor, Run, _Value
 from .runtime import SegmentGraph, Tensor
 from .symbols import Symbol
 
-__all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES"]
+__all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES", "RetainedPastBudget"]
 
 # What a kernel may raise while being recorded (cuda-semantics.md): the capture cannot hold it. A
 # sync-debug refusal (mode error: a synchronising call inside the capture) is one too.
 RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsupported, StreamCaptureInvalidated,
                       SyncDebugError)
+
+
+class RetainedPastBudget(Exception):
+    """A Scan or Loop recorded in a segment keeps every iteration's temporaries while the graph
+    lives (the graph bakes their addresses; eagerly each is freed as its iteration ends). When they
+    pass the device memory budget, that is a recording failure: the segment runs eagerly."""
 
 
 @dataclass
@@ -315,9 +326,15 @@ class CaptureSession:
         try:
             for i in seg.steps:
                 current = i
-                ex.step(run, i, persist=sig.persist, temps=retained)
+                try:
+                    ex.step(run, i, persist=sig.persist, temps=retained)
+                except MemoryAllocation as exc:
+                    if ex.steps[i].control is None:  # a kernel's own output: refused as eagerly
+                        raise
+                    raise RetainedPastBudget(f"{ex.steps[i].info.op_type} {ex.steps[i].info.name!r}: its "
+                                             f"iterations' temporaries, retained by the graph: {exc}") from exc
             rt.end_segment(handle)
-        except RECORDING_FAILURES as exc:
+        except (*RECORDING_FAILURES, RetainedPastBudget) as exc:
             if rt.is_capturing:
                 rt.abort_segment(handle)
             if isinstance(exc, StreamCaptureInvalidated):

@@ -2,7 +2,11 @@
 not cover. A nested If inside a Loop reading an outer-scope value, a body's unsupported op and bad
 attributes refused at load naming the node, a Loop of zero iterations, Scan's reversed and
 re-axed outputs, host-read conditions that change per run, the temporaries freed, and capture
-on a model with an If (the If an eager seam, the rest captured, bytes equal to eager)."""
+on a model with an If (the If an eager seam, the rest captured, bytes equal to eager); capture of
+control flow whose trip count is fixed (a Scan, a Loop with a constant trip count and a passed-through
+condition, a FlexAttention's modifiers) when the body is capture-safe, recorded in a segment,
+replayed with the eager bytes (under the capture guard too), its temporaries retained and freed
+with the graph, past the memory budget a recording failure; otherwise a seam naming the reason."""
 
 from __future__ import annotations
 
@@ -397,3 +401,251 @@ def test_sequence_map_adds_elementwise_and_names_a_length_mismatch():
     assert [a.tolist() for a in out] == [(a * 11).tolist() for a in xs], "result: x + 10x per element"
     with pytest.raises(OpError, match=r"map.*input 1 is a sequence of 1 elements, input 0 has 2"):
         ex.run({"xs": xs, "ys": xs[:1]})
+
+
+# -- capture of control flow whose trip count is fixed (capture_plan._control_seam)
+def _scan_capture_model(body_extra=(), body_y="x_t", extra_inputs=(), opsets=OPSET):
+    """r = Relu(x); w = 2 * w_in; Scan over r's rows: acc += row, y_t = body_y * acc * w (w read
+    from the outer scope); out = ys + 1. ``body_extra`` nodes may compute ``body_y`` from x_t."""
+    body = h.make_graph(
+        [*body_extra,
+         h.make_node("Add", ["acc", "x_t"], ["acc_next"], name="acc"),
+         h.make_node("Mul", [body_y, "acc_next"], ["y0"], name="y0"),
+         h.make_node("Mul", ["y0", "w"], ["y_t"], name="y")],
+        "body", [h.make_tensor_value_info("acc", T.FLOAT, [3]), h.make_tensor_value_info("x_t", T.FLOAT, [3])],
+        [h.make_tensor_value_info("acc_next", T.FLOAT, [3]), h.make_tensor_value_info("y_t", T.FLOAT, [3])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"),
+         h.make_node("Mul", ["w_in", "two"], ["w"], name="double"),
+         h.make_node("Scan", ["init", "r"], ["final", "ys"], name="scan", body=body, num_scan_inputs=1),
+         h.make_node("Add", ["ys", "one"], ["out"], name="add")],
+        "scan_capture", [h.make_tensor_value_info("x", T.FLOAT, [4, 3]), h.make_tensor_value_info("init", T.FLOAT, [3]),
+                         h.make_tensor_value_info("w_in", T.FLOAT, [3]), *extra_inputs],
+        [h.make_tensor_value_info("final", T.FLOAT, [3]), h.make_tensor_value_info("out", T.FLOAT, [4, 3])],
+        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0]), h.make_tensor("one", T.FLOAT, [], [1.0])])
+    return h.make_model(g, opset_imports=opsets, ir_version=10)
+
+
+def _drive_scan(runner, steps=5, extra=None):
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(steps):
+        feeds = {"x": rng.normal(size=(4, 3)).astype(np.float32), "init": rng.normal(size=3).astype(np.float32),
+                 "w_in": rng.normal(size=3).astype(np.float32), **(extra or {})}
+        res = runner.run(feeds)
+        out.append((res["final"].tobytes(), res["out"].tobytes()))
+    return out
+
+
+def test_capture_records_a_scan_with_a_capture_safe_body_inside_a_segment(make_runtime):
+    """The Scan's trip count is a shape and its body is capture-safe: it is admitted, recorded in
+    one segment with the nodes around it, replayed on new data each step with the eager bytes, and
+    its iterations' retained temporaries are freed when the session closes."""
+    eager = _drive_scan(Executor(_scan_capture_model(), make_runtime()))
+    rt = make_runtime()
+    ex = Executor(_scan_capture_model(), rt)
+    rt.synchronize()
+    base = rt.device.allocated_bytes
+    session = CaptureSession(ex)
+    captured = _drive_scan(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["scan"] is None, f"contract: a Scan with a capture-safe body is admitted, got {decisions}"
+    assert session.plan.segments == [["relu", "double", "scan", "add"]], "contract: one segment, the Scan inside"
+    c = session.counters
+    assert (c.captures, c.fallbacks, c.captured_steps, c.replays) == (1, 0, 4, 4), \
+        f"contract: recorded once, replayed each captured step, no fallback: {c}"
+    assert captured == eager, "result: byte-identical to eager on each step's new data"
+    assert len({b for b, _ in eager}) == 5, "result: not vacuous: each step's data gives other bytes"
+    session.close()
+    rt.synchronize()
+    assert rt.device.allocated_bytes == base, "contract: the recorded iterations' temporaries freed with the graphs"
+
+
+def test_a_captured_scan_runs_guarded_with_no_host_read():
+    """On the simulated device with the capture guard, each replayed kernel (the Scan's slices,
+    body and stacking included) refuses host reads; the replays give the eager bytes."""
+    eager = _drive_scan(Executor(_scan_capture_model(), Runtime(SimDevice(), RuntimeConfig())))
+    session = CaptureSession(Executor(_scan_capture_model(), Runtime(SimDevice(capture_guard=True), RuntimeConfig())))
+    assert _drive_scan(session) == eager, "result: guarded replays byte-identical to eager"
+    assert dict(session.plan.decisions)["scan"] is None and session.counters.replays == 4
+
+
+@pytest.mark.parametrize("extra, y, inputs, feed, reason", [
+    ([h.make_node("RandomUniformLike", ["x_t"], ["u"], name="draw", seed=1.0)], "u", (), {},
+     "host control flow: Scan (body node 'draw': kernel: draws on the host and uploads them each run)"),
+    ([h.make_node("CumSum", ["x_t", "axis"], ["u"], name="cum")], "u", (_scalar("axis", T.INT64),),
+     {"axis": np.array(0, np.int64)}, "host control flow: Scan (body node 'cum': host read: axis)"),
+])
+def test_capture_keeps_a_scan_whose_body_is_not_capture_safe_a_seam_naming_the_body_node(
+        make_runtime, extra, y, inputs, feed, reason):
+    model = _scan_capture_model(extra, y, inputs)
+    session = CaptureSession(Executor(model, make_runtime()))
+    captured = _drive_scan(session, extra=feed)
+    decisions = dict(session.plan.decisions)
+    assert decisions["scan"] == reason, f"contract: the seam names the body node and why, got {decisions['scan']!r}"
+    assert decisions["relu"] is None and decisions["add"] is None, "contract: the nodes around it are captured"
+    assert session.counters.fallbacks == 0 and session.counters.replays > 0
+    assert captured == _drive_scan(Executor(model, make_runtime()), extra=feed), "result: eager bytes"
+
+
+def _loop_capture_model(m_const=True, cond=None, body_cond="c"):
+    """v = Relu(x); Loop M times (M = 3, an initializer, or a feed): v += w (outer), collecting
+    each v; out = vs * 2. ``cond``: the Loop's condition input ('' none); ``body_cond``: the
+    body's condition output (its input 'c' passed through, or a computed one)."""
+    body = h.make_graph(
+        [h.make_node("Add", ["v", "w"], ["v_next"], name="inc"),
+         h.make_node("Identity", ["v_next"], ["v_scan"], name="collect"),
+         h.make_node("Identity", ["c"], ["c_out"], name="keep") if body_cond == "c" else
+         h.make_node("Less", ["i", "big"], ["c_out"], name="keep")],
+        "body", [_scalar("i", T.INT64), _scalar("c", T.BOOL), h.make_tensor_value_info("v", T.FLOAT, [3])],
+        [_scalar("c_out", T.BOOL), h.make_tensor_value_info("v_next", T.FLOAT, [3]),
+         h.make_tensor_value_info("v_scan", T.FLOAT, [3])],
+        initializer=[h.make_tensor("big", T.INT64, [], [100])])
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("w", T.FLOAT, [3])]
+    inits = [h.make_tensor("two", T.FLOAT, [], [2.0])]
+    if m_const:
+        inits.append(h.make_tensor("M", T.INT64, [], [3]))
+    else:
+        inputs.append(_scalar("M", T.INT64))
+    if cond:
+        inputs.append(_scalar(cond, T.BOOL))
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["v0"], name="relu"),
+         h.make_node("Loop", ["M", cond or "", "v0"], ["v_final", "vs"], name="loop", body=body),
+         h.make_node("Mul", ["vs", "two"], ["out"], name="mul")],
+        "loop_capture", inputs,
+        [h.make_tensor_value_info("v_final", T.FLOAT, [3]), h.make_tensor_value_info("out", T.FLOAT, [3, 3])],
+        initializer=inits)
+    return h.make_model(g, opset_imports=OPSET, ir_version=10)
+
+
+def _drive_loop(runner, extra, steps=4):
+    rng = np.random.default_rng(11)
+    return [tuple(runner.run({"x": rng.normal(size=3).astype(np.float32), "w": rng.normal(size=3).astype(np.float32),
+                              **extra})[o].tobytes() for o in ("v_final", "out")) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("kw, extra, reason", [
+    ({}, {}, None),
+    ({"m_const": False}, {"M": np.array(3, np.int64)}, "host control flow: Loop (trip count read on the host)"),
+    ({"cond": "go"}, {"go": np.array(True)}, "host control flow: Loop (condition read on the host)"),
+    ({"body_cond": "computed"}, {},
+     "host control flow: Loop (the body's condition read on the host each iteration)"),
+])
+def test_capture_records_a_loop_only_when_its_trip_count_is_host_known_and_its_condition_fixed(
+        make_runtime, kw, extra, reason):
+    """A Loop with a constant M whose body passes its condition through reads nothing on the host:
+    recorded (its iteration numbers written by fill kernels); otherwise a seam saying what the host
+    reads. Either way the bytes are eager's."""
+    session = CaptureSession(Executor(_loop_capture_model(**kw), make_runtime()))
+    captured = _drive_loop(session, extra)
+    decisions = dict(session.plan.decisions)
+    assert decisions["loop"] == reason, f"contract: the Loop's decision, got {decisions['loop']!r}"
+    assert decisions["relu"] is None, "contract: the node before it is captured"
+    assert (decisions["mul"] is None) == (reason is None), \
+        f"contract: the reader of its stacked output is captured only when the trip count is fixed (else its " \
+        f"length is device data): {decisions['mul']!r}"
+    assert session.counters.fallbacks == 0 and session.counters.replays >= 3
+    assert captured == _drive_loop(Executor(_loop_capture_model(**kw), make_runtime()), extra), "result: eager bytes"
+
+
+def test_capture_keeps_a_loop_with_a_constant_trip_count_past_the_limit_a_seam(make_runtime, monkeypatch):
+    from lockstep.reference_runtime import capture_plan
+
+    monkeypatch.setattr(capture_plan, "MAX_CAPTURED_TRIPS", 2)  # the model's M is 3
+    session = CaptureSession(Executor(_loop_capture_model(), make_runtime()))
+    captured = _drive_loop(session, {})
+    assert dict(session.plan.decisions)["loop"] == "host control flow: Loop (trip count past 2)", \
+        "contract: a Loop recorded iteration by iteration is bounded"
+    assert captured == _drive_loop(Executor(_loop_capture_model(), make_runtime()), {}), "result: eager bytes"
+
+
+def test_a_captured_scan_whose_retained_temporaries_pass_the_budget_falls_back_to_eager():
+    """64 iterations of 256 KiB temporaries under a 40 MiB budget: eagerly each iteration's are
+    freed as it ends; recorded, all are retained with the graph, past the budget. The recording
+    fails (RetainedPastBudget), the Scan is quarantined and the step's bytes are eager's."""
+    n, t = 1 << 16, 64
+    body = h.make_graph([h.make_node("Mul", ["x_t", "two"], ["x2"], name="twice"),
+                         h.make_node("Add", ["acc", "x2"], ["acc_next"], name="acc")], "body",
+                        [h.make_tensor_value_info("acc", T.FLOAT, [n]), h.make_tensor_value_info("x_t", T.FLOAT, [n])],
+                        [h.make_tensor_value_info("acc_next", T.FLOAT, [n])],
+                        initializer=[h.make_tensor("two", T.FLOAT, [], [2.0])])
+    g = h.make_graph([h.make_node("Scan", ["init", "xs"], ["final"], name="scan", body=body, num_scan_inputs=1)],
+                     "big_scan",
+                     [h.make_tensor_value_info("init", T.FLOAT, [n]), h.make_tensor_value_info("xs", T.FLOAT, [t, n])],
+                     [h.make_tensor_value_info("final", T.FLOAT, [n])])
+    model = h.make_model(g, opset_imports=OPSET, ir_version=10)
+    session = CaptureSession(Executor(model, Runtime(SimDevice(), RuntimeConfig(device_memory_limit=40 << 20))))
+    xs = np.ones((t, n), np.float32)
+    feeds = {"init": np.zeros(n, np.float32), "xs": xs}
+    outs = [session.run(feeds)["final"] for _ in range(3)]
+    assert session.counters.fallbacks == 1 and session.quarantined == {"Scan"}, \
+        f"contract: the recording failed once and quarantined Scan: {session.counters}"
+    assert session.failure.startswith("RetainedPastBudget: Scan 'scan'"), session.failure
+    assert dict(session.plan.decisions)["scan"] == "recording failed: Scan quarantined"
+    assert all(bool((o == 2 * t).all()) for o in outs), "result: every step's sum, eagerly"
+
+
+@pytest.mark.parametrize("mod, reason", [
+    (h.make_node("Mul", ["s", "half"], ["s_out"], name="soft"), None),
+    (h.make_node("RandomUniformLike", ["s"], ["s_out"], name="noise", seed=2.0),
+     "host control flow: FlexAttention (body node 'noise': kernel: draws on the host and uploads them each run)"),
+])
+def test_capture_records_a_flexattention_whose_score_mod_is_capture_safe(make_runtime, mod, reason):
+    """FlexAttention's modifier runs once on the scores, reading nothing on the host: with a
+    capture-safe body the node is recorded, else a seam naming the body node; eager bytes either way."""
+    score_mod = h.make_graph([mod], "mod", [h.make_tensor_value_info("s", T.FLOAT, [1, 1, 2, 2])],
+                             [h.make_tensor_value_info("s_out", T.FLOAT, [1, 1, 2, 2])],
+                             initializer=[h.make_tensor("half", T.FLOAT, [], [0.5])])
+    shape = [1, 1, 2, 4]
+    g = h.make_graph([h.make_node("Relu", ["q_in"], ["q"], name="relu"),
+                      h.make_node("FlexAttention", ["q", "k", "v"], ["y"], name="flex", domain="ai.onnx.preview",
+                                  score_mod=score_mod)], "flex",
+                     [h.make_tensor_value_info(n, T.FLOAT, shape) for n in ("q_in", "k", "v")],
+                     [h.make_tensor_value_info("y", T.FLOAT, shape)])
+    model = h.make_model(g, opset_imports=OPSET + [h.make_opsetid("ai.onnx.preview", 1)], ir_version=10)
+
+    def drive(runner):
+        rng = np.random.default_rng(5)
+        return [runner.run({n: rng.normal(size=shape).astype(np.float32) for n in ("q_in", "k", "v")})["y"].tobytes()
+                for _ in range(4)]
+
+    session = CaptureSession(Executor(model, make_runtime()))
+    captured = drive(session)
+    decisions = dict(session.plan.decisions)
+    assert decisions["flex"] == reason and decisions["relu"] is None, f"contract: the decisions, got {decisions}"
+    assert session.counters.fallbacks == 0 and session.counters.replays == 3
+    assert captured == drive(Executor(model, make_runtime())), "result: eager bytes"
+
+
+def test_capture_records_a_scan_nested_in_a_scan_body_reading_a_value_two_scopes_out():
+    """The outer body holds a Scan whose body reads ``w`` from the graph: the check recurses into
+    the nested body, the recording retains both levels' temporaries, replays give eager's bytes."""
+    inner = h.make_graph([h.make_node("Add", ["a", "e"], ["a2"], name="inner_add"),
+                          h.make_node("Mul", ["e", "w"], ["eo"], name="inner_mul")], "inner",
+                         [_scalar("a", T.FLOAT), _scalar("e", T.FLOAT)],
+                         [_scalar("a2", T.FLOAT), _scalar("eo", T.FLOAT)])
+    outer = h.make_graph([h.make_node("Scan", ["acc", "row"], ["acc2", "row_out"], name="inner_scan", body=inner,
+                                      num_scan_inputs=1),
+                          h.make_node("Identity", ["acc2"], ["acc_out"], name="carry")], "outer",
+                         [_scalar("acc", T.FLOAT), h.make_tensor_value_info("row", T.FLOAT, [3])],
+                         [_scalar("acc_out", T.FLOAT), h.make_tensor_value_info("row_out", T.FLOAT, [3])])
+    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
+                      h.make_node("Scan", ["z", "r"], ["total", "ys"], name="scan", body=outer, num_scan_inputs=1)],
+                     "nested",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4, 3]), _scalar("z", T.FLOAT), _scalar("w", T.FLOAT)],
+                     [_scalar("total", T.FLOAT), h.make_tensor_value_info("ys", T.FLOAT, [4, 3])])
+    model = h.make_model(g, opset_imports=OPSET, ir_version=10)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(4, 3)).astype(np.float32), "z": np.array(0, np.float32),
+              "w": np.array(rng.normal(), np.float32)} for _ in range(4)]
+    eager_ex = Executor(model, Runtime(SimDevice(), RuntimeConfig()))
+    eager = [[v.tobytes() for v in eager_ex.run(f).values()] for f in feeds]
+    session = CaptureSession(Executor(model, Runtime(SimDevice(capture_guard=True), RuntimeConfig())))
+    captured = [[v.tobytes() for v in session.run(f).values()] for f in feeds]
+    assert session.plan.decisions == [("relu", None), ("scan", None)], "contract: the nested Scan's node admitted"
+    assert (session.counters.captures, session.counters.replays) == (1, 3)
+    assert captured == eager, "result: guarded replays byte-identical to eager"
+    r = np.maximum(feeds[-1]["x"], 0)
+    np.testing.assert_allclose(np.frombuffer(eager[-1][1], np.float32).reshape(4, 3), r * feeds[-1]["w"], rtol=1e-6), \
+        "result: not vacuous: the inner body's w * element"

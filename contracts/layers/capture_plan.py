@@ -87,8 +87,8 @@ MUTANTS = [
     ),
     Mutant(
         "capture_plan", "unresolved_outputs_ignored", _C,
-        old="unresolved = [v for v in [*node.input, *node.output]",
-        new="unresolved = [v for v in [*node.input]",
+        old="unresolved = [v for v in [*step.inputs, *node.output]",
+        new="unresolved = [v for v in [*step.inputs]",
         breaks="a node whose output shape inference could not resolve is an 'unresolved shape' seam",
         tests=_CP, select="resolved",
     ),
@@ -124,8 +124,8 @@ MUTANTS = [
     ),
     Mutant(
         "capture_plan", "conditional_answer_flipped", _C,
-        old="if not k.capture_ok(step.info, specs):",
-        new="if k.capture_ok(step.info, specs):",
+        old="return bool(step.kernel.capture_ok(step.info, specs))",
+        new="return not step.kernel.capture_ok(step.info, specs)",
         breaks="a conditional kernel is admitted exactly when its capture_ok says yes",
         tests=_CP, select="conditional",
     ),
@@ -162,9 +162,39 @@ MUTANTS = [
     ),
     Mutant(
         "capture_plan", "control_flow_admitted", _C,
-        old="if node.op_type in _HOST_CONTROL or step.control is not None:",
-        new="if node.op_type in _HOST_CONTROL and step.kernel is not None:",
-        breaks="a control-flow node (run by the executor, no kernel) is a host-control-flow seam, never captured",
+        old="control = node.op_type in _HOST_CONTROL or step.control is not None",
+        new="control = node.op_type in _HOST_CONTROL and step.kernel is not None",
+        breaks="a control-flow node (run by the executor, no kernel) is a host-control-flow seam unless its "
+               "trip count is fixed and its body capture-safe (an If: its branch is a host read)",
         tests=("tests/test_control_flow.py",), select="capture",
+    ),
+    Mutant(
+        "capture_plan", "scan_unsafe_body_admitted", _C,
+        old='return None if why is None else f"host control flow: Scan ({why})"',
+        new="return None",
+        breaks="a Scan is recorded only when every body node is a capture-safe kernel reading nothing on the "
+               "host: otherwise it is a seam naming the body node",
+        tests=("tests/test_control_flow.py",), select="capture and scan", ci=True,
+    ),
+    Mutant(
+        "capture_plan", "flexattention_unsafe_modifier_admitted", _C,
+        old='return None if why is None else f"host control flow: FlexAttention ({why})"',
+        new="return None",
+        breaks="a FlexAttention is recorded only when its modifier bodies are capture-safe",
+        tests=("tests/test_control_flow.py",), select="capture and flexattention",
+    ),
+    Mutant(
+        "capture_plan", "loop_body_condition_not_checked", _C,
+        old="if not _passes_condition_through(control.body):",
+        new="if False:",
+        breaks="a Loop whose body computes its condition reads it on the host each iteration: a seam",
+        tests=("tests/test_control_flow.py",), select="capture and loop",
+    ),
+    Mutant(
+        "capture_plan", "loop_trip_count_device_data_admitted", _C,
+        old="if not ins[0] or ins[0] not in known:",
+        new="if not ins[0]:",
+        breaks="a Loop whose trip count M is device data reads it on the host: a seam, never recorded",
+        tests=("tests/test_control_flow.py",), select="capture and loop",
     ),
 ]

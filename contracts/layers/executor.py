@@ -302,4 +302,28 @@ MUTANTS = [
         breaks="a subgraph output that is a view of the subgraph's temporary is copied before the body frees it",
         tests=_CFT, select="view_of_a_branch",
     ),
+    Mutant(
+        "executor", "control_flow_frees_while_recording", _CF,
+        old="""        if self.runtime.is_capturing:
+            return
+        held = {id(x) for lv in live for x in _tensors(lv)}""",
+        new="""        held = {id(x) for lv in live for x in _tensors(lv)}""",
+        breaks="a Scan or Loop recorded in a segment frees nothing while recording: the graph bakes its "
+               "temporaries' addresses, which a replay must still find mapped",
+        tests=_CFT, select="capture and scan", ci=True,
+    ),
+    Mutant(
+        "executor", "body_temporaries_freed_while_recording", _CF,
+        old="            if rt.is_capturing:  # recorded in a segment: the graph bakes every temporary's address",
+        new="            if False:  # recorded in a segment: the graph bakes every temporary's address",
+        breaks="a body recorded in a segment keeps its temporaries (the graph's replay reads them)",
+        tests=_CFT, select="capture and scan",
+    ),
+    Mutant(
+        "executor", "loop_host_write_while_recording", _CF,
+        old="            if rt.is_capturing:  # recorded: a fill kernel holds the value",
+        new="            if False:  # recorded: a fill kernel holds the value",
+        breaks="a recorded Loop writes its iteration number and condition with fill kernels (a host write is not captured)",
+        tests=_CFT, select="capture and loop",
+    ),
 ]

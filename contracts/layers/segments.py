@@ -156,4 +156,12 @@ MUTANTS = [
         tests=("tests/test_capture_plan.py::test_a_host_read_is_a_seam_before_the_classifier", *_SEG),
         select="host_read", ci=True,
     ),
+    Mutant(
+        "segments", "retained_past_budget_raised", _S,
+        old="if ex.steps[i].control is None:  # a kernel's own output: refused as eagerly",
+        new="if True:  # a kernel's own output: refused as eagerly",
+        breaks="a Scan or Loop whose recorded iterations' temporaries pass the memory budget is a recording "
+               "failure (quarantined, run eagerly), not an error the eager run would not raise",
+        tests=("tests/test_control_flow.py",), select="budget",
+    ),
 ]
