@@ -10,6 +10,8 @@ with the graph, past the memory budget a recording failure; otherwise a seam nam
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from onnx import TensorProto as T
@@ -441,7 +443,10 @@ def test_capture_records_a_scan_with_a_capture_safe_body_inside_a_segment(make_r
     """The Scan's trip count is a shape and its body is capture-safe: it is admitted, recorded in
     one segment with the nodes around it, replayed on new data each step with the eager bytes, and
     its iterations' retained temporaries are freed when the session closes."""
-    eager = _drive_scan(Executor(_scan_capture_model(), make_runtime()))
+    eager_rt = make_runtime()
+    eager = _drive_scan(Executor(_scan_capture_model(), eager_rt))
+    gc.collect()  # the eager executor's buffers freed, and given back by a drain: on CuPy the device
+    eager_rt.synchronize()  # (and its byte count) is shared with the runtime below
     rt = make_runtime()
     ex = Executor(_scan_capture_model(), rt)
     rt.synchronize()
