@@ -120,28 +120,25 @@ class _Trees:
     transform: str
 
 
-def _ints(node, name, required=True):
+def _numbers(node, name, required, kinds, dtype, what):
+    """A 1-D numeric attribute as an array of ``dtype`` (None when absent and not ``required``)."""
     v = node.attr(name)
     if v is None:
         if required:
             raise node.error(f"required attribute {name} is missing")
         return None
     a = np.asarray(v)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise node.error(f"attribute {name} must be a list of integers")
-    return a.astype(np.int64)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in kinds):
+        raise node.error(f"attribute {name} must be {what}")
+    return a.astype(dtype)
+
+
+def _ints(node, name, required=True):
+    return _numbers(node, name, required, "iu", np.int64, "a list of integers")
 
 
 def _floats(node, name, required=True):
-    v = node.attr(name)
-    if v is None:
-        if required:
-            raise node.error(f"required attribute {name} is missing")
-        return None
-    a = np.asarray(v)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "fiu"):
-        raise node.error(f"attribute {name} must be a 1-D tensor of numbers")
-    return a.astype(np.float64)
+    return _numbers(node, name, required, "fiu", np.float64, "a 1-D tensor of numbers")
 
 
 def _build_trees(node) -> _Trees:
