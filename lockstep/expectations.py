@@ -57,9 +57,6 @@ class Entry:
     when: dict[str, str] = field(default_factory=dict)
     file: str = ""
 
-    def matches(self, engine: str, key: str) -> bool:
-        return engine == self.engine and any(match(key, p) for p in self.patterns)
-
 
 @functools.lru_cache(maxsize=None)  # every collected case is matched against every pattern
 def _regex(pattern: str) -> re.Pattern:

@@ -25,6 +25,7 @@ Options: ``--engines=ref-sim,mine,pkg.module:factory``, ``--devices=sim,cupy``,
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -307,7 +308,10 @@ def _unavailable(kind: str, name: str, reason: str, required) -> None:
 
 def _usable(request: pytest.FixtureRequest, name: str):
     eng = _engines(request.config)[name]
-    ok, reason = eng.available()
+    checked = _state(request.config).setdefault("available", {})  # asked once per engine and session
+    if name not in checked:
+        checked[name] = eng.available()
+    ok, reason = checked[name]
     if not ok:
         _unavailable("engine", name, reason, _state(request.config)["required_engines"])
     return eng
@@ -383,18 +387,34 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
                                 + "; ".join(f"{e.file}: {e.engine} {pat}" for e, pat in stale[:20])
                                 + (f"; ... and {len(stale) - 20} more" if len(stale) > 20 else ""))
     unsupported = st.setdefault("expected_unsupported", {})
+    # The first entry (in file order) with a matching pattern applies. Most patterns are exact case
+    # names: looked up in a dict; the glob ones are tried in order, only while they come first.
+    exact: dict[tuple[str, str], int] = {}
+    globs: dict[str, list[tuple[int, str]]] = {}
+    for k, e in enumerate(entries):
+        for pat in e.patterns:
+            if "*" in pat or "?" in pat:
+                globs.setdefault(e.engine, []).append((k, pat))
+            else:
+                exact.setdefault((e.engine, pat), k)
     for it in engine_items:
         engine, key = keys[it.nodeid]
-        for e in entries:
-            if not e.matches(engine, key):
-                continue
-            if e.kind == "unsupported":
-                unsupported[it.nodeid] = e
-            elif e.kind == "xfail":
-                it.add_marker(pytest.mark.xfail(strict=True, reason=e.reason))
-            else:
-                it.add_marker(pytest.mark.skip(reason=e.reason))
-            break
+        first = exact.get((engine, key))
+        for k, pat in globs.get(engine, ()):
+            if first is not None and k >= first:
+                break
+            if expectations.match(key, pat):
+                first = k
+                break
+        if first is None:
+            continue
+        e = entries[first]
+        if e.kind == "unsupported":
+            unsupported[it.nodeid] = e
+        elif e.kind == "xfail":
+            it.add_marker(pytest.mark.xfail(strict=True, reason=e.reason))
+        else:
+            it.add_marker(pytest.mark.skip(reason=e.reason))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -557,11 +577,12 @@ def case_op(case) -> str:
     return max(named, key=len) if named else (m.graph.node[0].op_type if m.graph.node else "?")
 
 
-def _op_types(model_bytes: bytes) -> set[str]:
+@functools.lru_cache(maxsize=4096)  # a case's model is one bytes object, reported once per engine
+def _op_types(model_bytes: bytes) -> frozenset[str]:
     import onnx
 
     m = onnx.load_from_string(model_bytes)
-    return {n.op_type for n in m.graph.node} | {n.op_type for f in m.functions for n in f.node}
+    return frozenset({n.op_type for n in m.graph.node} | {n.op_type for f in m.functions for n in f.node})
 
 
 class _OutcomeRecorder:
