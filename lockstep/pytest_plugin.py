@@ -503,7 +503,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         if not who and params.get("device_name"):
             who = ENGINE_OF_DEVICE.get(params["device_name"], params["device_name"])
         props.append(("engine", who or "-"))
-        markers = sorted({mk.name for mk in item.iter_markers()} & {m.split("(")[0].split(":")[0] for m in MARKERS})
+        markers = sorted({mk.name for mk in item.iter_markers()} & _MARKER_NAMES)
         if markers:
             props.append(("markers", ",".join(markers)))
         case = params.get("case")
@@ -521,6 +521,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 
 UNSUPPORTED = "unsupported: "
+_MARKER_NAMES = frozenset(m.split("(")[0].split(":")[0] for m in MARKERS)  # lockstep's own markers, by name
 
 
 def _skip_reason(report) -> str:
