@@ -560,20 +560,25 @@ _CASES: dict = {}
 def case_op(case) -> str:
     """The operator a node case is about: its one node's op, the op of its unexpanded twin
     (``test_x_expanded`` -> ``test_x``), else the node whose op type is named in the case."""
+    return _case_op(case.name, case.model)
+
+
+@functools.lru_cache(maxsize=4096)  # each case is reported once per engine: its model parsed once
+def _case_op(name: str, model: bytes) -> str:
     import onnx
 
     from lockstep.reference_runtime.node_cases import load_cases
 
-    m = onnx.load_from_string(case.model)
+    m = onnx.load_from_string(model)
     if len(m.graph.node) == 1:
         return m.graph.node[0].op_type
-    base = case.name.split("_expanded")[0]
-    if base != case.name:
+    base = name.split("_expanded")[0]
+    if base != name:
         global _CASES
         _CASES = _CASES or {c.name: c for c in load_cases()}
         if base in _CASES:
             return case_op(_CASES[base])
-    flat = case.name.replace("_", "").lower()
+    flat = name.replace("_", "").lower()
     named = [n.op_type for n in m.graph.node if n.op_type.lower() in flat]
     return max(named, key=len) if named else (m.graph.node[0].op_type if m.graph.node else "?")
 
