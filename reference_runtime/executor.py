@@ -604,11 +604,9 @@ class Executor:
         out_specs = self._fold_host_values(step, info, specs, out_specs)
         host = {k: specs[k].value for k in step.kernel.host_inputs if k < len(specs) and specs[k] is not None}
         checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
-        call = info.for_run(tuple(out_specs), host, checks)
-        if self._raw_storage:  # the small types are raw bits on this device (kernels/_small.py)
-            types = small_in_dtypes(specs, out_specs)
-            if types:
-                call = info.for_run(tuple(out_specs), host, checks, types)
+        # on a raw-bit device, the small types among the node's values (kernels/_small.py)
+        call = info.for_run(tuple(out_specs), host, checks,
+                            small_in_dtypes(specs, out_specs) if self._raw_storage else ())
         if run.record is not None:
             run.record[i] = (tuple(out_specs), call, specs)
         if step.alias and not (persist and step.outputs[0] in persist) and step.is_view(specs[0]):
