@@ -105,10 +105,24 @@ _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "L
                  "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "PRelu", "Mod"}
 
 
+def _memo(executor, key: str, compute):
+    """``compute()``, once per executor: what it computes is a function of the executor's graph,
+    constants and symbolic shapes, which do not change after load (a capture session and its plans
+    ask for it on every replan; the capture-guard pass plans each case twice)."""
+    memo = executor.__dict__.setdefault("_capture_plan_memo", {})
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
 def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "onnx.NodeProto"]]:
     """Value-level provenance of host-known values (shape arithmetic): for each value computed
     from constants and shapes only, the symbols its contents depend on; and the node each root
-    symbol was born on."""
+    symbol was born on. Computed once per executor (callers only read it)."""
+    return _memo(executor, "provenance", lambda: _compute_value_provenance(executor))
+
+
+def _compute_value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "onnx.NodeProto"]]:
     shapes: dict[str, tuple] = executor.symbolic_shapes
     deps: dict[str, set[Symbol]] = {name: set() for name in executor.constants}
     born: dict[Symbol, "onnx.NodeProto"] = {}
@@ -132,8 +146,13 @@ def _value_provenance(executor) -> tuple[dict[str, set[Symbol]], dict[Symbol, "o
     return deps, born
 
 
-def growing_symbols(executor) -> set[Symbol]:
-    """Every symbol that may grow with the KV length (see the module docstring)."""
+def growing_symbols(executor) -> frozenset[Symbol]:
+    """Every symbol that may grow with the KV length (see the module docstring). Computed once per
+    executor."""
+    return _memo(executor, "growing", lambda: frozenset(_compute_growing_symbols(executor)))
+
+
+def _compute_growing_symbols(executor) -> set[Symbol]:
     shapes: dict[str, tuple] = executor.symbolic_shapes
     uf = _UnionFind()
     seeds: set[Symbol] = set()
@@ -223,10 +242,16 @@ def _value_shaped_symbols(executor, deps: dict[str, set[Symbol]], grows) -> set[
     return out
 
 
-def _host_known(executor, outer: "set[str] | frozenset[str]" = frozenset()) -> set[str]:
+def _host_known(executor, outer: "set[str] | frozenset[str]" = frozenset()) -> "set[str] | frozenset[str]":
     """Values whose contents the host knows without reading the device (constants, shapes, and
     small shape arithmetic over them, which the executor folds); ``outer``: names known already
-    (a body's host-known outer-scope values)."""
+    (a body's host-known outer-scope values). Without ``outer``, computed once per executor."""
+    if not outer:
+        return _memo(executor, "host_known", lambda: frozenset(_compute_host_known(executor)))
+    return _compute_host_known(executor, outer)
+
+
+def _compute_host_known(executor, outer: "set[str] | frozenset[str]" = frozenset()) -> set[str]:
     known = set(executor.constants) | set(outer)
     for step in executor.steps:
         node = step.node

@@ -16,8 +16,8 @@ long, for data propagation) make it allocate gigabytes. Three layers keep the lo
    inputs: their shapes matter, not their values), and passes back only the inferred value infos.
    A child that dies, runs out of memory or time is a ``ModelError`` (the next model gets a fresh
    child); an ordinary inference exception means "no inferred shapes", as before. Results are
-   cached by the slim model's bytes. Where ``os.fork`` does not exist, inference runs in-process
-   after the checks of 1 and 2.
+   cached by the slim model's bytes (least recently used out past 4,096 entries or 64 MB). Where
+   ``os.fork`` does not exist, inference runs in-process after the checks of 1 and 2.
 
 Cost (2 cores): 0.3 ms per node-suite model instead of 0.1 ms; forking the worker ~15 ms once.
 Mutating every int attribute of the single-node node cases to extremes (7,714 models): without
@@ -47,7 +47,11 @@ MEMORY_BUDGET = 2 << 30  # bytes of address space the inference child may add to
 TIMEOUT_S = 60.0
 SLIM_ELEMENTS = 4096
 _CACHE: OrderedDict[bytes, bytes | None] = OrderedDict()
-_CACHE_SIZE = 512
+# Entries and bytes the cache keeps: above the node suite's 1,884 models, which a test session
+# infers twice (the node cases on ref-sim, the capture-guard pass); a few MB in all there.
+_CACHE_SIZE = 4096
+_CACHE_BYTES = 64 << 20
+_cache_bytes = 0
 
 
 def _nodes(graph: onnx.GraphProto):
@@ -276,6 +280,19 @@ def _nothing_to_infer(model: onnx.ModelProto) -> bool:
     return all(fixed.get(o, False) for node in g.node for o in node.output if o)
 
 
+def _remember(key: bytes, result: bytes | None) -> None:
+    """Keep ``result``; the least recently used entries go past ``_CACHE_SIZE`` entries or
+    ``_CACHE_BYTES`` of results."""
+    global _cache_bytes
+    _CACHE[key] = result
+    _cache_bytes += len(result or b"")
+    if _cache_bytes > _CACHE_BYTES:  # (recounted: a test may have swapped the cache)
+        _cache_bytes = sum(len(v or b"") for v in _CACHE.values())
+    while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or _cache_bytes > _CACHE_BYTES):
+        _, old = _CACHE.popitem(last=False)
+        _cache_bytes -= len(old or b"")
+
+
 def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
     """``model``'s graph with onnx's inferred value infos (data propagation on); the model itself,
     uninferred, when onnx's inference raises or could add nothing (``_nothing_to_infer``). Raises
@@ -298,9 +315,7 @@ def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
                 result = _run_inference(data)
             except Exception:  # noqa: BLE001 - as in the worker
                 result = None
-        _CACHE[key] = result
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+        _remember(key, result)
     if result is None:
         return model
     g = onnx.GraphProto.FromString(result)

@@ -128,6 +128,28 @@ def _kinds(values) -> set[str]:
     return {"sequence" if isinstance(v, list) else "optional" for v in values if not isinstance(v, np.ndarray)}
 
 
+# numpy's own bool, integer and float dtypes: the ones ``_surely_similar`` decides on
+_PLAIN = frozenset(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                         np.uint32, np.uint64, np.float16, np.float32, np.float64))
+
+
+def _surely_similar(ref, out, rtol: float, atol: float) -> bool:
+    """True only when ONNX's runner would pass ``out`` against ``ref``: both numpy arrays of one
+    shape and one plain dtype, and every element ``np.isclose`` with ``equal_nan`` (the test
+    ``assert_allclose`` makes; NaN and infinities then sit at the same places too). Anything else,
+    a failure included, goes to the runner itself, which decides and words the message. Its numpy
+    testing machinery costs about 0.5 ms a case; this check, about a tenth of that."""
+    if type(ref) is not np.ndarray or type(out) is not np.ndarray:
+        return False
+    if ref.shape != out.shape or ref.dtype != out.dtype or ref.dtype not in _PLAIN:
+        return False
+    try:
+        with np.errstate(all="ignore"):
+            return bool(np.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True).all())
+    except Exception:  # noqa: BLE001 - the runner decides
+        return False
+
+
 def assert_similar(expected: list, outputs: list, rtol: float, atol: float) -> None:
     """ONNX's runner's comparison (``Runner.assert_similar_outputs``) per output, with sequences
     compared element by element after their lengths, and an empty optional equal only to None."""
@@ -152,7 +174,7 @@ def assert_similar(expected: list, outputs: list, rtol: float, atol: float) -> N
                     raise AssertionError(f"output {i}, element {j}: {exc}") from None
         elif isinstance(out, (list, tuple)):
             raise AssertionError(f"output {i}: a tensor expected, got a sequence")
-        else:
+        elif not _surely_similar(ref, out, rtol, atol):
             Runner.assert_similar_outputs([ref], [np.asarray(out)], rtol, atol)
 
 

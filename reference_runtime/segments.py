@@ -115,7 +115,7 @@ class CaptureSession:
         self.counters = CaptureCounters()
         self.quarantined: set[str] = set()
         self.warmed: set[str] = set()
-        self._growing: set[Symbol] = growing_symbols(executor)
+        self._growing: frozenset[Symbol] = growing_symbols(executor)
         self._masks: dict[str, tuple[bool, ...]] = {}  # input name -> which of its dims grow
         self._sigs: dict[tuple, _Signature] = {}
         # raw key (names, shapes, dtypes, device tensors' identities) -> (signature, in-place feeds):

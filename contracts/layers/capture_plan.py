@@ -197,4 +197,12 @@ MUTANTS = [
         breaks="a Loop whose trip count M is device data reads it on the host: a seam, never recorded",
         tests=("tests/test_control_flow.py",), select="capture and loop",
     ),
+    Mutant(
+        "capture_plan", "memo_shared_across_executors", _C,
+        old='memo = executor.__dict__.setdefault("_capture_plan_memo", {})',
+        new='memo = _memo.__dict__.setdefault("shared", {})',
+        breaks="the classifier's growing symbols and host-known values are computed once per executor, never "
+               "carried from one model's executor to another's",
+        tests=_CP, ci=True,
+    ),
 ]
