@@ -107,7 +107,6 @@ def guard_case(case: NodeCase) -> GuardOutcome:
     from .errors import HostReadInCapture
     from .executor import Executor
     from .runtime import Runtime
-    from .capture_plan import plan_capture
     from .segments import CaptureSession
 
     ins = [_tensor(x) for x in case.inputs]
@@ -119,11 +118,11 @@ def guard_case(case: NodeCase) -> GuardOutcome:
         RefEngine("sim", RuntimeConfig())._check_dtypes(model)
         rt = Runtime(SimDevice(capture_guard=True), RuntimeConfig())
         ex = Executor(model, rt)
-        decisions = plan_capture(ex).decisions  # every node warmed: the plan the session will reach
+        sess = CaptureSession(ex, warmup=1)
+        decisions = sess.preview_plan().decisions  # (a run can only add seams to it)
         if all(r is not None for _, r in decisions):  # nothing admitted: no run to guard
             reasons = sorted({r for _, r in decisions})
             return GuardOutcome("skipped", "nothing captured: " + ("; ".join(reasons)[:300] or "no kernel node"))
-        sess = CaptureSession(ex, warmup=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             eager = sess.run(feeds)

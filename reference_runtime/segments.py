@@ -122,6 +122,7 @@ class CaptureSession:
         # the steady state of a decode loop computes neither again
         self._raw: dict[tuple, tuple[_Signature, dict[str, int]]] = {}
         self.plan: CapturePlan | None = None
+        self._plans: dict[tuple, CapturePlan] = {}  # (quarantined, warmed, host steps) -> plan
         self.failure: str | None = None  # the first recording failure of the session ("Type: message")
 
     # -- signature: what fixes the shapes and the baked addresses of a step's segments. Device feeds
@@ -150,8 +151,22 @@ class CaptureSession:
         bound = {id(t) for t in bind.values()}
         return {name: id(v) for name, v in feeds.items() if isinstance(v, Tensor) and id(v) in bound}
 
+    def _plan_for(self, warmed: "set[str] | frozenset[str]") -> CapturePlan:
+        """The plan for these warmed nodes, the session's quarantine and the nodes the executor has
+        found to be host seams; the same three inputs give the same plan (it is kept)."""
+        key = (frozenset(self.quarantined), frozenset(warmed), frozenset(self.ex.host_steps))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = plan_capture(self.ex, quarantined=key[0], warmed=key[1])
+        return plan
+
+    def preview_plan(self) -> CapturePlan:
+        """The plan the session will reach once every node has warmed, if no node turns out a host
+        seam at run time (which only adds seams) and no recording fails: before any run."""
+        return self._plan_for({st.info.name for st in self.ex.steps})
+
     def _plan(self) -> CapturePlan:
-        plan = plan_capture(self.ex, quarantined=frozenset(self.quarantined), warmed=self.warmed)
+        plan = self._plan_for(self.warmed)
         self.plan = plan
         self.counters.segments = len(plan.segments)
         self.counters.seams_by_reason = plan.census()["seams_by_reason"]
