@@ -116,7 +116,9 @@ def guard_case(case: NodeCase) -> GuardOutcome:
     feeds = _bake_host_inputs(model, _feeds(model, ins))
     try:
         RefEngine("sim", RuntimeConfig())._check_dtypes(model)
-        rt = Runtime(SimDevice(capture_guard=True), RuntimeConfig())
+        # no execution plans: one is followed only from a signature's second eager run, and the
+        # guard's second run is the captured one (recording a plan would be wasted work)
+        rt = Runtime(SimDevice(capture_guard=True), RuntimeConfig(execution_plans=False))
         ex = Executor(model, rt)
         sess = CaptureSession(ex, warmup=1)
         decisions = sess.preview_plan().decisions  # (a run can only add seams to it)
