@@ -107,8 +107,8 @@ _BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "L
 
 def _memo(executor, key: str, compute):
     """``compute()``, once per executor: what it computes is a function of the executor's graph,
-    constants and symbolic shapes, which do not change after load (a capture session and its plans
-    ask for it on every replan; the capture-guard pass plans each case twice)."""
+    constants and symbolic shapes, which do not change after load (a capture session, each of its
+    plans and the execution plans ask for the same analyses)."""
     memo = executor.__dict__.setdefault("_capture_plan_memo", {})
     if key not in memo:
         memo[key] = compute()

@@ -51,7 +51,6 @@ _CACHE: OrderedDict[bytes, bytes | None] = OrderedDict()
 # infers twice (the node cases on ref-sim, the capture-guard pass); a few MB in all there.
 _CACHE_SIZE = 4096
 _CACHE_BYTES = 64 << 20
-_cache_bytes = 0
 
 
 def _nodes(graph: onnx.GraphProto):
@@ -283,14 +282,13 @@ def _nothing_to_infer(model: onnx.ModelProto) -> bool:
 def _remember(key: bytes, result: bytes | None) -> None:
     """Keep ``result``; the least recently used entries go past ``_CACHE_SIZE`` entries or
     ``_CACHE_BYTES`` of results."""
-    global _cache_bytes
     _CACHE[key] = result
-    _cache_bytes += len(result or b"")
-    if _cache_bytes > _CACHE_BYTES:  # (recounted: a test may have swapped the cache)
-        _cache_bytes = sum(len(v or b"") for v in _CACHE.values())
-    while len(_CACHE) > 1 and (len(_CACHE) > _CACHE_SIZE or _cache_bytes > _CACHE_BYTES):
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    held = sum(len(v or b"") for v in _CACHE.values())  # (a miss is an inference: this is cheap beside it)
+    while len(_CACHE) > 1 and held > _CACHE_BYTES:
         _, old = _CACHE.popitem(last=False)
-        _cache_bytes -= len(old or b"")
+        held -= len(old or b"")
 
 
 def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:

@@ -128,6 +128,22 @@ def test_an_inference_that_hangs_is_stopped_by_its_timeout(monkeypatch):
     assert inference._WORKER is None, "the hung worker was killed; the next model forks a fresh one"
 
 
+def test_the_inference_cache_drops_the_least_recently_used_past_its_entries_or_bytes(monkeypatch):
+    """Contract: the cache of inferred shapes is bounded by entries and by bytes, dropping the least
+    recently used first and always keeping the newest."""
+    monkeypatch.setattr(inference, "_CACHE", type(inference._CACHE)())
+    monkeypatch.setattr(inference, "_CACHE_SIZE", 3)
+    monkeypatch.setattr(inference, "_CACHE_BYTES", 10)
+    for k in b"abc":
+        inference._remember(bytes([k]), b"12")
+    inference._remember(b"d", None)  # an uninferable model is remembered too (0 bytes)
+    assert list(inference._CACHE) == [b"b", b"c", b"d"], "contract: past 3 entries, the oldest goes"
+    inference._remember(b"e", b"123456789")
+    assert list(inference._CACHE) == [b"d", b"e"], "contract: past 10 bytes, the oldest go until it fits"
+    inference._remember(b"f", b"x" * 50)
+    assert list(inference._CACHE) == [b"f"], "contract: the newest stays even past the byte bound"
+
+
 # -- 2. loader failures are ModelError naming file, tensor and reason -------------------------------
 
 def _external_model(tmp_path, entries, dims=(4,)):

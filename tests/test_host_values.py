@@ -126,6 +126,22 @@ def test_host_nodes_are_capture_seams_and_a_capture_session_runs_around_them():
     assert ex.plans is None, "contract: no execution plan replays a graph with host nodes"
 
 
+def test_a_plan_previewed_before_any_run_is_not_kept_past_a_host_seam_the_run_finds():
+    """Contract: a capture session keeps its plans by the nodes the executor has found to be host
+    seams too. Equal handed strings is a device kernel until a run finds it on the host; a plan
+    previewed before that run (as the capture-guard pass does) must not be the one the session
+    records with."""
+    ex = _ex(_string_graph())
+    feeds = {"a": _A, "b": _B, "w": np.full(3, 0.5, np.float32)}
+    sess = CaptureSession(ex, warmup=1)
+    equal = next(st.info.name for st in ex.steps if st.info.op_type == "Equal")
+    assert dict(sess.preview_plan().decisions)[equal] is None, "result: before a run, Equal looks capturable"
+    for _ in range(2):
+        out = sess.run(feeds)
+    assert dict(sess.plan.decisions)[equal] == "host values: Equal", "contract: the plan recorded with names the seam"
+    assert out["score"].tolist() == [0.5, 1.5, 0.5], "result: the captured run's outputs"
+
+
 def test_bad_string_attributes_are_refused_at_load():
     def one(node, out_type=TP.BOOL, domain=()):
         return _model([node], [_T("x", TP.STRING, [2])], [_T("y", out_type, [2])], extra=domain)

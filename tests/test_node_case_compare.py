@@ -4,6 +4,7 @@ The cheap check may only ever say "passes" where the runner would pass too."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from lockstep.reference_runtime.node_cases import _surely_similar, assert_similar
@@ -83,6 +84,5 @@ def test_what_the_fast_check_leaves_goes_to_the_runner_with_its_message():
     strings = np.array(["a", "b"], dtype=object)
     assert not _surely_similar(strings, strings.copy(), 0.0, 0.0), "result: strings go to the runner"
     assert_similar([strings], [strings.copy()], 0.0, 0.0)
-    ml_dtypes = pytest.importorskip("ml_dtypes")
-    bf = np.ones(3, ml_dtypes.bfloat16)
+    bf = np.ones(3, ml_dtypes.bfloat16)  # (ml_dtypes: a dependency of onnx)
     assert not _surely_similar(bf, bf.copy(), 0.0, 0.0), "result: bfloat16 (the runner widens rtol) goes to the runner"

@@ -164,4 +164,12 @@ MUTANTS = [
                "failure (quarantined, run eagerly), not an error the eager run would not raise",
         tests=("tests/test_control_flow.py",), select="budget",
     ),
+    Mutant(
+        "segments", "plan_kept_past_new_host_seams", _S,
+        old="key = (frozenset(self.quarantined), frozenset(warmed), frozenset(self.ex.host_steps))",
+        new="key = (frozenset(self.quarantined), frozenset(warmed))",
+        breaks="a node a run finds to be a host seam (a device kernel handed strings) makes a new plan: a plan "
+               "kept from before that run would record it",
+        tests=("tests/test_host_values.py",), select="previewed",
+    ),
 ]
