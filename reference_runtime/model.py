@@ -9,8 +9,10 @@ file, the tensor or node, and what was wrong.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -325,14 +327,69 @@ def _walk_text(msg: Any, path: Any, name: str | None, index: int) -> None:
                     _walk_text(item, here, fd.name, i)
 
 
+def _repeated(fd: Any) -> bool:
+    is_repeated = getattr(fd, "is_repeated", None)  # protobuf >= 6 (``label`` is deprecated, gone in upb's 7)
+    return bool(is_repeated) if is_repeated is not None else fd.label == fd.LABEL_REPEATED
+
+
+def _copy_fields(msg: Any, dst: Any, skip: str) -> None:
+    """``dst`` gets every set field of ``msg`` but ``skip`` (submessages copied, nothing re-encoded)."""
+    for fd, value in msg.ListFields():
+        if fd.name == skip:
+            continue
+        if _repeated(fd):
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == _TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[int]] | None:
+    """The model without its main-graph initializers' ``raw_data`` (every other field as it is), and
+    those byte counts; None when an initializer's data is external (loading it changes the model).
+
+    Everything ``load_model``'s checks read is in the skeleton but the bytes of ``raw_data``, whose
+    contents no check reads (their length is checked against the dims: kept in the list), so a model
+    whose skeleton was validated before is valid now. Built without re-encoding the weights."""
+    graph = model.graph
+    skel = onnx.ModelProto()
+    _copy_fields(model, skel, "graph")
+    _copy_fields(graph, skel.graph, "initializer")
+    lengths = []
+    for t in graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return None
+        shell = skel.graph.initializer.add()
+        _copy_fields(t, shell, "raw_data")
+        lengths.append(len(t.raw_data) if t.HasField("raw_data") else -1)
+    return skel, lengths
+
+
+# Digests of the skeletons of models load_model validated in this process (check=True), least
+# recently used out past _VALIDATED_SIZE: a model validated once (a golden model opened by every
+# test of a session, a node case prepared by two engines) is not parsed and checked again.
+_VALIDATED: "OrderedDict[bytes, None]" = OrderedDict()
+_VALIDATED_SIZE = 8192
+
+
+def _digest(skeleton_bytes: bytes, lengths: list[int]) -> bytes:
+    return hashlib.blake2b(skeleton_bytes + b"|" + ",".join(map(str, lengths)).encode(), digest_size=32).digest()
+
+
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:
-    """Return (model, base_dir). External data is loaded only from inside the model's folder."""
+    """Return (model, base_dir). External data is loaded only from inside the model's folder.
+
+    A model whose skeleton (``_skeleton``: all of it but the weights' bytes) passed these checks
+    before in this process is returned without checking it again."""
     base_dir: str | None = None
+    data: bytes | None = None  # the model's serialised bytes, when at hand
     if isinstance(src, onnx.ModelProto):
         model = src
     elif isinstance(src, (bytes, bytearray)):
+        data = bytes(src)
         try:
-            model = onnx.load_from_string(bytes(src))
+            model = onnx.load_from_string(data)
         except Exception as exc:
             raise ModelError(f"not a valid ONNX protobuf ({len(src)} bytes): {exc}") from exc
     else:
@@ -340,19 +397,36 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
         try:
-            model = onnx.load(str(path), load_external_data=False)
+            data = path.read_bytes()
+            model = onnx.load_from_string(data)  # onnx.load without external data: the file's bytes parsed
         except Exception as exc:
             raise ModelError(f"{path}: not a valid ONNX protobuf: {exc}") from exc
         base_dir = str(path.parent)
     where = f"{src}: " if base_dir is not None else ""
     try:
-        data = model.SerializeToString()  # parsed by the UTF-8 check and by onnx.checker: serialised once
-        _check_text(model, data=data)
+        shape = _skeleton(model)
+    except Exception:  # noqa: BLE001 - text that is not UTF-8 cannot be copied: the checks below name it
+        shape = None
+    digest = None
+    if shape is not None:
+        skel, lengths = shape
+        skel_data = skel.SerializeToString()
+        digest = _digest(skel_data, lengths)
+        if check and digest in _VALIDATED:
+            _VALIDATED.move_to_end(digest)
+            return model, base_dir
+    try:
+        # every string of the model is in its skeleton: the UTF-8 check parses that, not the weights
+        if shape is not None:
+            _check_text(model, data=skel_data)
+        else:
+            _check_text(model, data=data)
         nodes: list[onnx.NodeProto] = []  # every node, subgraphs included: walked once, checked twice
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
         _check_tensors(model, None if base_dir is None else Path(base_dir), nodes)
         if check:
-            try:  # (external data read in since changes the bytes: those models are serialised again)
-                onnx.checker.check_model(data if base_dir is None else model)
+            try:  # the file's bytes when they are the model's (external data read in since changes them)
+                onnx.checker.check_model(data if data is not None and not external else model)
             except Exception as exc:
                 raise ModelError(f"model fails onnx.checker: {exc}") from exc
             from .inference import check_for_inference
@@ -360,4 +434,8 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
             check_for_inference(model, nodes)
     except ModelError as exc:
         raise ModelError(f"{where}{exc}") from exc.__cause__
+    if check and digest is not None:
+        _VALIDATED[digest] = None
+        while len(_VALIDATED) > _VALIDATED_SIZE:
+            _VALIDATED.popitem(last=False)
     return model, base_dir

@@ -229,6 +229,55 @@ def test_a_valid_model_with_every_tensor_form_still_loads(runtime):
     assert Executor(m, runtime).run({})["y"].tolist() == [1.0, 1.0]
 
 
+def _weights_model():
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 4], np.arange(12, dtype=np.float32).tobytes(), raw=True)
+    return _model([helper.make_node("Relu", ["w"], ["y"], name="r")], [], [_vi("y", shape=(3, 4))], [w])
+
+
+@pytest.mark.contract("load_model.validated_once")
+def test_a_model_validated_once_is_not_checked_again_but_a_changed_one_is(monkeypatch):
+    """load_model skips its checks only for a model whose skeleton (all of it but its weights' bytes)
+    it validated before: the same model opened by many tests is checked once, and any change a check
+    could see (a node, an attribute, an initializer's dims or data length) is checked again."""
+    import onnx
+
+    calls = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: (calls.append(1), real(m, *a, **k))[1])
+    m = _weights_model()
+    load_model(m)
+    load_model(m)
+    assert len(calls) == 1, "contract: validated once"
+    m.graph.initializer[0].raw_data = np.ones(12, np.float32).tobytes()  # other bytes, same length
+    load_model(m)
+    assert len(calls) == 1, "contract: the weights' bytes are not what the checks read"
+    m.graph.node[0].attribute.extend([helper.make_attribute("axis", 2**31)])  # an attribute Relu has not
+    with pytest.raises(ModelError, match="Unrecognized attribute: axis for operator Relu"):
+        load_model(m)
+    del m.graph.node[0].attribute[:]
+    m.graph.initializer[0].dims[:] = [4, 4]  # the data no longer matches the dims
+    with pytest.raises(ModelError, match=r"initializer 'w': dims \[4, 4\] need 64 bytes, the data has 48"):
+        load_model(m)
+    m.graph.initializer[0].dims[:] = [3, 4]
+    m.graph.initializer[0].raw_data = b"\0" * 20  # the same dims, the data shorter
+    with pytest.raises(ModelError, match=r"dims \[3, 4\] need 48 bytes, the data has 20"):
+        load_model(m)
+
+
+def test_a_model_file_is_checked_from_its_bytes(tmp_path, monkeypatch):
+    """A model file's own bytes go to onnx.checker (the model is not serialised again to check it)."""
+    import onnx
+
+    seen = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: (seen.append(type(m)), real(m, *a, **k))[1])
+    m = _weights_model()
+    m.graph.name = "from-file"  # not validated before in this process
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    model, base = load_model(tmp_path / "m.onnx")
+    assert seen == [bytes] and base == str(tmp_path) and model.graph.name == "from-file"
+
+
 # -- 3. feeds ----------------------------------------------------------------------------------------
 
 def test_feed_names_that_are_not_strings_are_a_feed_error(runtime):
