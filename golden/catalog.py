@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -83,9 +84,9 @@ class GoldenModel:
         return self._path
 
     def load(self) -> onnx.ModelProto:
-        from lockstep.reference_runtime.model import load_model
-
-        return load_model(self.model_path())[0]
+        """The model, loaded and checked once per process while its file is unchanged (``load_file``).
+        The same object each time: read it, never change it (copy it first)."""
+        return load_file(self.model_path())
 
     @property
     def card(self) -> dict[str, str] | None:
@@ -155,7 +156,10 @@ class GoldenModel:
             return compute_anchors(self.name, progress)
         source = dict(self.meta)
         twin = self._twin_path()
-        return _anchors(self.name, self.model_path(), twin, self.prompt(), source, progress)
+        from .anchors import _recorded_prefix
+
+        return _anchors(self.name, self.model_path(), twin, self.prompt(), source, progress,
+                        expected_prefix=_recorded_prefix(self.snapshot_path))
 
     def _twin_path(self) -> Path | None:
         twin = self.meta.get("twin")
@@ -170,22 +174,43 @@ class GoldenModel:
         return write_snapshot(data, self.snapshot_path.parent)
 
 
+_LOADED: "OrderedDict[tuple, onnx.ModelProto]" = OrderedDict()
+_LOADED_SIZE = 4  # models kept: the three SmolLM2 exports (1 GB in all) and one more
+
+
+def load_file(path: Path) -> onnx.ModelProto:
+    """A golden model's file, loaded and checked (``load_model``) once per process while the file is
+    unchanged (its size and modification time): every test of a session opens it, and SmolLM2's
+    540 MB took ~10 s a time. The same object each time: read it, never change it (copy it first:
+    ``onnx.ModelProto().CopyFrom``). The ``_LOADED_SIZE`` most recently used are kept."""
+    from lockstep.reference_runtime.model import load_model
+
+    path = Path(path)
+    st = path.stat()
+    stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if stamp not in _LOADED:
+        _LOADED[stamp] = load_model(path)[0]
+        while len(_LOADED) > _LOADED_SIZE:
+            _LOADED.popitem(last=False)
+    _LOADED.move_to_end(stamp)
+    return _LOADED[stamp]
+
+
 def _resolve(base: Path, text: str) -> Path:
     p = Path(text)
     return p if p.is_absolute() else (base / p)
 
 
 def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], source: dict[str, Any],
-             progress) -> dict[str, Any]:
+             progress, expected_prefix: list[int] | None = None,
+             target: onnx.ModelProto | None = None) -> dict[str, Any]:
     """The oracle's anchors for a model file: the oracle runs the fp32 twin when there is one, else
     the model itself (an fp16 model upcast to fp32: its weights, computed in fp32)."""
-    from lockstep.reference_runtime.model import load_model
-
-    target = load_model(model_path)[0]
+    target = target if target is not None else load_file(model_path)
     card = source.get("io")
     io = DecoderIO.of(target, card)
     if twin is not None:
-        oracle = load_model(twin)[0]
+        oracle = load_file(twin)
         compared = f"the fp32 twin {twin.name}"
     elif io.logits_dtype == "float16" or io.kv_dtype == "float16":
         oracle = retyped(target, onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
@@ -210,7 +235,8 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
            json.dumps(card, sort_keys=True))
     if key not in _ORACLE_RUNS:
         _ORACLE_RUNS[key] = oracle_run(name, oracle, None if crosscheck == "none" else oracle, prompt, io_card=card,
-                                       prefix_tokens=tokens, progress=progress)
+                                       prefix_tokens=tokens, progress=progress, expected_prefix=expected_prefix,
+                                       cache_inputs={"oracle_model_sha256": key[0], "card": key[4]})
     return anchors_from_oracle(name, target, oracle, None if crosscheck == "none" else oracle, prompt,
                                provenance=provenance, io_card=card, extra=extra, prefix_tokens=tokens,
                                run=_ORACLE_RUNS[key], progress=progress)
@@ -306,5 +332,5 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
     source = {"model": ref(model_path), "twin": ref(twin), "tokenizer": ref(tokenizer), "io": card,
               "prompt_text": prompt, "kv_capacity": io.capacity, "crosscheck": "float64" if crosscheck else "none",
               "tokens": tokens or PREFIX_TOKENS}
-    snap = _anchors(name, model_path, Path(twin).resolve() if twin else None, ids, source, progress)
+    snap = _anchors(name, model_path, Path(twin).resolve() if twin else None, ids, source, progress, target=target)
     return write_snapshot(snap, directory)
