@@ -104,14 +104,21 @@ class NodeInfo:
     # On a device that stores the small types as raw bits (``_small``): the element type of each
     # input (None where absent), set only when a small type is among the node's values; else ().
     in_dtypes: tuple[Any, ...] = ()
+    # Set by the executor at load, for a model whose weights pass ``MEMO_MIN_MODEL_BYTES`` on an
+    # executor without a weight pager: the inputs that are initializers, and the node's memo of what a
+    # kernel derives from them (``const_memo``), shared by every run of the node.
+    consts: frozenset[int] = field(default=frozenset(), compare=False)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)
 
     def __init__(self, name: str, op_type: str, domain: str, opset: int, attrs: dict[str, Any], n_inputs: int,
                  n_outputs: int, out_specs: tuple["Spec", ...] = (), host: dict[int, np.ndarray] | None = None,
-                 index_checks: tuple[Any, ...] = (), in_dtypes: tuple[Any, ...] = ()):
+                 index_checks: tuple[Any, ...] = (), in_dtypes: tuple[Any, ...] = (),
+                 consts: frozenset[int] = frozenset(), memo: dict[Any, Any] | None = None):
         d = self.__dict__
         d["name"], d["op_type"], d["domain"], d["opset"], d["attrs"] = name, op_type, domain, opset, attrs
         d["n_inputs"], d["n_outputs"], d["out_specs"] = n_inputs, n_outputs, out_specs
         d["host"], d["index_checks"], d["in_dtypes"] = {} if host is None else host, index_checks, in_dtypes
+        d["consts"], d["memo"] = consts, {} if memo is None else memo
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -127,10 +134,37 @@ class NodeInfo:
         input types (what ``dataclasses.replace`` does, without its per-call field introspection:
         once per node run)."""
         return NodeInfo(self.name, self.op_type, self.domain, self.opset, self.attrs, self.n_inputs,
-                        self.n_outputs, out_specs, host, index_checks, in_dtypes)
+                        self.n_outputs, out_specs, host, index_checks, in_dtypes, self.consts, self.memo)
+
+    def with_consts(self, consts: frozenset[int]) -> "NodeInfo":
+        """This node with ``consts`` (the executor's, at load) and a fresh memo."""
+        return NodeInfo(self.name, self.op_type, self.domain, self.opset, self.attrs, self.n_inputs,
+                        self.n_outputs, self.out_specs, self.host, self.index_checks, self.in_dtypes, consts)
 
     def error(self, msg: str) -> OpError:
         return OpError(f"node {self.name!r} ({self.op_type}, opset {self.opset}): {msg}")
+
+
+# Models whose initializers pass this many bytes get constant memos (a trained model: SmolLM2's
+# exports are 195-540 MB); every built-in golden model (2.5 MB at most) is far below.
+MEMO_MIN_MODEL_BYTES = 64 << 20
+
+
+def const_memo(xp: Any, node: NodeInfo, key: Any, inputs: tuple[int, ...], make: Any) -> Any:
+    """``make()``, computed once per node when every input in ``inputs`` is an initializer of its
+    (``node.consts``, set for large models: an initializer's bytes never change), on the simulated
+    device only; else at each call. For what a kernel derives from its weights alone and would
+    recompute every decode step: an fp16 weight upcast to fp32, MatMulNBits' dequantized blocks
+    (SmolLM2's fp16 stepwise lock spent 34 of its 74 s of kernel time on upcasts). The memo is host
+    memory outside the device budget, so: off on CuPy (device memory is the runtime's to budget),
+    off under a weight pager, and off for small models (every built-in golden model: the simulator
+    computes from their device bytes at each run, where ordering bugs would show)."""
+    if xp.__name__ != "numpy" or not node.consts.issuperset(inputs):
+        return make()
+    memo = node.memo
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
 
 
 def normalize_axis(node: NodeInfo, axis: int, rank: int) -> int:

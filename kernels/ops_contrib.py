@@ -58,7 +58,7 @@ import numpy as np
 from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
 from ._latch import IndexCheck
 from ._linalg import matmul
-from ._op import OpKernel, Spec, head_counts, normalize_axis
+from ._op import OpKernel, Spec, const_memo, head_counts, normalize_axis
 
 OPS: list[OpKernel] = []
 
@@ -197,7 +197,9 @@ def _nbits_shapes(node, specs):
 def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
     K, N, bs, bits = _nbits_attrs(node)
     work = work_dtype(a.dtype)
-    w = dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work)
+    consts = (1, 2) if zp is None else (1, 2, 3)  # the weight's blocks, scales and zero points
+    w = const_memo(xp, node, ("dequantized", np.dtype(work).name), consts,
+                   lambda: dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work))
     y = matmul(xp, a.astype(work), xp.transpose(w))
     if bias is not None:
         y = y + bias.reshape(N).astype(work)

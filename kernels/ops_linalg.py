@@ -12,7 +12,7 @@ import numpy as np
 from ._attention import ATTENTION_OPS
 from ._einsum import EINSUM_OPS
 from ._linalg import matmul, matmul_into, matmul_shape
-from ._op import OpKernel, Spec, broadcast
+from ._op import OpKernel, Spec, broadcast, const_memo
 from ._recurrent import RECURRENT_OPS
 
 
@@ -33,8 +33,17 @@ def _matmul_shapes(node, specs):
     return [Spec(_product_shape(node, specs[0], specs[1]), specs[0].dtype)]
 
 
+def _product(xp, node, a, b, tag: str = "b"):
+    """``matmul(xp, a, b)``; for float16 operands whose B is a constant (``const_memo``), the same
+    product (fp32 operands, rounded once) with B upcast once per node, not at every run."""
+    if a.dtype == np.float16 and b.dtype == np.float16 and 1 in node.consts and xp.__name__ == "numpy":
+        b32 = const_memo(xp, node, (tag, "float32"), (1,), lambda: np.asanyarray(b).astype(np.float32))
+        return np.matmul(np.asanyarray(a).astype(np.float32), b32).astype(np.float16)
+    return matmul(xp, a, b)
+
+
 def _matmul_compute(xp, node, a, b):
-    return (matmul(xp, a, b),)
+    return (_product(xp, node, a, b),)
 
 
 def _matmul_into(xp, node, outs, a, b):
@@ -87,7 +96,7 @@ def _gemm_compute(xp, node, a, b, c=None):
     if int(node.attr("transB", 0)):
         b = xp.transpose(b)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
-    y = _scale(xp, matmul(xp, a, b), alpha, dtype)
+    y = _scale(xp, _product(xp, node, a, b, f"b:transB={int(node.attr('transB', 0))}"), alpha, dtype)
     if c is not None and beta != 0.0:
         y = y + _scale(xp, c, beta, dtype)
     return (y.astype(dtype),)

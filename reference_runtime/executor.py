@@ -35,7 +35,7 @@ import onnx
 from lockstep.kernels import Kernel
 from lockstep.kernels._kernel import KernelHostError, is_host_error
 from lockstep.kernels._latch import as_check, flag_check
-from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
+from lockstep.kernels._op import MEMO_MIN_MODEL_BYTES, NodeInfo, OpError, OpKernel, Spec
 from lockstep.kernels._small import in_dtypes as small_in_dtypes
 from lockstep.kernels._small import run as run_small
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
@@ -291,6 +291,13 @@ class Executor:
         if self.pager is not None:  # a view of a paged weight would escape the pager's residency
             self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.inputs[0])
                           else st for st in self.steps]
+        weights = sum(np.asarray(v).nbytes for n, v in self._constants.items() if n in inits)
+        if self.pager is None and weights >= MEMO_MIN_MODEL_BYTES:  # a large model, its weights resident:
+            # each node's initializer inputs, for kernels' memos of what they derive from them alone
+            # (``kernels._op.const_memo``: weights upcast or dequantized once, not every decode step)
+            self.steps = [dataclasses.replace(st, info=st.info.with_consts(
+                frozenset(i for i, name in enumerate(st.inputs) if name in inits)))
+                if st.kernel is not None and any(name in inits for name in st.inputs) else st for st in self.steps]
         self._producer: dict[str, int] = {o: i for i, st in enumerate(self.steps) for o in st.outputs if o}
         self._output_names = frozenset(self.outputs)
         self._declared = [vi.name for vi in self.inputs]  # the feed names, in order (``_feed_rules``' too)
