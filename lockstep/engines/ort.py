@@ -9,6 +9,7 @@ mean "cannot run" (IR version or opset too new, an op not implemented) are ``Uns
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ class OrtEngine:
     values = frozenset({"sequence", "optional"})  # onnxruntime's Python API takes and returns both
 
     def __init__(self, provider: str, *, name: str | None = None, provider_options: dict[str, str] | None = None,
-                 precision: dict[str, str] | None = None, deterministic: bool = True):
+                 precision: dict[str, str] | None = None, deterministic: bool = True, threads: int | None = None):
         if provider not in _NAMES:
             raise ValueError(f"unknown provider {provider!r}; one of {list(_NAMES)}")
         self.provider = provider
@@ -45,6 +46,10 @@ class OrtEngine:
         self.provider_options = dict(provider_options or {})
         self.precision = dict(precision or {"float32": "fp32", "float16": "fp16"})
         self.deterministic = deterministic
+        # intra-op threads of its sessions: given, else LOCKSTEP_ORT_THREADS (read once, here), else
+        # ONNX Runtime's default (one per core); lockstep's plugin sets 1 for pytest-xdist workers,
+        # which otherwise each start a thread per core on the same cores
+        self.threads = threads if threads is not None else _threads_from_env()
         self._avail: tuple[bool, str] | None = None
         self._effective: dict[str, str] = {}
 
@@ -62,7 +67,8 @@ class OrtEngine:
         shown = {k: self._effective.get(k, v) for k, v in self.provider_options.items()}
         return {"provider": self.provider, "onnxruntime": ort.__version__,
                 "provider_options": ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "defaults",
-                "deterministic_compute": str(self.deterministic)}
+                "deterministic_compute": str(self.deterministic),
+                "intra_op_threads": str(self.threads) if self.threads else "default (one per core)"}
 
     def _session_options(self):
         import onnxruntime as ort
@@ -70,6 +76,8 @@ class OrtEngine:
         so = ort.SessionOptions()
         so.log_severity_level = 4
         so.use_deterministic_compute = self.deterministic
+        if self.threads:
+            so.intra_op_num_threads = self.threads
         return so
 
     def _probe(self) -> tuple[bool, str]:
@@ -155,6 +163,15 @@ class OrtEngine:
         if capture and not io.capacity:
             raise Unsupported(f"{self.name}: ONNX Runtime's CUDA graphs need fixed shapes (a fixed-capacity cache)")
         return OrtDecoder(model, self, cuda_graphs=capture, io=io)
+
+
+def _threads_from_env() -> int | None:
+    raw = os.environ.get("LOCKSTEP_ORT_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"LOCKSTEP_ORT_THREADS={raw!r}: expected a number of threads (0: ONNX Runtime's default)")
+    return int(raw) or None
 
 
 def cpu_engine() -> OrtEngine:
