@@ -446,6 +446,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    _deselect_self_tests(config, items)
     _apply_expectations(config, items)
     problems = []
     for item in items:
@@ -459,6 +460,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(f"{item.nodeid}: a contract test needs a docstring stating its guarantee")
     if problems:
         raise pytest.UsageError("contract tests malformed:\n  " + "\n  ".join(problems))
+
+
+SELF_TESTS = ("no reference engine is selected: the suite's tests of lockstep's own runtime, kernels and data "
+              "(runtime contracts, parity, the capture-guard pass, paging, capture plans, the sync audit, the "
+              "built-in snapshots' oracle check) are deselected; --engines ref-sim,... runs them")
+
+
+def _deselect_self_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With only engines that are not the reference runtime selected (a plugin's), the suite's tests
+    that take no engine are lockstep checking itself: they are deselected, not run and not skipped
+    one by one (the capture-guard pass alone is 1,884 cases). A user's golden models
+    (``--golden-dir``) keep their oracle check; ``--devices`` keeps the device-parametrized tests."""
+    suite = package_path("lockstep.conformance").resolve()
+    ours = [it for it in items if suite in Path(str(it.path)).resolve().parents]
+    if not ours or any(isinstance(e, RefEngine) for e in _engines(config).values()):
+        return
+    devices_asked = config.getoption("--devices") is not None
+    user_models = None
+    keep, drop = [], []
+    for it in items:
+        params = getattr(getattr(it, "callspec", None), "params", {})
+        if it not in ours or params.get("engine_name") is not None or (devices_asked and "device_name" in params):
+            keep.append(it)
+            continue
+        if getattr(it, "originalname", "") == "test_snapshot_is_the_oracle":
+            if user_models is None:
+                user_models = {m.name for m in _golden_models(config) if m.kind == "user"}
+            if params.get("golden_model_name") in user_models:
+                keep.append(it)
+                continue
+        drop.append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        _state(config)["self_tests_deselected"] = len(drop)
 
 
 UNAVAILABLE = "lockstep: unavailable: "
@@ -693,6 +729,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
+    engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
+    if engines and _runs_lockstep_suite(config) and not any(isinstance(e, RefEngine) for e in engines.values()):
+        n = st.get("self_tests_deselected")
+        terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
     if st["mutant"]:
         terminalreporter.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
     if st.get("tripwires"):

@@ -281,3 +281,53 @@ def test_lockstep_check_on_the_buggy_example_fails_with_the_position(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "example-buggy (fp32) breaks the lock on tiny-fp32-standard (stepwise): first divergence at position 18" in out
     assert "1 passed" not in out or "2 failed" in out
+
+
+# -- what a plugin-only run runs ---------------------------------------------------------------------
+def _collect(*engines_and_options):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "--pyargs",
+                           "lockstep.conformance", *engines_and_options], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.contract("plugin.self_tests_need_a_reference_engine")
+def test_a_run_without_a_reference_engine_deselects_lockstep_s_own_tests():
+    """With only a non-reference engine selected, the suite's engine-less tests (the capture-guard
+    pass, runtime contracts, parity, paging, the built-in oracle checks, the audit) are deselected
+    with one line saying so; with ref-sim among the engines they run."""
+    plugin_only = _collect("--engines", "ort-cpu")
+    ids = [line for line in plugin_only.splitlines() if "::" in line]
+    assert ids and all("[ort-cpu-" in i or "[ort-cpu]" in i for i in ids), (
+        f"contract: only the engine's own tests: {[i for i in ids if 'ort-cpu' not in i][:5]}")
+    assert "no reference engine is selected" in plugin_only and " deselected" in plugin_only
+    both = _collect("--engines", "ref-sim,ort-cpu", "-m", "capture_guard or contract")
+    assert "test_captured_kernels_read_nothing_on_the_host[test_abs]" in both, "contract: ref-sim brings them back"
+    assert "no reference engine is selected" not in both
+
+
+def test_xdist_workers_get_one_blas_and_onnxruntime_thread(pytester):
+    """lockstep's plugin sets one BLAS and one ONNX Runtime thread for pytest-xdist workers (before
+    they start: they read it when they import numpy and build engines), a value the user set wins,
+    and a run without workers is left alone."""
+    pytester.makepyfile(test_threads="""
+        import os
+        def test_env():
+            want = os.environ["WANT"].split(",")
+            got = [os.environ.get("OPENBLAS_NUM_THREADS", "unset"), os.environ.get("LOCKSTEP_ORT_THREADS", "unset")]
+            assert got == want, got
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "LOCKSTEP_ORT_THREADS")}
+
+    def run(extra_env, *args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_threads.py"],
+                              cwd=pytester.path, env={**env, **extra_env}, capture_output=True, text=True, timeout=300)
+
+    for extra, args in (({"WANT": "1,1"}, ("-n", "2")), ({"WANT": "4,1", "OPENBLAS_NUM_THREADS": "4"}, ("-n", "2")),
+                        ({"WANT": "unset,unset"}, ())):
+        proc = run(extra, *args)
+        assert proc.returncode == 0, f"contract: {extra} {args}: {proc.stdout[-1500:]}"
+    from lockstep.engines.ort import OrtEngine
+
+    assert OrtEngine("CPUExecutionProvider", threads=1)._session_options().intra_op_num_threads == 1
