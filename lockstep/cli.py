@@ -88,6 +88,7 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     if args.engines:
         argv.append(f"--engines={args.engines}")
     argv += [f"--golden-dir={d}" for d in args.golden_dir]
+    argv += _workers(args.jobs, passthrough)
     started = time.time()
     rc = int(pytest.main(argv + passthrough))
     md = Path(args.report_dir) / "report.md"
@@ -95,6 +96,24 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
         print(md.read_text())
         print(f"report: {md} and {md.with_suffix('.json')}")
     return rc
+
+
+def _workers(jobs: str, passthrough: list[str]) -> list[str]:
+    """pytest-xdist's options for ``--jobs``: ``auto`` (the default) one worker per CPU where
+    pytest-xdist is installed and the pytest options name none of their own; ``1`` in-process."""
+    if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
+        raise CliError(f"--jobs {jobs!r}: a number of processes (1: in this process) or auto")
+    own = any(a in ("-n", "--numprocesses", "--dist") or a.startswith(("-n", "--numprocesses=", "--dist="))
+              or a == "no:xdist" for a in passthrough)
+    if own or jobs == "1":
+        return []
+    import importlib.util
+
+    if importlib.util.find_spec("xdist") is None:
+        if jobs != "auto":
+            raise CliError(f"--jobs {jobs}: needs pytest-xdist (pip install 'lockstep-conformance[test]')")
+        return []
+    return ["-n", jobs]
 
 
 class CliError(Exception):
@@ -351,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
     c.add_argument("--golden-dir", action="append", default=[],
                    help="a folder of snapshots from `lockstep golden add` to lock too (repeatable)")
+    c.add_argument("-j", "--jobs", default="auto",
+                   help="pytest-xdist worker processes: auto (default: one per CPU, where pytest-xdist is "
+                        "installed) or a number; 1 runs in this process")
     c.set_defaults(func=_check)
 
     d = sub.add_parser("decode", help="greedy-decode a prompt with a golden (or any golden-contract) model")

@@ -28,6 +28,27 @@ def test_lockstep_check_writes_json_and_markdown(tmp_path):
     assert "| ref-sim |" in proc.stdout  # the summary is printed too
 
 
+def test_lockstep_check_reports_the_same_with_workers_and_in_process(tmp_path):
+    """`lockstep check` runs its suite on pytest-xdist workers by default (--jobs auto); the report
+    aggregated from the workers counts what one process counts; a bad --jobs is one usage line."""
+    counts = {}
+    for jobs in ("2", "1"):
+        out = tmp_path / f"jobs{jobs}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "lockstep", "check", "--engines", "ref-sim,ort-cpu", "--jobs", jobs,
+             "--report-dir", str(out), "-q", "-p", "no:cacheprovider", "-m", "node_suite or golden",
+             "-k", "test_abs or test_acos or tiny-fp32-standard and not kv64"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert ("bringing up nodes" in proc.stdout) == (jobs == "2"), proc.stdout[-2000:]
+        counts[jobs] = json.loads((out / "report.json").read_text())["summary"]["engines"]
+    assert counts["2"] == counts["1"] and counts["1"]["ref-sim"]["passed"] > 4, f"result: {counts}"
+    proc = subprocess.run([sys.executable, "-m", "lockstep", "check", "--jobs", "many"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "lockstep: error: --jobs 'many': a number of processes (1: in this process) or auto"], proc.stderr
+
+
 def test_summary_counts_and_gaps():
     outcomes = {
         "a[ref-sim-test_x]": {"outcome": "passed", "engine": "ref-sim", "ops": ["Add"]},
