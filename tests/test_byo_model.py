@@ -19,6 +19,9 @@ from lockstep.decoding import greedy, open_session
 from lockstep.engines import load_engine
 from lockstep.golden.llama_export import LlamaConfig, build_llama_onnx, random_llama_weights
 
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("test_byo_model")
+
 CFG = LlamaConfig(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, vocab=256)
 PROMPT = list(b"Hello, lockstep")
 

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("test_ci_workflow")
+
 yaml = pytest.importorskip("yaml", reason="the test extra brings PyYAML")
 
 REPO = Path(__file__).resolve().parent.parent

@@ -29,6 +29,9 @@ from lockstep.golden.models.__main__ import main as models_main
 
 from lockstep.engines.registry import load_engine
 
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("test_golden_models")
+
 FP32 = ("tiny-fp32-standard", "tiny-fp32-decomposed")
 ENGINES = ("ref-sim", "ort-cpu")
 

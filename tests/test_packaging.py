@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "engine-plugin"
 
-pytestmark = pytest.mark.packaging
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("test_packaging")]
 
 
 def test_every_package_folder_is_listed_in_pyproject():

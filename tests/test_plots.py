@@ -13,6 +13,9 @@ import pytest
 
 from lockstep import plots
 
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("test_plots")
+
 LOCK = "conformance/golden/test_golden_locks.py::test_teacher_forced_lock"
 ENGINES = ["ref-sim", "ort-cpu", "ort-cuda-tf32"]
 PRECISION = {"ref-sim": "fp32", "ort-cpu": "fp32", "ort-cuda-tf32": "tf32"}

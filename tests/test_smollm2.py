@@ -23,6 +23,9 @@ from onnx import numpy_helper
 
 from lockstep.engines import load_engine
 
+# one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("test_smollm2")
+
 PROMPT = "The capital of France is"
 # its first 16 tokens: the logits check
 SIXTEEN = "The quick brown fox jumps over the lazy dog while the farmer watches from the old wooden porch"
