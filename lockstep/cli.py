@@ -263,8 +263,9 @@ def _golden(args: argparse.Namespace) -> int:
         if not (args.dry_run or args.check):
             lines.append(f"  written: {gm.write(new)}")
         tqdm.write("\n".join(lines))
-    if (args.dry_run or args.check) and changed:
-        print(f"{'check' if args.check else 'dry run'}: {changed} snapshot(s) would change; nothing written")
+    if args.dry_run or args.check:  # said every time: a dry run that changed nothing wrote nothing too
+        print(f"{'check' if args.check else 'dry run'}: {changed} of {len(names)} snapshot(s) would change; "
+              "nothing written")
     return 1 if args.check and changed else 0
 
 

@@ -160,5 +160,5 @@ def test_regenerate_check_fails_on_drift_and_passes_when_clean(tmp_path, monkeyp
     capsys.readouterr()
     assert main(["golden", "regenerate", "--check", "--model", "tiny-fp32-standard"]) == 1
     out = capsys.readouterr().out
-    assert "pos " in out and "margin" in out and "check: 1 snapshot(s) would change; nothing written" in out
+    assert "pos " in out and "margin" in out and "check: 1 of 1 snapshot(s) would change; nothing written" in out
     assert path.read_text() == before, "contract: --check writes nothing"

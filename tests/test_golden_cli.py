@@ -15,7 +15,9 @@ def test_regenerate_refuses_an_engine_as_the_source(capsys):
 
 def test_regenerate_dry_run_reports_unchanged_committed_snapshots(capsys):
     assert main(["golden", "regenerate", "--dry-run", "--model", "tiny-fp32-standard"]) == 0
-    assert "tiny-fp32-standard: unchanged" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tiny-fp32-standard: unchanged" in out
+    assert "dry run: 0 of 1 snapshot(s) would change; nothing written" in out, "contract: a dry run says so"
 
 
 def test_regenerate_treats_another_onnx_patch_release_as_unchanged(tmp_path, monkeypatch, capsys):
