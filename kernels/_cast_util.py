@@ -280,10 +280,22 @@ def _decode_e8m0(xp: Any, bits: Any) -> Any:
 # ----------------------------------------------------------------------------- int4/uint4/int2/uint2
 
 def _encode_int(xp: Any, v: Any, fmt: IntFmt) -> Any:
-    """Integer or float values to ``fmt``'s low bits (floats truncate; out of range wraps)."""
+    """Integer or float values to ``fmt``'s low bits, as ONNX's technical notes on these types
+    define Cast to them (onnx docs/docsgen/source/technical/int4.md and int2.md, "Cast": "rounding
+    to the nearest-integer (with ties to even) nearest-even integer and truncating", truncating the
+    bits as packing does, ``x & 0x0F``): a float is rounded half to even (0.5 -> 0, 1.5 -> 2,
+    -2.5 -> -2), then every value keeps its low bits, so out of range wraps in two's complement
+    (int4: -9 -> 7, 7.5 -> 8 -> -8, 100 -> 4). The Cast operator's own text leaves float to fixed
+    point out of range undefined; so are NaN and +-inf, which give 0 here (as ml_dtypes' astype of
+    every version and ONNX Runtime 1.31 give them). A finite float keeps the low bits of its exact
+    integer value: the clip to +-2**62 only spares int64 (a float that large is a multiple of
+    2**10, low bits 0, as the clipped value's). ml_dtypes' astype differs, so neither it nor the
+    node cases it generates is the reference here: 0.5.4 and 0.6 truncate toward zero, then wrap;
+    0.7 truncates, and gives 0 for out of range. QuantizeLinear rounds and saturates before it
+    calls this (its integers come through unchanged)."""
     if v.dtype.kind == "f":
         v = v.astype(xp.float64)
-        v = xp.clip(xp.where(xp.isnan(v), 0.0, xp.trunc(v)), -(2.0 ** 62), 2.0 ** 62)
+        v = xp.clip(xp.where(xp.isfinite(v), xp.rint(v), 0.0), -(2.0 ** 62), 2.0 ** 62)
     v = v.astype(xp.int64)
     return (v & np.int64((1 << fmt.bits) - 1)).astype(xp.uint8)
 

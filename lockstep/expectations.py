@@ -22,8 +22,10 @@ other engine tests, the test function with its parameters but the engine
   unsupported that now runs is reported ("newly runs": delete the entry).
 
 An entry whose ``when`` holds and that matches no case is stale: a usage error. ``when`` keys are
-distribution names (``onnx``, ``onnxruntime`` — which also matches ``onnxruntime-gpu``); the
-built-in ONNX Runtime entries are recorded for the ONNX Runtime versions the ``ort`` extra allows.
+distribution names (``onnx``, ``onnxruntime`` — which also matches ``onnxruntime-gpu`` —,
+``ml_dtypes``, ``numpy``); the built-in ONNX Runtime entries are recorded for the ONNX Runtime
+versions the ``ort`` extra allows, and node cases whose generated expected outputs are wrong under
+some ml_dtypes are keyed to it (``when = { ml_dtypes = "==0.7.*" }``).
 """
 
 from __future__ import annotations

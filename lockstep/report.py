@@ -58,11 +58,11 @@ def _version(dist: str) -> str | None:
 
 
 def environment() -> dict[str, str]:
-    """Versions and commit of this run: Python, numpy, onnx, ONNX Runtime, CuPy, CUDA (runtime and
+    """Versions and commit of this run: Python, numpy, ml_dtypes, onnx, ONNX Runtime, CuPy, CUDA (runtime and
     driver, read only when CuPy is already loaded: a report never initialises a GPU), lockstep."""
     env = {"python": platform.python_version(), "platform": platform.platform(terse=True),
            "lockstep": _version("lockstep-conformance") or "not installed"}
-    for dist in ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "cupy-cuda13x", "cupy-cuda12x"):
+    for dist in ("numpy", "ml_dtypes", "onnx", "onnxruntime", "onnxruntime-gpu", "cupy-cuda13x", "cupy-cuda12x"):
         got = _version(dist)
         if got:
             env[dist] = got
@@ -168,7 +168,7 @@ def merge(paths: list[str | os.PathLike], report_dir: str | os.PathLike) -> dict
         envs.append((p, env))
     if not paths:
         raise ReportError("nothing to merge")
-    keys = ("python", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "lockstep")
+    keys = ("python", "numpy", "ml_dtypes", "onnx", "onnxruntime", "onnxruntime-gpu", "lockstep")
     first_path, first = envs[0]
     for p, env in envs[1:]:
         differ = {k: (first.get(k), env.get(k)) for k in keys if first.get(k) != env.get(k)}

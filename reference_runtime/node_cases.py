@@ -1,7 +1,8 @@
 """ONNX's backend node cases (``onnx.backend.test.loader``), cached, and run against an engine.
 
-onnx builds its 1,884 node cases in memory (about 5-10 s); ``load_cases`` keeps them in a pickle
-keyed by onnx's version in lockstep's cache (``$LOCKSTEP_CACHE_DIR``, default the user cache
+onnx builds its 1,884 node cases in memory (about 5-10 s), expected outputs computed with the
+installed numpy and ml_dtypes; ``load_cases`` keeps them in a pickle keyed by the versions of all
+three (``CASE_PACKAGES``) in lockstep's cache (``$LOCKSTEP_CACHE_DIR``, default the user cache
 directory) so pytest-xdist workers do not each pay that. ``run_case`` compares outputs the way
 ONNX's own runner does (``Runner.assert_similar_outputs``: shapes, dtypes, rtol/atol per case;
 sequences element by element, an empty optional as None: ``assert_similar``). Cases with sequence
@@ -53,10 +54,25 @@ class Outcome:
     detail: str = ""
 
 
+# The packages whose versions change the cases onnx generates: its case generator (onnx), the
+# small-type conversions it computes expected outputs with (ml_dtypes' astype: 0.7 changed
+# float -> int4/int2 out of range), and numpy's own arithmetic and pickles.
+CASE_PACKAGES = ("onnx", "ml_dtypes", "numpy")
+
+
+def case_versions() -> dict[str, str]:
+    """The installed version of each package in ``CASE_PACKAGES`` (the modules' own)."""
+    import importlib
+
+    return {name: importlib.import_module(name).__version__ for name in CASE_PACKAGES}
+
+
 def _cache_path() -> Path:
+    """The cache file of the installed versions: a cache generated under other versions is never read."""
     from lockstep.paths import cache_dir
 
-    return cache_dir() / f"node-cases-onnx-{onnx.__version__}.pkl"
+    key = "-".join(f"{k}-{v}" for k, v in case_versions().items())
+    return cache_dir() / f"node-cases-{key}.pkl"
 
 
 def _build() -> list[NodeCase]:

@@ -162,3 +162,18 @@ def test_regenerate_check_fails_on_drift_and_passes_when_clean(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "pos " in out and "margin" in out and "check: 1 of 1 snapshot(s) would change; nothing written" in out
     assert path.read_text() == before, "contract: --check writes nothing"
+
+
+@pytest.mark.parametrize("dist", ["ml_dtypes", "numpy", "onnx"])
+def test_an_entry_keyed_to_a_case_generating_package_applies_only_with_its_versions(dist):
+    """The node cases' expected outputs depend on onnx, ml_dtypes and numpy: an entry keyed to one
+    of them (``when = { ml_dtypes = "==0.7.*" }``) applies with the installed version it names only."""
+    import importlib
+
+    from lockstep.expectations import Entry, applies
+
+    got = importlib.import_module(dist).__version__
+    assert applies(Entry("ref-sim", ["test_x"], "xfail", "why", {dist: f"=={got}"})), \
+        f"contract: an entry keyed {dist}=={got} applies with {dist} {got} installed"
+    assert not applies(Entry("ref-sim", ["test_x"], "xfail", "why", {dist: f"!={got}"})), \
+        f"contract: an entry keyed to other {dist} versions does not apply with {got}"

@@ -1,12 +1,16 @@
 """The node-case harness's comparison (reference_runtime/node_cases.py): ``assert_similar`` first
 asks a cheap check (``_surely_similar``), then ONNX's runner (``Runner.assert_similar_outputs``).
-The cheap check may only ever say "passes" where the runner would pass too."""
+The cheap check may only ever say "passes" where the runner would pass too. And its cache of the
+generated cases: keyed by every package whose version changes them."""
 
 from __future__ import annotations
+
+import importlib
 
 import ml_dtypes
 import numpy as np
 import pytest
+from lockstep.reference_runtime import node_cases
 from lockstep.reference_runtime.node_cases import _surely_similar, assert_similar
 from onnx.backend.test.runner import Runner
 
@@ -86,3 +90,19 @@ def test_what_the_fast_check_leaves_goes_to_the_runner_with_its_message():
     assert_similar([strings], [strings.copy()], 0.0, 0.0)
     bf = np.ones(3, ml_dtypes.bfloat16)  # (ml_dtypes: a dependency of onnx)
     assert not _surely_similar(bf, bf.copy(), 0.0, 0.0), "result: bfloat16 (the runner widens rtol) goes to the runner"
+
+
+def test_the_case_cache_is_keyed_by_every_package_that_changes_the_cases(monkeypatch, tmp_path):
+    """onnx generates the cases' expected outputs at load time with ml_dtypes and numpy (ml_dtypes
+    0.7 changed 24 of them): a cache written under another version of any of the three is never
+    read, so a machine that upgraded one never runs the old expected values."""
+    monkeypatch.setenv("LOCKSTEP_CACHE_DIR", str(tmp_path))
+    assert set(node_cases.CASE_PACKAGES) >= {"onnx", "ml_dtypes", "numpy"}, "contract: the three are in the key"
+    here = node_cases._cache_path()
+    assert here.parent == tmp_path, "contract: the cache lives in LOCKSTEP_CACHE_DIR"
+    for name in node_cases.CASE_PACKAGES:
+        module = importlib.import_module(name)
+        assert module.__version__ in here.name, f"result: {here.name} names {name} {module.__version__}"
+        with monkeypatch.context() as m:
+            m.setattr(module, "__version__", module.__version__ + ".post99")
+            assert node_cases._cache_path() != here, f"contract: another {name} version reads another cache file"

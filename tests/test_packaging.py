@@ -1,11 +1,14 @@
 """The installed package, as a user gets it: build the wheel, install it with the example engine
-plugin into a fresh virtual environment, and run lockstep from an empty directory (no source
-checkout, no PYTHONPATH). Slow (a virtual environment and its dependencies, from pip's cache after
-the first install): marked ``packaging``; CI runs it (``pytest``); deselect it locally with
-``-m "not packaging"``. It needs pip to reach an index (as CI does)."""
+plugin into a fresh virtual environment with no pip cache (what a new machine resolves: the newest
+versions the metadata allows), and run lockstep from an empty directory (no source checkout, no
+PYTHONPATH). The node suite runs with those newest versions and with the oldest allowed of the
+packages that change its cases' expected outputs (onnx, ml_dtypes, numpy). Slow (a virtual
+environment and its dependencies, downloaded): marked ``packaging``; CI runs it (``pytest``);
+deselect it locally with ``-m "not packaging"``. It needs pip to reach an index (as CI does)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,9 +18,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "engine-plugin"
+# The packages whose versions change the node cases' expected outputs (node_cases.CASE_PACKAGES).
+CASE_PACKAGES = ("onnx", "ml_dtypes", "numpy")
+PIP = ("-m", "pip", "--no-cache-dir")  # a new machine's pip: nothing from an earlier run's cache
 
 # one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
 pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("test_packaging")]
@@ -45,7 +52,7 @@ def installed(tmp_path_factory):
     """(bin dir, empty working dir, environment) of a fresh venv holding the wheel and the example."""
     tmp = tmp_path_factory.mktemp("packaging")
     dist = tmp / "dist"
-    rc, out = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], ROOT,
+    rc, out = _run([sys.executable, *PIP, "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], ROOT,
                    dict(os.environ), timeout=900)
     assert rc == 0, f"building the wheel failed:\n{out[-3000:]}"
     (wheel,) = dist.glob("lockstep_conformance-*.whl")
@@ -57,7 +64,7 @@ def installed(tmp_path_factory):
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR", "LOCKSTEP_REQUIRE_MODELS")}
     env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp / "cache"),
                PYTHONDONTWRITEBYTECODE="1")
-    rc, out = _run([str(bindir / "python"), "-m", "pip", "install", "-q", f"{wheel}[test,ort]", str(EXAMPLE)],
+    rc, out = _run([str(bindir / "python"), *PIP, "install", "-q", f"{wheel}[test,ort]", str(EXAMPLE)],
                    tmp, env, timeout=1800)
     assert rc == 0, f"installing the wheel and the example plugin failed:\n{out[-3000:]}"
     work = tmp / "empty"
@@ -123,14 +130,67 @@ def test_the_example_plugin_passes_clean_and_fails_on_its_planted_bug(installed)
     assert "diverges from the recorded stream of tiny-fp32-standard at position 19, not a near-tie" in out
 
 
-def test_an_allowed_older_onnx_runs(installed):
-    """Any onnx the metadata allows must run the suite (the expectations describe its cases): the
-    oldest, 1.23.0, with ref-sim and ort-cpu on the node suite and the golden locks. Runs last: it
+def _versions(bindir: Path, env: dict) -> dict[str, str]:
+    """The installed versions of ``CASE_PACKAGES`` in the venv."""
+    code = "import importlib, json; print(json.dumps({n: importlib.import_module(n).__version__ for n in %r}))"
+    rc, out = _run([str(bindir / "python"), "-c", code % (CASE_PACKAGES,)], bindir, env)
+    assert rc == 0, out[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def lower_bounds() -> dict[str, str]:
+    """The ``>=`` bound of each of ``CASE_PACKAGES`` in pyproject.toml's dependencies."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    deps = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    out = {}
+    for name in CASE_PACKAGES:
+        (req,) = [r for r in deps if canonicalize_name(r.name) == canonicalize_name(name)]
+        (low,) = [s.version for s in req.specifier if s.operator == ">="]
+        out[name] = low
+    return out
+
+
+def test_the_newest_allowed_versions_run_the_node_suite(installed, tmp_path):
+    """The fresh install is what a new machine gets: no newer onnx, ml_dtypes or numpy within the
+    metadata's bounds (pip, asked to upgrade everything, would change none of them), and with those
+    the node suite passes on ref-sim and ort-cpu. Before the oldest-versions test (which downgrades)."""
+    bindir, work, env, wheel = installed
+    report = tmp_path / "upgrade.json"
+    rc, out = _run([str(bindir / "python"), *PIP, "install", "-q", "--dry-run", "--upgrade", "--upgrade-strategy",
+                    "eager", "--report", str(report), f"{wheel}[test,ort]"], work, env, timeout=900)
+    assert rc == 0, out[-2000:]
+    from packaging.utils import canonicalize_name
+
+    would = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+             for i in json.loads(report.read_text())["install"]}
+    newer = {n: would[canonicalize_name(n)] for n in CASE_PACKAGES if canonicalize_name(n) in would}
+    got = _versions(bindir, env)
+    assert not newer, f"contract: the fresh install has the newest allowed versions ({got}); pip would upgrade {newer}"
+    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim,ort-cpu", "--report-dir", "newest",
+                    "-q", "-m", "node_suite"], work, env)
+    assert rc == 0, f"result: the node suite with the newest allowed versions {got}:\n{out[-4000:]}"
+    text = (work / "newest" / "report.md").read_text()
+    assert all(f"| {n} | {v} |" in text for n, v in got.items()), f"contract: the report names {got}"
+
+
+def test_the_oldest_allowed_versions_run_the_suite(installed):
+    """Any version the metadata allows must run the suite (the expectations describe its cases): the
+    oldest onnx, ml_dtypes and numpy (pyproject's lower bounds, installed together: a consistent
+    environment), with ref-sim and ort-cpu on the node suite and the golden locks. Runs last: it
     changes the module's venv."""
     bindir, work, env, _ = installed
-    rc, out = _run([str(bindir / "python"), "-m", "pip", "install", "-q", "onnx==1.23.0"], work, env, timeout=900)
+    low = lower_bounds()
+    rc, out = _run([str(bindir / "python"), *PIP, "install", "-q", *(f"{n}=={v}" for n, v in low.items())],
+                   work, env, timeout=900)
     assert rc == 0, out[-2000:]
-    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim,ort-cpu", "--report-dir", "onnx-1.23.0",
+    rc, out = _run([str(bindir / "python"), "-m", "pip", "check"], work, env)
+    assert rc == 0, f"contract: the oldest allowed versions {low} install together with the rest:\n{out[-2000:]}"
+    got = _versions(bindir, env)
+    assert all(Version(got[n]) == Version(v) for n, v in low.items()), f"contract: {got} are the lower bounds {low}"
+    rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim,ort-cpu", "--report-dir", "oldest",
                     "-q", "-m", "node_suite or golden"], work, env)
-    assert rc == 0, out[-4000:]
-    assert "| onnx | 1.23.0 |" in (work / "onnx-1.23.0" / "report.md").read_text()
+    assert rc == 0, f"result: the suite with the oldest allowed versions {got}:\n{out[-4000:]}"
+    text = (work / "oldest" / "report.md").read_text()
+    assert all(f"| {n} | {v} |" in text for n, v in got.items()), f"contract: the report names {got}"

@@ -277,6 +277,14 @@ MUTANTS = [
         tests=_NODE, select=_node("test_cast_FLOAT_to_FLOAT8", "test_cast_no_saturate_FLOAT_to_FLOAT8"),
     ),
     Mutant(
+        "kernels", "cast_small_int_truncates", _K + "_cast_util",
+        old="xp.where(xp.isfinite(v), xp.rint(v), 0.0)",
+        new="xp.where(xp.isfinite(v), xp.trunc(v), 0.0)",
+        breaks="Cast from a float to int4/uint4/int2/uint2 rounds half to even before it keeps the low bits "
+               "(ml_dtypes' astype truncates toward zero)",
+        tests=("tests/test_raw_storage.py",), select="rounds_half_to_even",
+    ),
+    Mutant(
         "kernels", "small_decode_mode_gets_raw_bits", _K + "_small",
         old="args = [decode(xp, a, t) if a is not None and is_small(t) else a for a, t in zip(args, node.in_dtypes)]",
         new="args = [a for a, t in zip(args, node.in_dtypes)]",
