@@ -205,7 +205,10 @@ def _attention_compute(xp, node, q, k, v, mask=None, past_k=None, past_v=None, n
     if softcap > 0:
         c = dt.type(softcap)
         qk = _f32(xp, xp.tanh, qk / c) * c
-    with_bias = qk + bias
+    # An additive mask at the bottom of the range (Hugging Face's finfo(float16).min) may overflow
+    # to -inf in float16, in this sum or in x - max below: IEEE's answer, and exp gives its 0.
+    with np.errstate(over="ignore"):
+        with_bias = qk + bias
     mode = int(node.attr("qk_matmul_output_mode", 0))
     qk_out = with_bias if mode == 2 else qk
     prec = node.attr("softmax_precision")
@@ -213,7 +216,8 @@ def _attention_compute(xp, node, q, k, v, mask=None, past_k=None, past_v=None, n
     x_max = xp.max(x, axis=-1, keepdims=True)
     zero, one = x.dtype.type(0), x.dtype.type(1)
     safe_max = xp.where(x_max == -np.inf, zero, x_max)
-    e = _f32(xp, xp.exp, x - safe_max)
+    with np.errstate(over="ignore"):
+        e = _f32(xp, xp.exp, x - safe_max)
     ssum = _sum_last(xp, e)
     p = e / xp.where(ssum == zero, one, ssum)
     row_masked = xp.max(bias, axis=-1, keepdims=True) == -np.inf

@@ -96,6 +96,8 @@ def test_variant_passes_checker_and_declares_io(models, name):
     kv = lambda seq: ["batch", spec.n_kv_heads, seq, spec.head_dim]
     want_in = [("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
                ("position_ids", onnx.TensorProto.INT64, ["batch", "seq"])]
+    if spec.attention_mask:  # Optimum's order: the mask second, over every key so far
+        want_in.insert(1, ("attention_mask", onnx.TensorProto.INT64, ["batch", "total_seq"]))
     want_out = [("logits", dt, ["batch", "seq", 256])]
     for l in range(spec.n_layers):
         # a fixed-capacity cache has a static length; a growing one symbolic past/total lengths
@@ -114,6 +116,37 @@ def test_variant_passes_checker_and_declares_io(models, name):
         assert not any(a.name == "is_causal" and a.i for n in model.graph.node for a in n.attribute)
     else:
         assert not ops & {"RMSNormalization", "RotaryEmbedding", "Attention"}
+    if spec.attention_mask:  # the mask's bias is finfo.min, never -inf; the causal part from the cache length
+        (bias,) = [n for n in model.graph.node if n.name == "mask/bias"]
+        low = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}[bias.input[2]]
+        assert low == np.finfo(spec.dtype).min and "Or" not in ops and "Equal" not in ops
+
+
+MASKED = sorted(n for n, s in VARIANTS.items() if s.attention_mask)
+
+
+@pytest.mark.parametrize("name", MASKED)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_key_of_the_attention_mask_reaches_the_softmax(models, runners, engine, name):
+    """A decode step whose mask drops a key (the step's own, or one of the past) computes the
+    float64 forward with that key left out, which differs from attending it: no query-attends-
+    itself escape (the SmolLM2 conversion's ``mask OR key == query``) can hide a mask bug."""
+    spec, ids = VARIANTS[name], prompt_ids(PROMPT)
+    run, w = runners(engine, name), weights_from_model(models[name])
+    pre = run(prompt_feeds(spec, ids))
+    past = _presents(pre)
+    tok, n = np.array([[65]], dtype=np.int64), ids.shape[1]
+    full = run(prompt_feeds(spec, tok, past=past))[0][0, -1].astype(np.float64)
+    past64 = [(k.astype(np.float64), v.astype(np.float64)) for k, v in past]
+    tol = 1e-4 if spec.dtype == "float32" else 5e-2
+    for dropped in (n, 0, n // 2):  # the newest key, the first, one in the middle
+        feeds = prompt_feeds(spec, tok, past=past)
+        feeds["attention_mask"] = feeds["attention_mask"].copy()
+        feeds["attention_mask"][0, dropped] = 0
+        got = run(feeds)[0][0, -1].astype(np.float64)
+        want = reference_forward(spec, w, tok, _positions(n, 1), past64, attention_mask=feeds["attention_mask"])[0]
+        np.testing.assert_allclose(got, want[0, -1], rtol=0, atol=tol, err_msg=f"result: key {dropped} dropped")
+        assert np.abs(got - full).max() > 0.1, f"result: dropping key {dropped} changes the logits"
 
 
 def test_build_is_deterministic(models):

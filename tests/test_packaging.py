@@ -89,7 +89,7 @@ def test_the_wheel_holds_what_the_suite_needs(installed):
 def test_golden_locks_decode_and_audit_run_from_an_empty_directory(installed):
     bindir, work, env, _ = installed
     rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim", "-m", "golden", "-q"], work, env)
-    assert rc == 0 and "| ref-sim | 30 | 0 |" in out, out[-3000:]
+    assert rc == 0 and "| ref-sim | 36 | 0 |" in out, out[-3000:]
     rc, out = _run([str(bindir / "pytest"), "--pyargs", "lockstep.conformance", "--engines", "ref-sim,ort-cpu",
                     "-m", "golden", "-q", "-k", "tiny-fp32-standard and not kv64"], work, env)
     assert rc == 0 and "7 passed" in out, f"plain pytest with the pytest11 plugin:\n{out[-3000:]}"

@@ -145,7 +145,7 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def _forward(spec: ModelSpec, w: dict[str, np.ndarray], input_ids: np.ndarray, position_ids: np.ndarray,
-             past: list[tuple[np.ndarray, np.ndarray]] | None):
+             past: list[tuple[np.ndarray, np.ndarray]] | None, attention_mask: np.ndarray | None = None):
     B, S = input_ids.shape
     H, KV, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
     eps = float(np.float32(spec.eps))  # the graph carries eps as a float32 attribute / constant
@@ -168,6 +168,8 @@ def _forward(spec: ModelSpec, w: dict[str, np.ndarray], input_ids: np.ndarray, p
         presents.append((k, v))
         T = k.shape[2]
         allowed = np.arange(T)[None, None, None, :] <= position_ids[:, None, :, None]  # (B, 1, S, T)
+        if attention_mask is not None:  # an attention_mask model: causal AND mask (no escape)
+            allowed = allowed & (np.asarray(attention_mask)[:, None, None, :] != 0)
         kr, vr = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
         scores = (q @ kr.swapaxes(-1, -2)) / np.sqrt(D)
         scores = np.where(allowed, scores, -np.inf)
@@ -182,13 +184,15 @@ def _forward(spec: ModelSpec, w: dict[str, np.ndarray], input_ids: np.ndarray, p
 
 
 def reference_forward(spec: ModelSpec, weights: dict[str, np.ndarray] | None, input_ids: np.ndarray,
-                      position_ids: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]] | None = None):
+                      position_ids: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]] | None = None,
+                      attention_mask: np.ndarray | None = None):
     """float64 forward: ``(logits (B, S, vocab), [(present_key, present_value) per layer])``.
 
     ``weights`` defaults to ``stored_weights(spec)``; pass ``weights_from_model(model)`` to mirror
-    a model file. ``past`` is a list of (key, value) pairs (B, n_kv_heads, past_seq, head_dim)."""
+    a model file. ``past`` is a list of (key, value) pairs (B, n_kv_heads, past_seq, head_dim).
+    ``attention_mask`` (B, past_seq + seq), for a spec with one: a 0 drops that key (None: all 1)."""
     w = stored_weights(spec) if weights is None else weights
-    logits, presents, _ = _forward(spec, w, np.asarray(input_ids), np.asarray(position_ids), past)
+    logits, presents, _ = _forward(spec, w, np.asarray(input_ids), np.asarray(position_ids), past, attention_mask)
     return logits, presents
 
 
@@ -208,6 +212,8 @@ def prompt_feeds(spec: ModelSpec, input_ids: np.ndarray, past=None, start: int |
     start = past[0][0].shape[2] if start is None else start
     feeds = {"input_ids": input_ids,
              "position_ids": np.arange(start, start + input_ids.shape[1], dtype=np.int64)[None, :]}
+    if spec.attention_mask:  # every key so far: the past's and this step's
+        feeds["attention_mask"] = np.ones((1, past[0][0].shape[2] + input_ids.shape[1]), np.int64)
     for l, (k, v) in enumerate(past):
         feeds[f"past_key_values.{l}.key"] = np.ascontiguousarray(k, dtype=spec.dtype)
         feeds[f"past_key_values.{l}.value"] = np.ascontiguousarray(v, dtype=spec.dtype)
@@ -328,10 +334,14 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
         keep = g.op("Sub", [g.f(1.0), g.op("Unsqueeze", [g.op("ReduceSum", [onehot, g.i64([1])], "kv/written",
                                                                 keepdims=0), g.i64([1, 3])], "kv/written4")],
                     "kv/keep")  # (B, 1, C, 1): 1 where the slot keeps its past value
-    qpos = g.op("Unsqueeze", ["position_ids", g.i64([1, 3])], "mask/query_positions")  # (B, 1, S, 1)
-    allowed = g.op("LessOrEqual", [kpos, qpos], "mask/allowed")  # (B, 1, S, T) bool
-    if spec.flavour == "decomposed":
+    if spec.attention_mask:  # transformers' eager mask: where(causal AND attention_mask, 0, finfo.min)
+        bias = _hf_mask_bias(g, spec, past_len, seq_len, kpos)  # (B, 1, S, T)
+    else:
+        qpos = g.op("Unsqueeze", ["position_ids", g.i64([1, 3])], "mask/query_positions")  # (B, 1, S, 1)
+        allowed = g.op("LessOrEqual", [kpos, qpos], "mask/allowed")  # (B, 1, S, T) bool
+    if spec.flavour == "decomposed" and not spec.attention_mask:
         bias = g.op("Where", [allowed, g.f(0.0), g.f(-np.inf)], "mask/bias")  # (B, 1, S, T): 0 / -inf
+    if spec.flavour == "decomposed":
         half = D // 2
         cos = g.op("Gather", ["rope.cos_cache", "position_ids"], "rope/cos_half", axis=0)  # (B, S, D/2)
         sin = g.op("Gather", ["rope.sin_cache", "position_ids"], "rope/sin_half", axis=0)
@@ -370,8 +380,9 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
                 kk = g.op("TensorScatter", [past_k, k, start], f"{n}/present_key", outputs=[pres_k], axis=2)
                 vv = g.op("TensorScatter", [past_v, v, start], f"{n}/present_value", outputs=[pres_v], axis=2)
                 att = g.op("Attention", [q, kk, vv, allowed], f"{n}/attention", scale=float(1.0 / np.sqrt(D)))
-            else:
-                att = g.op("Attention", [q, k, v, allowed, past_k, past_v], f"{n}/attention", n_out=3,
+            else:  # the mask: boolean (True = attend), or the additive bias of an attention_mask input
+                mask = bias if spec.attention_mask else allowed
+                att = g.op("Attention", [q, k, v, mask, past_k, past_v], f"{n}/attention", n_out=3,
                            outputs=[f"{n}/attention", pres_k, pres_v], scale=float(1.0 / np.sqrt(D)))[0]
         else:
             q, k = rope(q, f"{n}/q_rope"), rope(k, f"{n}/k_rope")
@@ -406,10 +417,28 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     return _finish(spec, g, inputs, outputs)
 
 
+def _hf_mask_bias(g: _Graph, spec: ModelSpec, past_len: str, seq_len: str, kpos: str) -> str:
+    """The additive mask of a Hugging Face export (transformers' ``masking_utils``: ``sdpa_mask``
+    and ``eager_mask``, as Optimum exports them): query ``q`` at cache position ``past + q`` attends
+    key ``t`` iff ``t <= past + q`` AND ``attention_mask[b, t]``, with no escape for a query's own
+    key, and ``Where(allowed, 0, finfo(dtype).min)`` is added to the scores. So a mask that drops
+    any key, the step's own included, changes the softmax. (B, 1, S, T) in the model dtype."""
+    end = g.op("Add", [past_len, seq_len], "mask/cache_end")
+    cache_position = g.op("Range", [past_len, end, g.i64(1)], "mask/cache_position")  # (S,)
+    causal = g.op("LessOrEqual", [kpos, g.op("Unsqueeze", [cache_position, g.i64([1])], "mask/query_index")],
+                  "mask/causal")  # (S, T): key index <= query's cache position
+    padding = g.op("Unsqueeze", [g.op("Cast", ["attention_mask"], "mask/padding_bool", to=TensorProto.BOOL),
+                                 g.i64([1, 2])], "mask/padding")  # (B, 1, 1, T)
+    allowed = g.op("And", [causal, padding], "mask/allowed")  # (B, 1, S, T)
+    return g.op("Where", [allowed, g.f(0.0), g.f(np.finfo(spec.dtype).min)], "mask/bias")
+
+
 def _io(spec: ModelSpec) -> tuple[list, list]:
     odt, KV, D, C = _ONNX_DTYPE[spec.dtype], spec.n_kv_heads, spec.head_dim, spec.kv_capacity
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])]
+    if spec.attention_mask:  # Optimum's order: input_ids, attention_mask, position_ids, past_key_values.*
+        inputs.insert(1, helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_seq"]))
     outputs = [helper.make_tensor_value_info("logits", odt, ["batch", "seq", spec.vocab])]
     for l in range(spec.n_layers):
         for kind in ("key", "value"):

@@ -72,6 +72,10 @@ class ModelSpec:
     # block) and stored dequantized by the standard/decomposed flavours, packed by the genai one.
     weights_int4: bool = False
     int4_block: int = 32
+    # The Hugging Face Optimum convention's mask: an ``attention_mask`` input [batch, total_seq]
+    # (1 = attend) expanded as transformers does (``masking_utils``: causal AND padding, no other
+    # escape) into an additive 0 / finfo(dtype).min bias on the scores before the softmax.
+    attention_mask: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
@@ -80,6 +84,9 @@ class ModelSpec:
             raise ValueError(f"{self.name}: flavour must be standard, decomposed or genai, got {self.flavour!r}")
         if self.flavour == "genai" and (not self.weights_int4 or self.kv_capacity or self.near_tie):
             raise ValueError(f"{self.name}: the genai flavour has int4 weights, a growing cache and no near-tie")
+        if self.attention_mask and (self.flavour == "genai" or self.kv_capacity):
+            raise ValueError(f"{self.name}: an attention_mask input is built for the standard and decomposed "
+                             "flavours with a growing cache")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"{self.name}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
@@ -105,6 +112,8 @@ def spec_dict(spec: ModelSpec) -> dict[str, Any]:
     if not d.get("weights_int4"):
         d.pop("weights_int4", None)
         d.pop("int4_block", None)
+    if not d.get("attention_mask"):
+        d.pop("attention_mask", None)
     return d
 
 
@@ -132,5 +141,9 @@ VARIANTS: dict[str, ModelSpec] = {
         dataclasses.replace(_SMALL, name="small-fp32-standard-kv64", kv_capacity=64),
         # ONNX Runtime GenAI style: GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits int4
         dataclasses.replace(_TINY, name="tiny-int4-genai", flavour="genai", weights_int4=True),
+        # Hugging Face Optimum style: an attention_mask input whose every key reaches the softmax
+        # (Add of the 0 / finfo.min bias before Softmax; the Attention op's float attn_mask)
+        dataclasses.replace(_TINY, name="tiny-fp32-decomposed-mask", flavour="decomposed", attention_mask=True),
+        dataclasses.replace(_TINY, name="tiny-fp16-standard-mask", dtype="float16", attention_mask=True),
     )
 }
