@@ -45,3 +45,17 @@ def test_the_kernel_recipe_registers_runs_and_audits(tmp_path, monkeypatch):
     np.testing.assert_array_equal(ex.run({"x": x})["y"], 2.5 * x)
     res = audit([str(path)], allowlist=None)
     assert not res.findings and len(res.entries) == 1, "result: the recipe's kernel is an audit entry, clean"
+
+
+def test_ci_runs_the_readme_s_test_command_on_a_fresh_install():
+    """Contract (the brief): README.md starts with the install-and-main-job command and the all-tests
+    command; `.ci/run` installs the first's extras with no pip cache and runs exactly the second."""
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    install_and_main, all_tests = [ln.strip() for ln in block.splitlines() if ln.strip()][:2]
+    install, main_job = (part.strip() for part in install_and_main.split("&&"))
+    assert main_job.startswith("pytest ") and main_job.endswith(" conformance/") and "-n auto" in main_job
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert ci[-1] == all_tests, f"contract: .ci/run's last command is the README's {all_tests!r}, got {ci[-1]!r}"
+    extras = re.search(r"'(\.\[[^]]+\])'", install).group(1)
+    assert any(extras in ln and "--no-cache-dir" in ln for ln in ci), "contract: the README's extras, no pip cache"
+    assert "export PIP_NO_CACHE_DIR=1" in ci, "contract: the packaging test's own installs inherit no cache"
