@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def _decode(args: argparse.Namespace) -> int:
     if args.tokens < 1:
         raise CliError(f"--tokens {args.tokens}: generate at least one token")
     _utf8("--prompt", args.prompt)
-    path, tokenizer = Path(args.model), args.tokenizer
+    path, tokenizer, random_weights = Path(args.model), args.tokenizer, None
     if not path.is_file():
         known = {m.name: m for m in [*builtin_models(), *trained_models()]}
         gm = known.get(args.model)
@@ -155,6 +156,8 @@ def _decode(args: argparse.Namespace) -> int:
             raise CliError(f"model {gm.name} is unavailable here: {why}")
         path = gm.model_path()
         tokenizer = tokenizer or gm.tokenizer_path()
+        if gm.kind == "builtin":  # generated to lock tokens: their weights are random
+            random_weights = gm.name
     try:
         engine = load_engine(args.engine)
     except EngineLoadError as exc:
@@ -193,6 +196,10 @@ def _decode(args: argparse.Namespace) -> int:
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {text.decode(result.tokens)!r}")
+    if random_weights:
+        print(f"note: {random_weights} is one of lockstep's built-in golden models, whose weights are random (they "
+              f"lock token ids, not meaning): its text is noise; for real text decode the trained SmolLM2 export: "
+              f"lockstep decode smollm2-fp32 --prompt {shlex.quote(args.prompt)}")
     print(f"tokens: {result.tokens}")
     if args.capture == "on":
         fallback = getattr(session, "capture_fallback", None)

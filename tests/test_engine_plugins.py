@@ -336,3 +336,75 @@ def test_lockstep_check_on_the_buggy_example_fails_with_the_position(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "example-buggy (fp32) breaks the lock on tiny-fp32-standard (stepwise): first divergence at position 18" in out
     assert "1 passed" not in out or "2 failed" in out
+
+
+# -- capture identity: a planted divergence ---------------------------------------------------------
+PLANTED = '''
+import numpy as np
+from lockstep.engines import CaptureStats, Unsupported
+
+
+class Session:
+    """Deterministic logits per (token, position); with capture on, the one-token step replayed
+    for the second time (the 3rd one-token step) reads a stale buffer: one logit jumps to 100."""
+
+    def __init__(self, io, capture):
+        self.vocab, self.capture = io.vocab, capture
+        self.reset()
+
+    def reset(self):
+        self.pos = self.steps = self.captures = self.replays = 0
+
+    def forward(self, ids):
+        rows = []
+        for t in ids:
+            rows.append(np.random.default_rng(int(t) * 1009 + self.pos).standard_normal(self.vocab).astype(np.float32))
+            self.pos += 1
+        logits = np.stack(rows)
+        if self.capture and len(ids) == 1:
+            self.steps += 1
+            self.captures, self.replays = 1, self.steps - 1  # recorded on the first step, replayed after
+            if self.steps == 3:
+                logits[-1, int(np.argmin(logits[-1]))] = 100.0
+        return logits
+
+    def capture_stats(self):
+        return CaptureStats(self.captures, self.replays, 0)
+
+
+class Planted:
+    name = "planted"
+
+    def available(self):
+        return True, "here"
+
+    def prepare(self, model):
+        raise Unsupported("decodes only")
+
+    def decoder(self, model, *, capture=False, io=None):
+        return Session(io, capture)
+
+
+def make():
+    return Planted()
+'''
+
+
+def test_a_capture_divergence_names_the_step_replays_tokens_and_logit_difference(pytester):
+    """The capture identity test on an engine whose captured path departs at its third one-token
+    step: the failure says which step, after how many replays, both tokens and the max |logit
+    difference| there (not `At index 3 diff: 97 != 186`)."""
+    pytester.makepyfile(planted_engine=PLANTED)
+    pytester.syspathinsert()
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.golden", "-m", "capture", "-k",
+                                "test_capture_on_off and tiny-fp32-standard and not kv64", "--engines",
+                                "planted_engine:make", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    import re
+
+    m = re.search(r"result: capture on and off of tiny-fp32-standard diverge at step 3 \(position (\d+), after 2 "
+                  r"replay\(s\) of the captured run\): token (\d+) with capture on, (\d+) off; max \|logit difference\| "
+                  r"(\d+\.\d+) at that step; the 3 step\(s\) before it byte-identical", out)
+    assert m, out[-3000:]
+    assert m.group(2) != m.group(3) and 100 < float(m.group(4)) < 110, m.group(0)
