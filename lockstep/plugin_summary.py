@@ -69,7 +69,7 @@ def record_command(config, st: dict, engine: str) -> list[str]:
     if own is not None:
         target, field = _shown(Path(os.fspath(own))), ""
         where = f"its expectations file {target}" + (
-            " (not written yet: this writes it)" if engine in st.get("missing_expectations", {}) else "")
+            "" if Path(os.fspath(own)).is_file() else " (not written yet: this writes it)")
     else:
         given = config.getoption("--lockstep-expectations")
         builtin = type(engines.get(engine)).__module__.startswith("lockstep.")
