@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -80,8 +81,18 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
 
     if not _P(args.report_dir).resolve().parent.is_dir():
         raise CliError(f"--report-dir {args.report_dir}: its parent folder does not exist")
+    if args.golden_dir:
+        from lockstep.golden.catalog import GoldenError, dir_models
+
+        for d in args.golden_dir:
+            try:
+                dir_models(d)
+            except GoldenError as exc:  # before pytest starts: one line, no run, no report
+                raise CliError(str(exc)) from None
     argv = ["--pyargs", "lockstep.conformance", f"--lockstep-report-dir={args.report_dir}",
-            f"--junitxml={_P(args.report_dir) / 'junit.xml'}",
+            # xunit1: the JUnit family whose testcases may carry properties (engine, op, key, markers,
+            # precision, the golden plot data); under xunit2 pytest warns once per recorded property
+            f"--junitxml={_P(args.report_dir) / 'junit.xml'}", "-o", "junit_family=xunit1",
             # this command imported lockstep before pytest loads its plugin; the suite's test
             # modules are still rewritten, only the plugin's own asserts are not
             "-W", "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"]
@@ -153,7 +164,7 @@ def _decode(args: argparse.Namespace) -> int:
     if args.tokens < 1:
         raise CliError(f"--tokens {args.tokens}: generate at least one token")
     _utf8("--prompt", args.prompt)
-    path, tokenizer = Path(args.model), args.tokenizer
+    path, tokenizer, random_weights = Path(args.model), args.tokenizer, None
     if not path.is_file():
         known = {m.name: m for m in [*builtin_models(), *trained_models()]}
         gm = known.get(args.model)
@@ -164,6 +175,8 @@ def _decode(args: argparse.Namespace) -> int:
             raise CliError(f"model {gm.name} is unavailable here: {why}")
         path = gm.model_path()
         tokenizer = tokenizer or gm.tokenizer_path()
+        if gm.kind == "builtin":  # generated to lock tokens: their weights are random
+            random_weights = gm.name
     try:
         engine = load_engine(args.engine)
     except EngineLoadError as exc:
@@ -202,6 +215,10 @@ def _decode(args: argparse.Namespace) -> int:
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {text.decode(result.tokens)!r}")
+    if random_weights:
+        print(f"note: {random_weights} is one of lockstep's built-in golden models, whose weights are random (they "
+              f"lock token ids, not meaning): its text is noise; for real text decode the trained SmolLM2 export: "
+              f"lockstep decode smollm2-fp32 --prompt {shlex.quote(args.prompt)}")
     print(f"tokens: {result.tokens}")
     if args.capture == "on":
         fallback = getattr(session, "capture_fallback", None)
@@ -232,10 +249,12 @@ def _golden(args: argparse.Namespace) -> int:
     if args.source != "oracle":
         raise CliError(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
                        "(an engine under test is never its own yardstick)")
+    if args.dir and not Path(args.dir).is_dir():
+        raise CliError(f"--dir {args.dir}: no such directory (a folder of snapshots written by `lockstep golden add`)")
     try:
         models = dir_models(args.dir) if args.dir else [*builtin_models(), *trained_models()]
     except GoldenError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc).replace("--golden-dir ", "--dir ", 1)) from None
     by_name = {m.name: m for m in models}
     names = args.model or [m.name for m in models if m.kind != "trained" or m.available()[0]]
     unknown = [n for n in names if n not in by_name]
@@ -366,8 +385,19 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(func=_mutants)
 
     c = sub.add_parser("check", help="run the conformance suite on the available engines and write a report "
-                       "(unknown options are passed to pytest)")
-    c.add_argument("--engines", default=None, help="comma-separated engines (default: all available)")
+                       "(unknown options are passed to pytest)",
+                       description="Run lockstep's conformance suite (pytest --pyargs lockstep.conformance) on the "
+                                   "selected engines and write reports/report.{json,md} and junit.xml. A case an "
+                                   "engine newly cannot run fails (fail closed); the run says how to record it.",
+                       epilog="Other options go to pytest, e.g. -m MARKEXPR to select a part of the suite "
+                              "(markers: node_suite, golden, capture, paging, contract, parity, capture_guard; "
+                              "-m node_suite runs ONNX's node cases only), -k EXPR, -x, -q. "
+                              "Examples: lockstep check --engines ref-sim,ort-cpu; "
+                              "lockstep check --engines my_module:make_engine -m node_suite")
+    c.add_argument("--engines", default=None,
+                   help="comma-separated engines: registered names (ref-sim, ort-cpu, ... and installed plugins') "
+                        "or pkg.module:factory, a zero-argument factory in a module importable from here or from "
+                        "PYTHONPATH (default: every registered engine)")
     c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
     c.add_argument("--golden-dir", action="append", default=[],
                    help="a folder of snapshots from `lockstep golden add` to lock too (repeatable)")

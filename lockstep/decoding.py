@@ -27,7 +27,7 @@ import onnx
 from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder, StepError
 from lockstep.engines.protocol import CaptureStats, Unsupported
 
-__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "NotADecoder",
+__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence", "NotADecoder",
            "ContextLimitExceeded"]
 
 @dataclass
@@ -37,9 +37,31 @@ class DecodeResult:
     step_logits: list[np.ndarray]  # logits that chose each generated token
     counters: dict[str, Any] = field(default_factory=dict)
     capture: CaptureStats = field(default_factory=CaptureStats)
+    step_replays: list[int] = field(default_factory=list)  # the session's replays when each step's logits came
 
     def text(self) -> str:
         return bytes(t for t in self.tokens if t < 256).decode("utf-8", errors="replace")
+
+
+def first_divergence(a: DecodeResult, b: DecodeResult) -> dict[str, Any] | None:
+    """The first step at which two greedy decodes of one prompt differ, by token or by any byte of
+    the logits that chose it: its index (0: the token after the prompt), position, both tokens, the
+    max |logit difference| there, and how many replays ``a``'s session had counted by then; None
+    when they are identical."""
+    for i in range(max(len(a.tokens), len(b.tokens))):
+        if i >= len(a.tokens) or i >= len(b.tokens):
+            return {"step": i, "position": len(a.prompt) + i, "tokens": (a.tokens[i:i + 1], b.tokens[i:i + 1]),
+                    "max_abs_diff": None, "replays": None, "why": "one decode is shorter"}
+        la, lb = np.asarray(a.step_logits[i]), np.asarray(b.step_logits[i])
+        same_bytes = la.shape == lb.shape and la.dtype == lb.dtype and la.tobytes() == lb.tobytes()
+        if a.tokens[i] == b.tokens[i] and same_bytes:
+            continue
+        diff = (float(np.max(np.abs(la.astype(np.float64) - lb.astype(np.float64)))) if la.shape == lb.shape
+                else None)
+        return {"step": i, "position": len(a.prompt) + i, "tokens": (a.tokens[i], b.tokens[i]), "max_abs_diff": diff,
+                "replays": a.step_replays[i] if i < len(a.step_replays) else None,
+                "why": "tokens differ" if a.tokens[i] != b.tokens[i] else "logits differ"}
+    return None
 
 
 class HostKVSession:
@@ -107,14 +129,15 @@ def greedy(session: Any, prompt: list[int], n_tokens: int, *, io: DecoderIO | No
     _check_context(session, io, len(prompt) + max(n_tokens - 1, 0))
     session.reset()
     logits = session.forward(prompt)[-1]
-    tokens, steps = [], []
+    tokens, steps, replays = [], [], []
     for i in range(n_tokens):
         tok = int(np.argmax(logits))
         tokens.append(tok)
         steps.append(logits)
+        replays.append(session.capture_stats().replays)
         if i + 1 < n_tokens:
             logits = session.forward([tok])[-1]
-    return DecodeResult(list(prompt), tokens, steps, _counters(session), session.capture_stats())
+    return DecodeResult(list(prompt), tokens, steps, _counters(session), session.capture_stats(), replays)
 
 
 def teacher_force(session: Any, context: list[int], *, stepwise: bool, io: DecoderIO | None = None) -> np.ndarray:

@@ -4,7 +4,7 @@ An expectations file (TOML; the packaged ``conformance/node_suite/expectations.t
 engines, plus each engine's own ``expectations`` file) holds ``[[expect]]`` entries::
 
     [[expect]]
-    engine = "ort-cpu"                     # optional in an engine's own file
+    engine = "ort-cpu"                     # optional in an engine's own file (below)
     patterns = ["test_scan_sum", "test_scan9_*"]   # or pattern = "..."
     kind = "unsupported"                   # xfail | skip | unsupported
     reason = "no kernel for ai.onnx::Scan"
@@ -21,6 +21,15 @@ other engine tests, the test function with its parameters but the engine
   a registry, an op regressing to "not implemented", a capability lost. A case an entry expects
   unsupported that now runs is reported ("newly runs": delete the entry).
 
+An engine's own file (its ``expectations`` attribute) needs no ``engine``: an entry without it is the
+engine's that declares the file, and of each engine that declares it when variants of one plugin
+(two factories, two names) share one file. An entry that names an engine is that engine's alone (a
+variant's own difference), left out for the other engines sharing the file. A declared file that
+does not exist yet holds no entry: every case the engine cannot run fails (the run says how to
+write it). The writers (``python -m lockstep.expectations --from-report``, ``python -m
+lockstep.reference_runtime.node_cases --emit-expectations``) write entries without ``engine``;
+``--engine-field`` adds it, for a file several engines share (lockstep's packaged one).
+
 An entry whose ``when`` holds and that matches no case is stale: a usage error. ``when`` keys are
 distribution names (``onnx``, ``onnxruntime`` — which also matches ``onnxruntime-gpu`` —,
 ``ml_dtypes``, ``numpy``); the built-in ONNX Runtime entries are recorded for the ONNX Runtime
@@ -34,6 +43,7 @@ import functools
 import os
 import re
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -108,7 +118,9 @@ def applies(entry: Entry) -> bool:
 
 
 def load(path: str | os.PathLike, engine: str | None = None) -> list[Entry]:
-    """The entries of one file; in an engine's own file (``engine`` given) ``engine`` defaults to it."""
+    """The entries of one file. In an engine's own file (``engine`` given) an entry without
+    ``engine`` is that engine's; one naming another engine (a variant sharing the file) is kept as
+    that engine's."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8")).get("expect", [])
@@ -119,11 +131,9 @@ def load(path: str | os.PathLike, engine: str | None = None) -> list[Entry]:
         e = dict(e)
         if engine is not None:
             e.setdefault("engine", engine)
-            if e["engine"] != engine:
-                problems.append(f"entry {n}: engine {e['engine']!r} in the expectations of engine {engine!r}")
         patterns = e.get("patterns") or ([e["pattern"]] if e.get("pattern") else [])
         missing = [k for k in ("engine", "kind", "reason") if not e.get(k)] + ([] if patterns else ["pattern(s)"])
-        if missing or e.get("kind") not in KINDS:
+        if missing or e.get("kind") not in KINDS or not isinstance(e.get("engine"), str):
             problems.append(f"entry {n}: needs engine, pattern or patterns, kind ({'|'.join(KINDS)}) and reason; "
                             f"got {e}")
             continue
@@ -153,14 +163,34 @@ def test_key(item: Any, engine: str) -> str:
     return key_from_nodeid(item.nodeid, engine)
 
 
-def reason_class(why: str, engines: Iterable[str] = ()) -> str:
-    """A skip reason without its per-case details: 'no kernel for ai.onnx::Loop' stays, node names go."""
-    if "no kernel for" in why:
-        return "no kernel for " + why.split("no kernel for ", 1)[1].split(";")[0].split(" (")[0]
-    parts = why.split(": ")
-    if parts[0] in set(engines):
-        parts = parts[1:]
-    return parts[0][:100] if parts else why[:100]
+_ORT_CODE = re.compile(r"\[ONNXRuntimeError\] : \d+ : ")  # ONNX Runtime's status code, the same for every op
+_DETAIL = re.compile(r" node with name .*$| \(.*$|; .*$")  # a node's name, a parenthesised or later detail
+_SOURCE = re.compile(r"\S+\.(?:cc|cpp|cu|h|hpp):\d+(?:\s+[\w:~<>]+\([^)]*\))?\s*")  # a C++ file:line, function
+
+
+def reason_class(why: str, engines: Iterable[str] = (), op: str | None = None) -> str:
+    """A cannot-run reason without its per-case details, naming the operator the case is about
+    (``op``, a node case's) when the text does not: 'no kernel for ai.onnx::Loop' stays, node
+    names and the engine's name in front go; ONNX Runtime's messages keep what follows their
+    status code ('Resize: NOT_IMPLEMENTED: Could not find an implementation for Resize(19)')."""
+    text = (why.strip().splitlines() or [""])[0]
+    names = set(engines)
+    while True:
+        head, sep, rest = text.partition(": ")
+        if not (sep and head in names):
+            break
+        text = rest
+    if "no kernel for" in text:
+        ops = text.split("no kernel for ", 1)[1].split(";")[0].split(" (")[0].split(", ")
+        cls = "no kernel for " + ", ".join(ops[:4]) + (f" and {len(ops) - 4} more" if len(ops) > 4 else "")
+    else:
+        cls = _DETAIL.sub("", _SOURCE.sub("", _ORT_CODE.sub("", text)).replace(" : ", ": ")).strip().rstrip(":;,")
+        if len(cls) > 120:
+            cls = cls[:120].rsplit(" ", 1)[0] + " ..."
+    cls = cls or "no reason given"
+    if op and not re.search(rf"(?<![A-Za-z0-9]){re.escape(op)}(?![A-Za-z0-9])", cls):
+        cls = f"{op}: {cls}"
+    return cls
 
 
 def key_from_nodeid(nodeid: str, engine: str) -> str:
@@ -177,19 +207,41 @@ def key_from_nodeid(nodeid: str, engine: str) -> str:
     return f"{func}[{params}]" if params else func
 
 
-def emit(engine: str, rows: Iterable[tuple[str, str]], when: dict[str, str] | None = None) -> str:
-    """TOML ``unsupported`` entries for ``(key, reason)`` rows, one entry per reason."""
+def emit(engine: str, rows: Iterable[tuple], when: dict[str, str] | None = None, *, engine_field: bool = False,
+         source: str = "") -> str:
+    """TOML ``unsupported`` entries for ``(key, reason)`` or ``(key, reason, op)`` rows: one entry per
+    operator for node cases (``op`` given; the reason its cases give most), one per reason for the
+    other tests; operators in alphabetical order, then reasons, keys sorted: a stable, reviewable
+    file. ``engine_field``: write ``engine = NAME`` (a file several engines share); without it the
+    entries are for the engine's own file (and every variant sharing it)."""
+    by_op: dict[str, list[tuple[str, str]]] = {}
     by_reason: dict[str, list[str]] = {}
-    for key, reason in rows:
-        by_reason.setdefault(reason, []).append(key)
-    lines = []
-    for reason, keys in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines += ["[[expect]]", f'engine = "{engine}"', 'kind = "unsupported"', f"reason = {_q(reason)}"]
+    n = 0
+    for row in rows:
+        key, reason, op = (*row, None)[:3]
+        n += 1
+        if op:
+            by_op.setdefault(op, []).append((key, reason))
+        else:
+            by_reason.setdefault(reason, []).append(key)
+    groups = []
+    for op in sorted(by_op, key=lambda o: (o.lower(), o)):
+        reasons = Counter(r for _, r in by_op[op]).most_common()
+        top = min(reasons, key=lambda rc: (-rc[1], rc[0]))[0]
+        more = f" (and {len(reasons) - 1} other message(s))" if len(reasons) > 1 else ""
+        groups.append((top + more, [k for k, _ in by_op[op]]))
+    groups += [(reason, by_reason[reason]) for reason in sorted(by_reason)]
+    what = f"{n} case(s) it cannot run" + (", by the operator each is about" if by_op else "")
+    lines = [f"# {engine}: {what}" + (f" (from {source})" if source else ""), ""]
+    for reason, keys in groups:
+        lines += ["[[expect]]"] + ([f'engine = "{engine}"'] if engine_field else [])
+        lines += ['kind = "unsupported"', f"reason = {_q(reason)}"]
         if when:
             lines.append("when = { " + ", ".join(f"{k} = {_q(v)}" for k, v in when.items()) + " }")
-        lines.append("patterns = [")
-        lines += [f"  {_q(k)}," for k in sorted(set(keys))]
-        lines += ["]", ""]
+        keys = sorted(set(keys))
+        inline = "patterns = [" + ", ".join(_q(k) for k in keys) + "]"
+        lines += [inline] if len(inline) <= 110 else ["patterns = [", *(f"  {_q(k)}," for k in keys), "]"]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -197,9 +249,11 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def rows_from_report(report: dict, engine: str) -> list[tuple[str, str]]:
-    """``(key, reason class)`` of every case ``engine`` could not run in a report (written by
-    ``--lockstep-report-dir``): skipped as unsupported, or failed as newly unsupported."""
+def rows_from_report(report: dict, engine: str, *, new_only: bool = False) -> list[tuple[str, str, str | None]]:
+    """``(key, reason class, op)`` of every case ``engine`` could not run in a report (written by
+    ``--lockstep-report-dir``): skipped as unsupported (expected), or failed as newly unsupported;
+    ``new_only``: only the latter (to append to the engine's file). ``op``: the operator a node case
+    is about, else None."""
     rows = []
     for nodeid, o in report.get("tests", {}).items():
         if o.get("engine") != engine:
@@ -207,26 +261,34 @@ def rows_from_report(report: dict, engine: str) -> list[tuple[str, str]]:
         key = o.get("key") or key_from_nodeid(nodeid, engine)
         reason = o.get("reason") or ""
         message = o.get("message") or ""
-        if o.get("outcome") == "skipped" and reason.startswith("unsupported: "):
+        if o.get("outcome") == "skipped" and reason.startswith("unsupported: ") and not new_only:
             detail = reason[len("unsupported: "):]
         elif o.get("outcome") == "failed" and " newly cannot run " in message:
             detail = message.split(f" newly cannot run {key}: ", 1)[-1]
         else:
             continue
-        rows.append((key, reason_class(detail.removeprefix(f"{engine}: "), [engine])))
+        rows.append((key, reason_class(detail, [engine], o.get("op")), o.get("op")))
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lockstep.expectations --from-report reports/report.json --engine ort-cpu
-    [--when onnxruntime===1.31.1]``: TOML ``unsupported`` entries for what the engine could not run."""
+    """``python -m lockstep.expectations --from-report reports/report.json --engine NAME [--new]
+    [--when onnxruntime==1.31.*] [--engine-field]``: TOML ``unsupported`` entries for what the engine
+    could not run, for its own expectations file."""
     import argparse
     import json
     import sys
 
     ap = argparse.ArgumentParser(prog="python -m lockstep.expectations", description=main.__doc__.splitlines()[0])
-    ap.add_argument("--from-report", required=True, help="a report.json written by --lockstep-report-dir")
-    ap.add_argument("--engine", action="append", required=True)
+    ap.add_argument("--from-report", required=True, help="a report.json written by --lockstep-report-dir "
+                                                         "(lockstep check writes reports/report.json)")
+    ap.add_argument("--engine", action="append", required=True, help="the engine's name (repeatable)")
+    ap.add_argument("--new", action="store_true",
+                    help="only the cases that failed as newly unsupported (append them: >> FILE); default: every "
+                         "case the engine could not run, expected or not (a whole unsupported section)")
+    ap.add_argument("--engine-field", action="store_true",
+                    help="write engine = NAME into each entry (a file several engines share, like lockstep's own); "
+                         "default: entries for the engine's own file, which its variants may share")
     ap.add_argument("--when", action="append", default=[], help="dist<specifier>, e.g. onnxruntime==1.31.* (repeatable)")
     args = ap.parse_args(argv)
     try:
@@ -236,16 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     when = {}
     for w in args.when:
-        import re
-
         m = re.match(r"^([A-Za-z0-9_.-]+)\s*([<>=!~].*)$", w)
         if not m:
             print(f"error: --when {w!r}: expected dist<specifier>", file=sys.stderr)
             return 2
         when[m.group(1)] = m.group(2)
+    known = sorted({o.get("engine") for o in report.get("tests", {}).values()} - {None, "-"})
+    unknown = [e for e in args.engine if e not in known]
+    if unknown:
+        print(f"error: --engine {', '.join(unknown)}: not in {args.from_report} (its engines: {', '.join(known)})",
+              file=sys.stderr)
+        return 2
     for engine in args.engine:
-        print(f"# --- {engine}: cases it cannot run (generated from {args.from_report})")
-        print(emit(engine, rows_from_report(report, engine), when or None))
+        print(emit(engine, rows_from_report(report, engine, new_only=args.new), when or None,
+                   engine_field=args.engine_field, source=args.from_report))
     return 0
 
 

@@ -183,6 +183,9 @@ def pytest_configure(config: pytest.Config) -> None:
         except EngineLoadError as exc:
             raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
     _check_required(config, selected, required)
+    config.stash[_STATE_KEY]["suite"] = suite
+    if config.getoption("--golden-dir"):
+        _golden_models(config)  # a missing or malformed folder: one usage error, no run, no report
     if suite:
         from lockstep.paths import CacheDirError, cache_dir
 
@@ -362,11 +365,13 @@ def _expectations(config: pytest.Config) -> list:
             entries = expectations.load(path) if path is not None and path.is_file() else []
             for name, eng in _engines(config).items():
                 own = getattr(eng, "expectations", None)
-                if own is not None:
+                if own is not None and Path(os.fspath(own)).is_file():  # not written yet: nothing expected
                     entries += expectations.load(Path(os.fspath(own)), name)
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(str(exc)) from None
-        st["expect"] = [e for e in entries if expectations.applies(e)]
+        # variants of one plugin sharing a file load it once each: an entry naming one of them once
+        unique = {(e.file, e.engine, tuple(e.patterns), e.kind, e.reason, tuple(e.when.items())): e for e in entries}
+        st["expect"] = [e for e in unique.values() if expectations.applies(e)]
     return st["expect"]
 
 
@@ -596,13 +601,13 @@ def _fail_closed(item: pytest.Item, report) -> None:
         why = _skip_reason(report)
         if why.startswith(UNSUPPORTED) and expected is None:
             key = expectations.test_key(item, engine)
-            detail = why[len(UNSUPPORTED):]
+            detail = why[len(UNSUPPORTED):].removeprefix(f"{engine}: ")
             report.outcome = "failed"
             report.longrepr = (
                 f"lockstep: {engine} newly cannot run {key}: {detail}\n"
-                f"  (fail closed: a case an engine cannot run must be expected; if this is intended, record it in "
-                f"the engine's expectations:\n  [[expect]]\n  engine = \"{engine}\"\n  kind = \"unsupported\"\n"
-                f"  reason = \"{expectations.reason_class(detail, [engine])}\"\n  patterns = [\"{key}\"])")
+                f"  (fail closed: a case an engine cannot run must be expected, kind = \"unsupported\" in its "
+                f"expectations; the summary \"engine tests that newly cannot run\" gives the command that records "
+                f"them)")
             report.user_properties.append(("newly_unsupported", key))
     elif report.when == "call" and report.passed and expected is not None:
         report.user_properties.append(("newly_runs", expectations.test_key(item, engine)))
@@ -733,48 +738,6 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if engines and _runs_lockstep_suite(config) and not any(isinstance(e, RefEngine) for e in engines.values()):
         n = st.get("self_tests_deselected")
         terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
-    if st["mutant"]:
-        terminalreporter.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
-    if st.get("tripwires"):
-        terminalreporter.section("lockstep: golden tripwires (first divergence from the recorded stream)")
-        for t in st["tripwires"]:
-            kind = "near-tie, not fatal" if t["near_tie"] else "FATAL"
-            terminalreporter.write_line(
-                f"{t['engine']} {t['model']}: position {t['pos']}: recorded {t['recorded']}, engine {t['engine_token']}"
-                f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
-                yellow=t["near_tie"], red=not t["near_tie"],
-            )
-    for key, title, colour in (("newly_unsupported", "engine tests that newly cannot run (FAILED: record them or fix)",
-                                "red"), ("newly_runs", "expected-unsupported cases that now run (delete their entries)",
-                                         "green")):
-        rows = st.get(key) or []
-        if rows:
-            terminalreporter.section(f"lockstep: {title}")
-            by_engine: dict[str, list[str]] = {}
-            for engine, k in rows:
-                by_engine.setdefault(engine, []).append(k)
-            for engine, ks in sorted(by_engine.items()):
-                terminalreporter.write_line(f"{engine}: {len(ks)}: {', '.join(sorted(ks)[:12])}"
-                                            + (" ..." if len(ks) > 12 else ""), **{colour: True})
-    unsupported: dict[str, Counter] = {}
-    for o in st["outcomes"].values():
-        reason = o.get("reason") or ""
-        if o.get("outcome") == "skipped" and reason.startswith("unsupported: "):
-            engine, _, why = reason[len("unsupported: "):].partition(": ")
-            unsupported.setdefault(engine, Counter())[expectations.reason_class(why, unsupported.keys() | {engine})] += 1
-    if unsupported:
-        terminalreporter.section("lockstep: cases an engine reported it cannot run (skipped, by reason)")
-        for engine, reasons in sorted(unsupported.items()):
-            terminalreporter.write_line(f"{engine}: {sum(reasons.values())} skipped", yellow=True)
-            for why, n in reasons.most_common(8):
-                terminalreporter.write_line(f"    {n:5d}  {why}")
-            if len(reasons) > 8:
-                terminalreporter.write_line(f"    ... and {len(reasons) - 8} more reasons (see the JSON report)")
-    if st["skipped"]:
-        terminalreporter.section("lockstep: unavailable devices, engines and models")
-        for (name, reason), n in sorted(st["skipped"].items()):
-            terminalreporter.write_line(f"{name}: {n} test(s) skipped: {reason}", yellow=True)
-        terminalreporter.write_line(
-            "LOCKSTEP_REQUIRE_DEVICES=cupy / LOCKSTEP_REQUIRE_ENGINES=ref-cuda,... / LOCKSTEP_REQUIRE_MODELS=... "
-            "make an absent one a failure"
-        )
+    from lockstep.plugin_summary import terminal_summary
+
+    terminal_summary(terminalreporter, config, _state(config))

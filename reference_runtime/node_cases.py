@@ -229,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
     ap.add_argument("--emit-expectations", action="store_true",
-                    help="print TOML [[expect]] entries (strict xfail) for every failed or erroring case")
+                    help="print TOML [[expect]] entries (strict xfail) for every failed or erroring case, for the "
+                         "engine's own expectations file (and the variants sharing it)")
+    ap.add_argument("--engine-field", action="store_true",
+                    help="with --emit-expectations: write engine = NAME into each entry (a file several engines "
+                         "share, like lockstep's own)")
     args = ap.parse_args(argv)
     try:
         engine = load_engine(args.engine)
@@ -254,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             if out.status in ("failed", "error"):
                 first = (out.detail.strip().splitlines() or [""])[0].replace('"', "'")[:200]
                 version = _engine_version(engine)
-                print(f'[[expect]]\nengine = "{engine.name}"\npattern = "{case.name}"\nkind = "xfail"\n'
+                field = f'engine = "{engine.name}"\n' if args.engine_field else ""
+                print(f'[[expect]]\n{field}pattern = "{case.name}"\nkind = "xfail"\n'
                       f'reason = "{version}: {out.status}: {first}"\n')
             continue
         if out.status in show:

@@ -88,7 +88,58 @@ def test_decode_cli_prints_text_tokens_and_counters(tmp_path, capsys):
     assert main(["decode", str(path), "--prompt", "Hello", "--tokens", "4", "--engine", "ref-sim"]) == 0
     out = capsys.readouterr().out
     assert "output: " in out and "tokens: [" in out and '"launches"' in out
+    assert "random" not in out, "contract: no note for a model of the user's"
     assert main(["decode", "no-such-model", "--prompt", "x"]) == 2
+
+
+def test_decoding_a_builtin_golden_model_says_its_weights_are_random(capsys):
+    """Its text is noise by construction: the command says so in one line and names the trained
+    model that decodes real text."""
+    assert main(["decode", "tiny-fp32-standard", "--prompt", "hello", "--tokens", "2"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == [("note: tiny-fp32-standard is one of lockstep's built-in golden models, whose weights are random "
+                      "(they lock token ids, not meaning): its text is noise; for real text decode the trained SmolLM2 "
+                      "export: lockstep decode smollm2-fp32 --prompt hello")], notes
+
+
+def _result(tokens, logits, replays):
+    from lockstep.decoding import DecodeResult
+
+    return DecodeResult([1, 2], list(tokens), [np.asarray(x, np.float32) for x in logits], step_replays=list(replays))
+
+
+def test_first_divergence_names_the_step_tokens_replays_and_logit_difference():
+    from lockstep.decoding import first_divergence
+
+    base = [[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]]
+    same = _result([1, 0, 2], base, [0, 0, 1])
+    assert first_divergence(same, _result([1, 0, 2], base, [0, 0, 0])) is None, "result: identical decodes"
+    moved = [base[0], base[1], [0.0, 3.5, 3.0]]
+    d = first_divergence(_result([1, 0, 1], moved, [0, 0, 1]), same)
+    assert (d["step"], d["position"], d["tokens"], d["replays"], d["why"]) == (2, 4, (1, 2), 1, "tokens differ")
+    assert d["max_abs_diff"] == pytest.approx(3.5)
+    nudged = [base[0], [2.0, 1e-6, 0.0], base[2]]
+    d = first_divergence(_result([1, 0, 2], nudged, [0, 0, 1]), same)
+    assert (d["step"], d["tokens"], d["why"]) == (1, (0, 0), "logits differ"), "result: a byte is a divergence"
+    assert d["max_abs_diff"] == pytest.approx(1e-6, rel=1e-3)
+
+
+def test_greedy_records_the_replays_seen_at_each_step():
+    from lockstep.engines import CaptureStats
+
+    class Counting:
+        def reset(self):
+            self.calls = 0
+
+        def forward(self, ids):
+            self.calls += 1
+            return np.eye(4, dtype=np.float32)[[self.calls % 4] * len(ids)]
+
+        def capture_stats(self):
+            return CaptureStats(1, max(self.calls - 2, 0), 0)
+
+    res = greedy(Counting(), [3, 3], 4)
+    assert res.tokens == [1, 2, 3, 0] and res.step_replays == [0, 0, 1, 2]
 
 
 def test_a_model_without_the_contract_is_refused():

@@ -83,7 +83,7 @@ def test_validation_lists_every_problem_with_the_offending_definition(tmp_path):
     class Bad:
         name = "bad"
         precision = {"float32": "fp31"}
-        expectations = tmp_path / "nope.toml"
+        expectations = tmp_path  # a folder
         decoder = 3
 
     with pytest.raises(EngineLoadError) as err:
@@ -91,8 +91,63 @@ def test_validation_lists_every_problem_with_the_offending_definition(tmp_path):
     text = str(err.value)
     assert text.startswith("engine entry point 'bad' (x:y) does not implement the engine protocol")
     for problem in ("no `available()` method", "no `prepare()` method", "`decoder` is not callable",
-                    "unknown precision(s) {'float32': 'fp31'}", "nope.toml does not exist"):
+                    "unknown precision(s) {'float32': 'fp31'}", f"`expectations` {tmp_path} is a folder"):
         assert problem in text
+
+
+def test_an_expectations_file_not_written_yet_is_allowed(tmp_path):
+    """A new engine declares its file before its first run writes it: no load error (fail closed:
+    it then expects nothing, so every case it cannot run fails and the run says how to write it)."""
+    eng = _Tiny()
+    eng.expectations = tmp_path / "not-yet.toml"
+    assert validate(eng) is eng
+
+
+RAISER = '''
+from lockstep.engines import Unsupported
+
+class Raiser:
+    name = "raiser"
+    def available(self):
+        return True, "here"
+    def prepare(self, model):
+        raise Unsupported("raiser: raiser: no kernel for " + model.graph.node[0].op_type)
+
+def make():
+    return Raiser()
+'''
+
+
+def test_a_factory_module_in_the_working_directory_loads(tmp_path, monkeypatch):
+    """The registry's promise: ``module:factory`` from the working directory, also where Python did
+    not put it on sys.path (the ``lockstep`` and ``pytest`` console scripts put their own folder)."""
+    (tmp_path / "raiser.py").write_text(RAISER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "raiser", raising=False)
+    before = list(sys.path)
+    with pytest.raises(EngineLoadError, match=r"cannot import 'no_such_xyz': No module named 'no_such_xyz' \(looked "
+                                              r"on sys.path and in the working directory"):
+        load_engine("no_such_xyz:make")
+    assert sys.path == before, "contract: a module found nowhere leaves sys.path as it was"
+    assert load_engine("raiser:make").name == "raiser"
+    assert sys.path == [*before, str(tmp_path)], "result: appended, after everything installed"
+
+
+@pytest.mark.parametrize("command", [["lockstep", "check"], ["pytest", "--pyargs", "lockstep.conformance"]])
+def test_console_scripts_find_a_factory_in_the_working_directory(tmp_path, command):
+    """``lockstep check --engines raiser:make`` / ``pytest --engines raiser:make`` from the folder
+    holding raiser.py (``python -P``: the working directory not on sys.path, as for a console script)."""
+    (tmp_path / "raiser.py").write_text(RAISER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-P", "-m", *command, "--engines", "raiser:make", "-m", "node_suite",
+                           "-k", "test_abs or test_relu", "-p", "no:cacheprovider", "-q"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert "No module named 'raiser'" not in out, out[-2000:]
+    assert proc.returncode == 1 and "3 failed" in out, out[-3000:]
+    assert "raiser newly cannot run test_abs: no kernel for Abs" in out, "result: the engine's name said once"
+    assert "raiser: raiser:" not in out, out[-3000:]
 
 
 def _fake_entry_points(monkeypatch, *eps: EntryPoint):
@@ -331,3 +386,75 @@ def test_xdist_workers_get_one_blas_and_onnxruntime_thread(pytester):
     from lockstep.engines.ort import OrtEngine
 
     assert OrtEngine("CPUExecutionProvider", threads=1)._session_options().intra_op_num_threads == 1
+
+
+# -- capture identity: a planted divergence ---------------------------------------------------------
+PLANTED = '''
+import numpy as np
+from lockstep.engines import CaptureStats, Unsupported
+
+
+class Session:
+    """Deterministic logits per (token, position); with capture on, the one-token step replayed
+    for the second time (the 3rd one-token step) reads a stale buffer: one logit jumps to 100."""
+
+    def __init__(self, io, capture):
+        self.vocab, self.capture = io.vocab, capture
+        self.reset()
+
+    def reset(self):
+        self.pos = self.steps = self.captures = self.replays = 0
+
+    def forward(self, ids):
+        rows = []
+        for t in ids:
+            rows.append(np.random.default_rng(int(t) * 1009 + self.pos).standard_normal(self.vocab).astype(np.float32))
+            self.pos += 1
+        logits = np.stack(rows)
+        if self.capture and len(ids) == 1:
+            self.steps += 1
+            self.captures, self.replays = 1, self.steps - 1  # recorded on the first step, replayed after
+            if self.steps == 3:
+                logits[-1, int(np.argmin(logits[-1]))] = 100.0
+        return logits
+
+    def capture_stats(self):
+        return CaptureStats(self.captures, self.replays, 0)
+
+
+class Planted:
+    name = "planted"
+
+    def available(self):
+        return True, "here"
+
+    def prepare(self, model):
+        raise Unsupported("decodes only")
+
+    def decoder(self, model, *, capture=False, io=None):
+        return Session(io, capture)
+
+
+def make():
+    return Planted()
+'''
+
+
+def test_a_capture_divergence_names_the_step_replays_tokens_and_logit_difference(pytester):
+    """The capture identity test on an engine whose captured path departs at its third one-token
+    step: the failure says which step, after how many replays, both tokens and the max |logit
+    difference| there (not `At index 3 diff: 97 != 186`)."""
+    pytester.makepyfile(planted_engine=PLANTED)
+    pytester.syspathinsert()
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.golden", "-m", "capture", "-k",
+                                "test_capture_on_off and tiny-fp32-standard and not kv64", "--engines",
+                                "planted_engine:make", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    import re
+
+    m = re.search(r"result: capture on and off of tiny-fp32-standard diverge at step 3 \(position (\d+), after 2 "
+                  r"replay\(s\) of the captured run\): token (\d+) with capture on, (\d+) off; max \|logit difference\| "
+                  r"(\d+\.\d+) at that step; the 3 step\(s\) before it byte-identical", out)
+    assert m, out[-3000:]
+    assert m.group(2) != m.group(3) and 100 < float(m.group(4)) < 110, m.group(0)

@@ -1,5 +1,6 @@
 """lockstep as a required check that fails closed and says what failed: a kernel dropped from the
-registry fails the suite; an expected-unsupported case that runs is reported; a required engine
+registry fails the suite, naming the command that records it; FAILED lines carry their message; an
+expected-unsupported case that runs is reported; a required engine
 absent or unselected is one line and a non-zero exit; a usage error prints no report; the report
 names failures, versions and commit, JUnit carries engine/op/marker properties, the step summary
 gets the report; shards merge; xdist workers are pinned to GPUs; regenerate --check fails on drift."""
@@ -45,9 +46,13 @@ def test_a_kernel_removed_from_the_registry_fails_the_suite(pytester, monkeypatc
                                 "--engines", "ref-sim", "-p", "no:cacheprovider")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert "ref-sim newly cannot run test_sigmoid: ref-sim: model uses operators this runtime cannot run: " \
-           "Sigmoid_0: no kernel for ai.onnx::Sigmoid" in out
-    assert 'kind = "unsupported"' in out and "lockstep: engine tests that newly cannot run" in out
+    assert "ref-sim newly cannot run test_sigmoid: model uses operators this runtime cannot run: " \
+           "Sigmoid_0: no kernel for ai.onnx::Sigmoid" in out, "result: the engine named once"
+    assert "lockstep: engine tests that newly cannot run" in out
+    assert "ref-sim: 2 newly unsupported (2 node cases of 1 operator): test_sigmoid, test_sigmoid_example" in out
+    assert "(this run wrote no report: rerun with --lockstep-report-dir reports" in out
+    assert " --engine ref-sim --new --engine-field >> " in out and "expectations.toml" in out, (
+        "contract: a built-in engine's cases go to the expectations file in use, with their engine named")
     result.assert_outcomes(failed=2, passed=6)
 
 
@@ -97,6 +102,23 @@ def test_a_usage_error_prints_no_report(tmp_path):
     assert "OLD report" not in out, "contract: only a run that happened prints its report"
 
 
+def test_failed_lines_carry_their_message_in_an_80_column_log(pytester, monkeypatch):
+    """pytest drops a FAILED line's message when the node id leaves no room (an 80-column log); on
+    lockstep's suite each FAILED line carries its first message line in full."""
+    monkeypatch.setenv("COLUMNS", "80")
+    real = Registry.lookup
+    monkeypatch.setattr(Registry, "lookup", lambda self, domain, op, opset: None if op == "Sigmoid"
+                        else real(self, domain, op, opset))
+    result = pytester.runpytest("--pyargs", "lockstep.conformance.node_suite", "-m", "node_suite", "-k",
+                                "test_sigmoid_example or test_abs", "--engines", "ref-sim", "-p", "no:cacheprovider")
+    lines = [line for line in result.stdout.lines if line.startswith("FAILED ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "FAILED test_node_cases.py::test_node_case[ref-sim-test_sigmoid_example] - lockstep: ref-sim newly cannot run "
+        "test_sigmoid_example: model uses operators this runtime cannot run: Sigmoid_0: no kernel for ai.onnx::Sigmoid"
+    ), result.stdout.lines[-20:]
+    assert result.stdout.str().count("short test summary info") == 1, "contract: one short summary, not two"
+
+
 def test_the_report_names_failures_versions_commit_and_carries_junit_properties(tmp_path):
     example = ROOT / "examples" / "engine-plugin"
     summary = tmp_path / "step-summary.md"
@@ -110,8 +132,40 @@ def test_the_report_names_failures_versions_commit_and_carries_junit_properties(
     assert summary.read_text() == md, "contract: the Markdown report goes to GITHUB_STEP_SUMMARY"
     junit = (tmp_path / "rep" / "junit.xml").read_text()
     assert '<property name="engine" value="example-buggy" />' in junit and 'name="markers" value="golden"' in junit
+    assert '<property name="precision" value="fp32" />' in junit, "result: the tests' own properties too"
+    assert "record_property is incompatible" not in out and "PytestWarning" not in out, (
+        "contract: JUnit in the xunit1 family, whose testcases take properties: no warning per test")
     assert "![golden-tiny-fp32-standard.png](golden-tiny-fp32-standard.png)" in md
     assert (tmp_path / "rep" / "golden-tiny-fp32-standard.png").is_file() and (tmp_path / "rep" / "scoreboard.html").is_file()
+
+
+def test_a_missing_golden_dir_is_one_line_and_no_report(tmp_path):
+    """``--golden-dir`` naming no folder: one line before anything runs (exit 2 from `lockstep
+    check`, 4 from pytest's usage error), no traceback, no report; `golden regenerate --dir` names
+    its own option."""
+    rc, out = _lockstep(["check", "--engines", "ref-sim", "--golden-dir", "nope", "-m", "golden"], tmp_path)
+    assert rc == 2 and out.strip() == "lockstep: error: --golden-dir nope: no such directory", out[-3000:]
+    assert not (tmp_path / "reports").exists(), "contract: a usage error writes no report"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "lockstep.conformance.golden", "--engines",
+                           "ref-sim", "--golden-dir", "nope", "-p", "no:cacheprovider", "-q"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 4 and proc.stderr.strip() == "ERROR: --golden-dir nope: no such directory", (
+        proc.stdout[-2000:] + proc.stderr[-2000:])
+    assert "Traceback" not in proc.stdout + proc.stderr
+    rc, out = _lockstep(["golden", "regenerate", "--dir", "nope", "--dry-run"], tmp_path)
+    assert rc == 2 and out.strip().startswith("lockstep: error: --dir nope: no such directory"), out
+    (tmp_path / "empty").mkdir()
+    rc, out = _lockstep(["golden", "regenerate", "--dir", "empty", "--dry-run"], tmp_path)
+    assert rc == 2 and "--dir empty: holds no snapshot" in out and "--golden-dir" not in out, out
+
+
+def test_check_help_names_markers_and_factory_engines(tmp_path):
+    rc, out = _lockstep(["check", "--help"], tmp_path)
+    assert rc == 0
+    text = " ".join(out.split())
+    for needle in ("-m MARKEXPR", "node_suite", "golden", "capture", "pkg.module:factory",
+                   "lockstep check --engines my_module:make_engine -m node_suite"):
+        assert needle in text, f"contract: `lockstep check --help` says {needle!r}:\n{out}"
 
 
 def test_shards_partition_the_suite_and_merge_into_one_report(tmp_path):

@@ -1,10 +1,13 @@
-"""The folder READMEs' recipes are true when followed literally: the kernel recipe's code block
-(kernels/README.md) registers, runs on the simulated device, and passes the sync audit."""
+"""The READMEs' recipes are true when followed literally: the kernel recipe's code block
+(kernels/README.md) registers, runs on the simulated device, and passes the sync audit; the plugin
+recipe (README.md, "Testing your own runtime") fails closed, then one command makes it green."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,3 +62,45 @@ def test_ci_runs_the_readme_s_test_command_on_a_fresh_install():
     extras = re.search(r"'(\.\[[^]]+\])'", install).group(1)
     assert any(extras in ln and "--no-cache-dir" in ln for ln in ci), "contract: the README's extras, no pip cache"
     assert "export PIP_NO_CACHE_DIR=1" in ci, "contract: the packaging test's own installs inherit no cache"
+
+
+def _plugin_recipe() -> tuple[str, list[tuple[str, list[str]]]]:
+    """README "Testing your own runtime": the engine file (the ```python block opening with
+    ``# myengine.py``) and the ```bash block after it as (command, output lines shown under it)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Testing your own runtime\n", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(# myengine\.py\n.*?)```", section, re.DOTALL).group(1)
+    bash = re.search(r"```bash\n(.*?)```", section[section.index(code) + len(code):], re.DOTALL).group(1)
+    steps: list[tuple[str, list[str]]] = []
+    for line in bash.splitlines():
+        if line.startswith("#"):
+            steps[-1][1].append(line.lstrip("#").strip())
+        elif line.strip():
+            steps.append((line.strip(), []))
+    return code, steps
+
+
+def test_the_plugin_recipe_fails_closed_then_one_command_makes_it_green(tmp_path):
+    """Contract (README, "Testing your own runtime"): its engine file and commands, run literally in an
+    empty folder with the installed `lockstep` and `python`, do what it shows: the first check fails
+    closed and prints the one command that records what the engine cannot run, that command writes
+    the engine's expectations, and the next check is green; every output line the README shows
+    under a command is in that command's output ("..." standing for anything)."""
+    code, steps = _plugin_recipe()
+    assert [cmd.split()[:3] for cmd, _ in steps] == [["lockstep", "check", "--engines"],
+                                                     ["python", "-m", "lockstep.expectations"],
+                                                     ["lockstep", "check", "--engines"]], steps
+    (tmp_path / "myengine.py").write_text(code)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTHONPATH"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    for n, (cmd, shown) in enumerate(steps):
+        proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == (1 if n == 0 else 0), f"{cmd}: exit {proc.returncode}\n{out[-3000:]}"
+        for line in shown:
+            pattern = re.escape(line).replace(re.escape("..."), ".*")
+            assert re.search(pattern, out), f"contract: README shows {line!r} under `{cmd}`; its output:\n{out[-3000:]}"
+        if n == 1:
+            written = (tmp_path / "myengine.toml").read_text()
+            assert written.count("[[expect]]") > 100 and "engine =" not in written, written[:500]

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from lockstep.decoding import open_session
-from lockstep.engines import Unsupported, precision_of
+from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import same_anchors
 from lockstep.golden.catalog import TRAINED_DIR
 from lockstep.golden.locks import teacher_forced_lock, tripwire
@@ -33,7 +33,7 @@ def _session(engine, golden_model, record_property):
         precision = precision_of(engine, golden_model.dtype)
         session = open_session(engine, model, io=golden_model.io(model))
     except Unsupported as exc:
-        pytest.skip(f"unsupported: {engine.name}: {exc}")
+        pytest.skip(unsupported_reason(engine.name, exc))
     record_property("precision", precision)
     return session, precision
 

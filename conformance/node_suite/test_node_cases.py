@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 from lockstep.reference_runtime.node_cases import load_cases, run_case
 
+from lockstep.engines import unsupported_reason
+
 CASES = load_cases()
 
 
@@ -20,5 +22,5 @@ CASES = load_cases()
 def test_node_case(engine, case):
     outcome = run_case(engine, case)
     if outcome.status == "unsupported":
-        pytest.skip(f"unsupported: {engine.name}: {outcome.detail[:300]}")
+        pytest.skip(unsupported_reason(engine.name, outcome.detail[:300]))
     assert outcome.status == "passed", f"{engine.name} {outcome.status}: {outcome.detail}"

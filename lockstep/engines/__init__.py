@@ -15,8 +15,9 @@ from .protocol import (
                        RunFn,
                        Unsupported,
                        precision_of,
+                       unsupported_reason,
 )
 from .registry import GROUP, EngineLoadError, load_engine, registered, validate
 
 __all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS", "DEFAULT_PRECISION",
-           "precision_of", "GROUP", "EngineLoadError", "load_engine", "registered", "validate"]
+           "precision_of", "unsupported_reason", "GROUP", "EngineLoadError", "load_engine", "registered", "validate"]

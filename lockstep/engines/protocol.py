@@ -51,8 +51,19 @@ RunFn = Callable[[dict[str, Any]], list[Any]]  # arrays; lists and None too for 
 
 
 class Unsupported(NotImplementedError):
-    """The engine cannot run this model or capability; the message says why. Counted as a skip with
-    its reason, never as a numerical failure."""
+    """The engine cannot run this model or capability; the message says why. Never a numerical
+    failure: a counted skip with its reason where the engine's expectations expect it (``kind =
+    "unsupported"``), else a failure (the suite fails closed: a case newly unsupported is a
+    regression until it is recorded)."""
+
+
+def unsupported_reason(engine_name: str, why: object) -> str:
+    """The skip reason of a test ``engine_name`` cannot run: ``unsupported: NAME: why``, the name
+    said once (an engine's own message that starts with ``NAME: `` is not prefixed again)."""
+    text = str(why).strip()
+    while text.startswith(f"{engine_name}: "):
+        text = text[len(engine_name) + 2:]
+    return f"unsupported: {engine_name}: {text}"
 
 
 # precision name -> (activation storage, matrix-product operands, accumulation), each a

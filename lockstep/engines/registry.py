@@ -8,8 +8,10 @@ protocol (``protocol.Engine``). lockstep's own ``pyproject.toml`` registers ``re
     [project.entry-points."lockstep.engines"]
     mine = "my_runtime.lockstep_engine:make_engine"
 
-An engine not installed as a package is named as ``my_module:make_engine`` (importable from the
-working directory or ``PYTHONPATH``). Loading validates the object against the protocol, as
+An engine not installed as a package is named as ``my_module:make_engine``: a module importable
+from ``sys.path`` (``PYTHONPATH``...) or, failing that, from the working directory (``lockstep`` and
+``pytest`` are console scripts: Python puts their own folder on the path, not the working one; the
+working directory is appended, after everything installed, only when the module is not found). Loading validates the object against the protocol, as
 pluggy validates a plugin against its spec: an engine that fails to import, to build, or to
 validate is an ``EngineLoadError`` naming the entry point, never a silent absence.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,28 @@ def _is_spec(text: str) -> bool:
     return ":" in text
 
 
+def _import(module: str):
+    """``module``, from ``sys.path`` or else from the working directory (appended to ``sys.path``
+    for it: after everything installed, so it never shadows a package)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
+        if exc.name != module.split(".")[0] or cwd in on_path:
+            raise  # a dependency of the module is missing, or the working directory was searched
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as again:
+            if again.name == exc.name:  # not there either: the path is left as it was
+                sys.path.remove(cwd)
+                raise ModuleNotFoundError(f"{again} (looked on sys.path and in the working directory {cwd})",
+                                          name=again.name) from None
+            raise
+
+
 def load_engine(name_or_spec: str) -> Any:
     """Build the engine registered as ``name_or_spec``, or made by the factory ``pkg.module:factory``."""
     text = name_or_spec.strip()
@@ -70,7 +95,7 @@ def load_engine(name_or_spec: str) -> Any:
         if not module.strip() or not attr.strip():
             raise EngineLoadError(f"{origin}: expected pkg.module:factory, with both parts named")
         try:
-            factory = getattr(importlib.import_module(module), attr)
+            factory = getattr(_import(module), attr)
         except (ImportError, ValueError, TypeError) as exc:  # ValueError: a relative or malformed module name
             raise EngineLoadError(f"{origin}: cannot import {module!r}: {exc}") from exc
         except AttributeError:
@@ -119,8 +144,12 @@ def validate(engine: Any, origin: str = "engine", expected_name: str | None = No
             if bad:
                 problems.append(f"`precision` names unknown precision(s) {bad}; known: {list(PRECISIONS)}")
     expectations = getattr(engine, "expectations", None)
-    if expectations is not None and not Path(os.fspath(expectations)).is_file():
-        problems.append(f"`expectations` file {expectations} does not exist")
+    if expectations is not None:  # a file not written yet is allowed: no case is expected (fail closed)
+        try:
+            if Path(os.fspath(expectations)).is_dir():
+                problems.append(f"`expectations` {expectations} is a folder, not a TOML file")
+        except TypeError:
+            problems.append(f"`expectations` must be a path, got {expectations!r}")
     if problems:
         raise EngineLoadError(f"{origin} does not implement the engine protocol:\n  - " + "\n  - ".join(problems))
     return engine
