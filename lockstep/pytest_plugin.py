@@ -705,6 +705,8 @@ def _first_line(report) -> str:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st = _state(session.config)
     st["exitstatus"] = int(exitstatus)
+    if getattr(session.config, "workerinput", None) is not None:
+        return  # a pytest-xdist worker: the controller, which receives every report, writes the reports
     path = session.config.getoption("--lockstep-report")
     if path:
         with open(path, "w") as f:
