@@ -81,6 +81,8 @@ def match(key: str, pattern: str) -> bool:
 
 
 def filter_keys(keys: Iterable[str], pattern: str) -> list[str]:
+    if "*" not in pattern and "?" not in pattern:  # an exact key (most patterns): no regex over every key
+        return [pattern] if pattern in keys else []
     rx = _regex(pattern)
     return [k for k in keys if rx.match(k)]
 

@@ -161,6 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"--lockstep-mutant: {exc}") from None
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
+    config.pluginmanager.register(_LastModifyItems(config), "lockstep-last-modifyitems")
     config.stash[_STATE_KEY] = {
         "selected": selected,
         "required": required,
@@ -502,6 +503,56 @@ def _deselect_self_tests(config: pytest.Config, items: list[pytest.Item]) -> Non
         _state(config)["self_tests_deselected"] = len(drop)
 
 
+def _collapse_unavailable(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An unavailable engine's tests: the first of each test function is kept, skipped with the
+    engine's reason and standing for all of that function's tests of the engine (user property
+    ``stands_for``: the terminal summary and the report count them all); the rest are deselected.
+    Skipping ref-cuda's and ort-cuda's 1,884 node cases one by one cost CI more than running
+    ort-cpu's (13 ms a test under pytest-xdist). A required engine never gets here: an unavailable
+    one ends the session at its start (``_check_required``)."""
+    params_of = [(it, getattr(getattr(it, "callspec", None), "params", {}).get("engine_name")) for it in items]
+    names = {name for _, name in params_of if name is not None}
+    if not names:
+        return
+    engines = _engines(config)
+    checked = _state(config).setdefault("available", {})
+    down = set()
+    for name in names:
+        if name not in checked:
+            checked[name] = engines[name].available()
+        if not checked[name][0]:
+            down.add(name)
+    if not down:
+        return
+    first: dict[tuple, list] = {}
+    keep, drop = [], []
+    for it, name in params_of:
+        if name in down:
+            key = (name, str(it.path), getattr(it, "originalname", it.name))
+            if key in first:
+                first[key][1] += 1
+                drop.append(it)
+                continue
+            first[key] = [it, 1]
+        keep.append(it)
+    for it, n in first.values():
+        it.user_properties.append(("stands_for", n))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+class _LastModifyItems:
+    """Collection changes made after pytest's own -k/-m/--deselect (a hook of its own: trylast)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        _collapse_unavailable(config, items)
+
+
 UNAVAILABLE = "lockstep: unavailable: "
 
 
@@ -663,7 +714,7 @@ class _OutcomeRecorder:
             report.nodeid, {"outcome": "passed", "contract": props.get("contract"), "engine": props.get("engine"),
                             "ops": props.get("ops", [])}
         )
-        for key in ("op", "key", "precision"):
+        for key in ("op", "key", "precision", "stands_for"):
             if key in props:
                 entry[key] = props[key]
         if report.when == "call":  # properties recorded by the test arrive with every later report too
@@ -688,7 +739,7 @@ class _OutcomeRecorder:
             entry["reason"] = msg
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
-                st["skipped"][(name, reason)] += 1
+                st["skipped"][(name, reason)] += int(props.get("stands_for", 1))
 
 
 def _first_line(report) -> str:

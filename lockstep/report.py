@@ -37,7 +37,7 @@ def summarize(outcomes: dict[str, dict]) -> dict:
     for nodeid, o in outcomes.items():
         engine = o.get("engine") or "-"
         status = o.get("outcome", "passed")
-        per_engine[engine][status] += 1
+        per_engine[engine][status] += int(o.get("stands_for", 1))  # an unavailable engine's one skip for many
         ops = [o["op"]] if o.get("op") else o.get("ops", [])  # the op the case is about
         if status != "passed" and ops:
             unavailable = "lockstep: unavailable: " in (o.get("reason") or "")

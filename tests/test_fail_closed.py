@@ -93,6 +93,23 @@ def test_a_required_engine_absent_or_unselected_is_one_line(tmp_path):
     assert "LOCKSTEP_REQUIRE_ENGINES: engine absent is unavailable here: its driver is not installed" in proc.stderr
 
 
+@pytest.mark.contract("plugin.unavailable_engine_counted")
+def test_an_unavailable_engine_is_one_skip_per_test_function_counting_all_its_tests(tmp_path):
+    """An unavailable engine's tests are not skipped one by one: each test function keeps one skip,
+    with the engine's reason, that stands for all of that function's tests of the engine; the rest
+    are deselected, and the terminal summary and the report still count every one of them."""
+    (tmp_path / "absent_engine.py").write_text(UNAVAILABLE_ENGINE)
+    rc, out = _lockstep(["check", "--engines", "ref-sim,absent_engine:make", "--jobs", "1", "--report-dir", "rep",
+                         "-m", "node_suite", "-k", "test_abs or test_acos", "-p", "no:cacheprovider"],
+                        tmp_path, PYTHONPATH=str(tmp_path))
+    assert rc == 0, out[-3000:]
+    counts = json.loads((tmp_path / "rep" / "report.json").read_text())["summary"]["engines"]
+    ran = counts["ref-sim"]["passed"]
+    assert ran >= 4 and counts["absent"] == {"passed": 0, "failed": 0, "xfailed": 0, "skipped": ran}, counts
+    assert f"absent: {ran} test(s) skipped: its driver is not installed" in out, out[-3000:]
+    assert f"{ran - 2} deselected" in out, "contract: one skip kept per test function (node cases, products)"
+
+
 def test_a_usage_error_prints_no_report(tmp_path):
     old = tmp_path / "reports"
     old.mkdir()
