@@ -111,12 +111,16 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
 
 def _workers(jobs: str, passthrough: list[str]) -> list[str]:
     """pytest-xdist's options for ``--jobs``: ``auto`` (the default) one worker per CPU where
-    pytest-xdist is installed and the pytest options name none of their own; ``1`` in-process."""
+    pytest-xdist is installed, the pytest options name none of their own and this process is not
+    itself run by a pytest-xdist worker (whose run has the CPUs already: a test of lockstep's that
+    runs ``lockstep check``); ``1`` in-process."""
+    import os
+
     if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
         raise CliError(f"--jobs {jobs!r}: a number of processes (1: in this process) or auto")
     own = any(a in ("-n", "--numprocesses", "--dist") or a.startswith(("-n", "--numprocesses=", "--dist="))
               or a == "no:xdist" for a in passthrough)
-    if own or jobs == "1":
+    if own or jobs == "1" or (jobs == "auto" and os.environ.get("PYTEST_XDIST_WORKER")):
         return []
     import importlib.util
 

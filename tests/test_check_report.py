@@ -88,3 +88,15 @@ def test_an_xfail_that_passes_fails_the_run(tmp_path):
     strict = '[[expect]]\nengine = "ref-sim"\npattern = "test_abs"\nkind = "xfail"\nreason = "stale"\n'
     proc = _node_suite(tmp_path, strict, "-k", "test_abs")
     assert proc.returncode == 1 and "XPASS(strict)" in proc.stdout
+
+
+def test_jobs_auto_runs_in_process_under_a_pytest_xdist_worker(monkeypatch):
+    """Contract: `--jobs auto` starts workers, except where its own options choose, or where it
+    runs inside a pytest-xdist worker (a test running `lockstep check`: the outer run has the CPUs)."""
+    from lockstep.cli import _workers
+
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert _workers("auto", []) == ["-n", "auto"] and _workers("3", []) == ["-n", "3"]
+    assert _workers("auto", ["-n", "2"]) == [] and _workers("1", []) == [] and _workers("auto", ["-p", "no:xdist"]) == []
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert _workers("auto", []) == [] and _workers("2", []) == ["-n", "2"]
