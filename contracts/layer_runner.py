@@ -97,7 +97,9 @@ def _pytest_cmd(args: list[str], device: str, report: Path) -> list[str]:
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # bytecode caches stay on: a mutated module never reads or writes one (mutation._Loader), and without
+    # them every child compiled pytest's assertion rewrite of lockstep's 138 modules again (3 s each)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
@@ -129,7 +131,26 @@ def _baseline(target: tuple, sample: Mutant, device: str, root: Path, timeout_s:
     return True, "", ran
 
 
-def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
+def _baseline_targets(mutants: list[Mutant]) -> dict[tuple, Mutant]:
+    """One baseline per (test files, -m, extra options), selecting the union of the mutants' -k
+    selections in them (None, a whole-file selection, wins): a mutant's tests are a subset of its
+    baseline's, so a passing baseline vouches for each (a selection that collects nothing is the
+    mutant run's NO TESTS)."""
+    import dataclasses
+
+    groups: dict[tuple, list[Mutant]] = {}
+    for m in mutants:
+        groups.setdefault((m.tests, m.marks, m.extra), []).append(m)
+    out: dict[tuple, Mutant] = {}
+    for key, ms in groups.items():
+        selects = sorted({m.select for m in ms}, key=str)
+        select = None if None in selects else " or ".join(f"({k})" for k in selects) if len(selects) > 1 else selects[0]
+        rep = dataclasses.replace(ms[0], select=select)
+        out[rep.target()] = rep
+    return out
+
+
+def _mutant(m: Mutant, device: str, root: Path, timeout_s: float, extra: list[str] = ()) -> Outcome:
     out = Outcome(m.key, m.layer, "", m.breaks)
     try:
         mutated_source(m)
@@ -140,7 +161,7 @@ def _mutant(m: Mutant, device: str, root: Path, timeout_s: float) -> Outcome:
         report, result, spec = Path(tmp) / "r.json", Path(tmp) / "applied.json", Path(tmp) / "mutant.json"
         spec.write_text(to_json(m))
         cmd = [sys.executable, "-m", "lockstep.contracts.mutation", str(spec), str(result), "--",
-               *_pytest_cmd(m.pytest_args(), device, report)]
+               *_pytest_cmd([*m.pytest_args(), *extra], device, report)]
         rc, tail, out.seconds = _run(cmd, root, timeout_s)
         outcomes = _outcomes(report)
         applied = json.loads(result.read_text())["applied"] if result.exists() else None
@@ -201,10 +222,9 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
         scores["runtime"] = {"killed": killed, "equivalent": 0, "total": total}
         rc_all |= rc
 
-    # baselines: one per distinct target set
-    targets: dict[tuple, Mutant] = {}
-    for m in mutants:
-        targets.setdefault(m.target(), m)
+    # baselines: one run per distinct set of test files and options, of every selection the mutants
+    # make in them (their -k expressions or'ed: it passes only if each selection passes)
+    targets = _baseline_targets(mutants)
     with ThreadPoolExecutor(jobs) as pool:
         base = dict(zip(targets, pool.map(lambda t: _baseline(t, targets[t], device, root, timeout_s), targets)))
     bad = {t: why for t, (ok, why, _) in base.items() if not ok}
@@ -215,8 +235,11 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
             print("    " + "\n    ".join(why.splitlines()[1:][-15:]), file=out)
         return 1
 
+    # a CI run stops each mutant's tests at the first failure: one kill is the verdict
+    first_failure = ["-x"] if ci_only else []
     with ThreadPoolExecutor(jobs) as pool:
-        results: list[Outcome] = list(pool.map(lambda m: _mutant(m, device, root, timeout_s), mutants))
+        results: list[Outcome] = list(pool.map(lambda m: _mutant(m, device, root, timeout_s, first_failure),
+                                               mutants))
 
     width = max((len(r.key) for r in results), default=10)
     current = None
