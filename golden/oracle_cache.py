@@ -7,8 +7,9 @@ stored under a digest of all of these (``key``):
 
 - the caller's description of the inputs (model sha256s, prompt, options: ``oracle_run``'s ``key``);
 - the versions of onnx, numpy, ml_dtypes and Python, and the machine (its CPU architecture);
-- a digest of lockstep's own source (every ``.py`` file of its packages: a change to the oracle,
-  the reference runtime or a kernel is another key).
+- a digest of the source that computes it (``source_digest``: the golden package, the reference
+  runtime and its kernels, the decoder I/O: a change to the oracle, the runtime or a kernel is
+  another key; one to the CLI or the plugin is not).
 
 So a result is reused only where recomputing it would give the same numbers; any change makes a
 new key (old entries are never trusted for another). Entries live in ``cache_dir("oracle")``
@@ -32,25 +33,30 @@ import numpy as np
 
 __all__ = ["source_digest", "environment", "key", "cached_run", "enabled"]
 
-_PACKAGES = ("lockstep", "lockstep.reference_runtime", "lockstep.kernels", "lockstep.golden")
+# What computes an oracle run: the golden package (oracle, anchors, models' generator), the reference
+# runtime and its kernels (the float64 cross-check) and the decoder I/O (the feeds). A change
+# elsewhere in lockstep (the CLI, the plugin, the report) leaves the oracle's numbers alone.
+_PACKAGES = ("lockstep.reference_runtime", "lockstep.kernels", "lockstep.golden")
+_MODULES = ("lockstep.decoder_io",)
 
 
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
-    """sha256 over lockstep's Python source (file names and contents, sorted): the code's identity."""
-    import importlib
+    """sha256 over the source of what computes the oracle (file names and contents, sorted)."""
+    import importlib.util
 
-    roots = set()
+    files = []
     for name in _PACKAGES:
-        mod = importlib.import_module(name)
-        roots.add(Path(mod.__file__).resolve().parent)
+        root = Path(importlib.util.find_spec(name).origin).resolve().parent
+        files += [(f"{name}/{p.relative_to(root)}", p) for p in root.rglob("*.py")]
+    for name in _MODULES:
+        files.append((name, Path(importlib.util.find_spec(name).origin)))
     h = hashlib.sha256()
-    for root in sorted(roots):
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root.parent)).encode())
-            h.update(b"\0")
-            h.update(path.read_bytes())
-            h.update(b"\0")
+    for label, path in sorted(files):
+        h.update(label.encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
     return h.hexdigest()
 
 
