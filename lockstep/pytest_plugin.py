@@ -32,6 +32,7 @@ import sys
 import weakref
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -376,6 +377,69 @@ def _expectations(config: pytest.Config) -> list:
     return st["expect"]
 
 
+def _stale_entries(entries: list, collected: set[str], universe: set[str]) -> str:
+    """What is stale among the selected engines' entries: a pattern of a test function's key whose
+    function was collected but matches none of its keys, or a node-case pattern matching no node
+    case (``universe``: every case, empty when the node suite was not collected). '' when none."""
+    functions = {k.split("[")[0] for k in collected}
+    stale = []
+    for e in entries:
+        for pat in e.patterns:
+            if "[" in pat:  # a test function's key: judged when that function was collected
+                if pat.split("[")[0] in functions and not expectations.filter_keys(collected, pat):
+                    stale.append((e, pat))
+            elif universe and not expectations.filter_keys(universe, pat):
+                stale.append((e, pat))
+    if not stale:
+        return ""
+    return ("node-suite expectations: entries matching no case (delete them): "
+            + "; ".join(f"{e.file}: {e.engine} {pat}" for e, pat in stale[:20])
+            + (f"; ... and {len(stale) - 20} more" if len(stale) > 20 else ""))
+
+
+def _engine_of_nodeid(nodeid: str, engines: list[str]) -> str | None:
+    """The selected engine a test's node id names in its parameters (the longest that fits:
+    ort-cuda-tf32 before ort-cuda), or None for a test with no engine."""
+    params = nodeid.split("::")[-1].partition("[")[2].rstrip("]")
+    if not params:
+        return None
+    parts = params.split("-")
+    fits = [e for e in engines
+            if any("-".join(parts[i:i + e.count("-") + 1]) == e for i in range(len(parts)))]
+    return max(fits, key=len) if fits else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """The controller of a pytest-xdist run collects nothing: it judges the expectations' stale
+    entries from the first worker's node ids (every worker collects the same), and a stale entry
+    ends the run before any test runs, as a usage error does without workers."""
+    config = node.config
+    st = _state(config)
+    if st.get("stale_checked"):
+        return
+    st["stale_checked"] = True
+    engines = sorted(_engines(config))
+    keys, node_cases = set(), False
+    for nodeid in ids:
+        engine = _engine_of_nodeid(nodeid, engines)
+        if engine is None:
+            continue
+        keys.add(expectations.key_from_nodeid(nodeid, engine))
+        node_cases = node_cases or nodeid.split("::")[-1].startswith("test_node_case[")
+    if not keys:
+        return
+    entries = [e for e in _expectations(config) if e.engine in engines]
+    universe: set[str] = set()
+    if node_cases:
+        from lockstep.reference_runtime.node_cases import load_cases
+
+        universe = {c.name for c in load_cases()}
+    stale = _stale_entries(entries, keys, universe)
+    if stale:
+        pytest.exit(stale, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark engine tests as expected: strict xfails and skips as markers; expected-unsupported
     entries are remembered per item (``pytest_runtest_makereport`` fails a case that newly cannot
@@ -396,20 +460,12 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
         universe = {c.name for c in load_cases()}  # every case, whatever -k or node ids selected
     else:
         universe = set()
-    collected = {k for _, k in keys.values()}
-    functions = {k.split("[")[0] for k in collected}
-    stale = []
-    for e in entries:
-        for pat in e.patterns:
-            if "[" in pat:  # a test function's key: judged when that function was collected
-                if pat.split("[")[0] in functions and not expectations.filter_keys(collected, pat):
-                    stale.append((e, pat))
-            elif universe and not expectations.filter_keys(universe, pat):
-                stale.append((e, pat))
-    if stale:
-        raise pytest.UsageError("node-suite expectations: entries matching no case (delete them): "
-                                + "; ".join(f"{e.file}: {e.engine} {pat}" for e, pat in stale[:20])
-                                + (f"; ... and {len(stale) - 20} more" if len(stale) > 20 else ""))
+    # a pytest-xdist worker leaves the judgement to the controller (pytest_xdist_node_collection_finished):
+    # a usage error raised on a worker is an INTERNALERROR there
+    if getattr(config, "workerinput", None) is None:
+        stale = _stale_entries(entries, {k for _, k in keys.values()}, universe)
+        if stale:
+            raise pytest.UsageError(stale)
     unsupported = st.setdefault("expected_unsupported", {})
     # The first entry (in file order) with a matching pattern applies. Most patterns are exact case
     # names: looked up in a dict; the glob ones are tried in order, only while they come first.

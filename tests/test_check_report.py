@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lockstep.report import render_markdown, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +81,23 @@ def test_expectations_that_match_nothing_or_lack_a_reason_are_errors(tmp_path):
     stale = '[[expect]]\nengine = "ref-sim"\npattern = "test_no_such_case*"\nkind = "xfail"\nreason = "x"\n'
     proc = _node_suite(tmp_path, stale, "-k", "test_abs")
     assert proc.returncode == 4 and "entries matching no case" in proc.stdout + proc.stderr
+
+
+@pytest.mark.contract("expectations.stale_entry_is_usage_error_on_workers")
+def test_a_stale_entry_is_a_usage_error_on_pytest_xdist_workers_too(tmp_path):
+    """Contract: under pytest-xdist (the README's `pytest -n auto`) a stale entry, of a node case or of
+    a test function's key, ends the run as a usage error (exit 4) naming it, before any test runs; a
+    worker raising it was an INTERNALERROR. An entry that matches keeps the run going."""
+    stale = ('[[expect]]\nengine = "ref-sim"\npatterns = ["test_no_such_case*", "test_square_product[no-such-shape]"]\n'
+             'kind = "xfail"\nreason = "x"\n')
+    proc = _node_suite(tmp_path, stale, "-k", "test_abs or test_square_product", "-n", "2")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4 and "INTERNALERROR" not in out, out[-3000:]
+    assert "ref-sim test_no_such_case*" in out and "ref-sim test_square_product[no-such-shape]" in out, out[-3000:]
+    assert " passed" not in out, out[-3000:]
+    fine = '[[expect]]\nengine = "ref-sim"\npattern = "test_abs"\nkind = "skip"\nreason = "x"\n'
+    proc = _node_suite(tmp_path, fine, "-k", "test_abs", "-n", "2")
+    assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     no_reason = '[[expect]]\nengine = "ref-sim"\npattern = "test_abs"\nkind = "xfail"\n'
     proc = _node_suite(tmp_path, no_reason, "-k", "test_abs")
     assert proc.returncode == 4 and "needs engine, pattern or patterns, kind (xfail|skip|unsupported) and reason" in proc.stdout + proc.stderr
