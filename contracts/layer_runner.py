@@ -95,7 +95,9 @@ def _pytest_cmd(args: list[str], device: str, report: Path) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+    # the child's options are the runner's own: the outer run's requirements and PYTEST_ADDOPTS (a CI's
+    # `-n auto` there made every child a pytest-xdist run, and each mutant read as survived) are not its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTEST_ADDOPTS"}
     env["PYTHONUNBUFFERED"] = "1"
     # bytecode caches stay on: a mutated module never reads or writes one (mutation._Loader), and without
     # them every child compiled pytest's assertion rewrite of lockstep's 138 modules again (3 s each)

@@ -36,8 +36,8 @@ def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout
         ]
         if mutant:
             cmd.append(f"--lockstep-mutant={mutant}")
-        # the child selects its device itself: the outer run's requirements are not its own
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+        # the child selects its device itself: the outer run's requirements and PYTEST_ADDOPTS are not its own
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTEST_ADDOPTS"}
         env["PYTHONUNBUFFERED"] = "1"
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,

@@ -113,6 +113,15 @@ def test_the_runner_tells_killed_from_survived_stale_and_equivalent(demo):
         assert rc == 1 and word in text and "FAIL" in text, (word, text)
 
 
+def test_an_outer_pytest_addopts_does_not_reach_the_runner_s_children(demo, monkeypatch):
+    """Result: a CI's PYTEST_ADDOPTS (`-n 2` here) is the outer run's, not the mutant children's: with it,
+    every child was a pytest-xdist run and the killed mutant read as survived (seen on the GPU lane)."""
+    name, folder = demo
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-n 2")
+    rc, text = _run(folder, [_m("killed", name, "return a + b", "return a - b")])
+    assert rc == 0 and "PASS" in text and "test_add" in text, text
+
+
 def test_a_failing_baseline_judges_no_mutant(demo):
     """Contract: when the tests fail without any mutant, no kill can be trusted: the run fails."""
     name, folder = demo
