@@ -25,6 +25,8 @@ from .paths import atomic_write
 __all__ = ["summarize", "write_report", "render_markdown", "environment", "merge", "ReportError"]
 
 STATUSES = ("passed", "failed", "xfailed", "skipped")
+# the row of tests that run no engine: lockstep's own (runtime contracts, parity, the audit, oracle checks)
+NO_ENGINE = "(no engine)"
 
 
 class ReportError(ValueError):
@@ -35,7 +37,7 @@ def summarize(outcomes: dict[str, dict]) -> dict:
     per_engine: dict[str, Counter] = defaultdict(Counter)
     gaps: dict[str, Counter] = defaultdict(Counter)  # op -> engine -> non-passing node cases
     for nodeid, o in outcomes.items():
-        engine = o.get("engine") or "-"
+        engine = o.get("engine") or NO_ENGINE
         status = o.get("outcome", "passed")
         per_engine[engine][status] += int(o.get("stands_for", 1))  # an unavailable engine's one skip for many
         ops = [o["op"]] if o.get("op") else o.get("ops", [])  # the op the case is about

@@ -60,8 +60,11 @@ def test_summary_counts_and_gaps():
         "a[ref-cuda-test_y]": {"outcome": "skipped", "engine": "ref-cuda", "ops": ["Loop"],
                                "reason": "lockstep: unavailable: ref-cuda: no GPU"},
     }
+    outcomes["tests/test_audit.py::test_tree"] = {"outcome": "passed"}  # lockstep's own: no engine
     s = summarize(outcomes)
     assert s["engines"]["ref-sim"] == {"passed": 1, "failed": 1, "xfailed": 0, "skipped": 0}
+    assert s["engines"]["(no engine)"] == {"passed": 1, "failed": 0, "xfailed": 0, "skipped": 0}, \
+        "result: lockstep's own tests are a labelled row, not an unlabelled '-' engine"
     assert s["gaps"] == {"Add": {"ort-cpu": 1, "ref-sim": 1}, "Loop": {"ort-cpu": 1, "ref-sim": 1}}
     md = render_markdown(s)
     assert "| Loop | 1 | 1 |" in md and "ref-cuda" not in md.split("## Gaps")[1]

@@ -139,7 +139,8 @@ def test_console_scripts_find_a_factory_in_the_working_directory(tmp_path, comma
     """``lockstep check --engines raiser:make`` / ``pytest --engines raiser:make`` from the folder
     holding raiser.py (``python -P``: the working directory not on sys.path, as for a console script)."""
     (tmp_path / "raiser.py").write_text(RAISER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTHONPATH"}
+    # PYTHONPATH stays: it is where lockstep lives in an install by --target (the GPU lane's)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
     proc = subprocess.run([sys.executable, "-P", "-m", *command, "--engines", "raiser:make", "-m", "node_suite",
                            "-k", "test_abs or test_relu", "-p", "no:cacheprovider", "-q"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300, check=False)

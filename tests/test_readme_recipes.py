@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
+import lockstep
 from lockstep.contracts.audit import audit
 from lockstep.kernels.registry import MODULES, Registry
 from lockstep.reference_runtime import Runtime, RuntimeConfig
@@ -91,8 +92,11 @@ def test_the_plugin_recipe_fails_closed_then_one_command_makes_it_green(tmp_path
                                                      ["python", "-m", "lockstep.expectations"],
                                                      ["lockstep", "check", "--engines"]], steps
     (tmp_path / "myengine.py").write_text(code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_") and k != "PYTHONPATH"}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # the console script beside this python (a venv) or beside the package (an install by --target, as on
+    # the GPU lane, whose PYTHONPATH names it)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_REQUIRE_")}
+    scripts = [Path(sys.executable).parent, Path(lockstep.__file__).resolve().parents[1] / "bin"]
+    env["PATH"] = os.pathsep.join([*(str(s) for s in scripts if s.is_dir()), env.get("PATH", "")])
     for n, (cmd, shown) in enumerate(steps):
         proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
                               check=False)
