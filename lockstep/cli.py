@@ -128,7 +128,10 @@ def _workers(jobs: str, passthrough: list[str]) -> list[str]:
         if jobs != "auto":
             raise CliError(f"--jobs {jobs}: needs pytest-xdist (pip install 'lockstep-conformance[test]')")
         return []
-    return ["-n", jobs]
+    # worksteal: an idle worker takes tests from a busy one's queue. pytest-xdist's default (load) hands
+    # each worker its share ahead and never takes it back: on two cores one worker sat idle for most of
+    # a check while the other ran the golden tests it had been handed (171 s, 1.2 cores busy)
+    return ["-n", jobs, "--dist", "worksteal"]
 
 
 class CliError(Exception):

@@ -498,23 +498,45 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
 
 
 def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the tests of the largest golden models first (a trained model's tests take
-    seconds each, a node case milliseconds): pytest-xdist hands a worker its tests ahead and never
-    takes them back, so the few long ones handed out last kept one worker busy while the other sat
-    idle (``lockstep check`` on two cores: 190 s, 1.1 cores busy on average). Stable: the rest keep
-    their order, and each model's tests stay together. One process: the collected order."""
-    if not getattr(config.option, "numprocesses", None) and getattr(config, "workerinput", None) is None:
+    """On pytest-xdist workers, the largest golden models' tests (the trained ones take seconds each, a
+    node case milliseconds) are dealt out evenly, each worker's share at the head of its queue.
+    pytest-xdist hands each of its ``n`` workers one contiguous share of the collection at the start
+    (``--dist worksteal``: an idle worker then takes the tail of a busy one's queue; ``load`` never
+    takes anything back): collected last, the long tests kept one worker busy while the other sat
+    idle (``lockstep check`` on two cores: 171 s, 1.2 cores busy); sorted to the front, they all went
+    to one worker. The rest keep their order. Every worker computes the same order (from the model
+    kinds and files, never from what a build left behind); one process keeps the collected order."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount") or 0)
+    if workers < 2 or not any("golden_model_name" in getattr(getattr(it, "callspec", None), "params", {})
+                              for it in items):
         return
     sizes: dict[str, float] = {}
-    for m in _golden_models(config) if any("golden_model_name" in getattr(getattr(it, "callspec", None), "params", {})
-                                           for it in items) else ():
-        # a trained model (built on first use, the largest): first whatever its build's state, which
-        # may change while another worker collects; every worker must collect the same order
+    for m in _golden_models(config):
+        # a trained model (built on first use, the largest) ranks first whatever its build's state, which
+        # may change while another worker collects
         path = m._path if m.kind != "trained" else None
         sizes[m.name] = path.stat().st_size if path is not None and path.is_file() else float("inf")
-    if not sizes:
+
+    def size(it: pytest.Item) -> float:
+        return sizes.get(getattr(getattr(it, "callspec", None), "params", {}).get("golden_model_name"), 0)
+
+    # the long ones: golden tests of a model a hundred times the smallest's size or more
+    smallest = min(sizes.values())
+    long_ = sorted((it for it in items if size(it) >= 100 * smallest), key=size, reverse=True)
+    if not long_:
         return
-    items.sort(key=lambda it: -sizes.get(getattr(getattr(it, "callspec", None), "params", {}).get("golden_model_name"), 0))
+    chosen = set(map(id, long_))
+    rest = [it for it in items if id(it) not in chosen]
+    ordered: list[pytest.Item] = []
+    remaining = len(items)
+    for i in range(workers):  # the shares pytest-xdist deals: remaining // workers left, in turn
+        share = remaining // (workers - i)
+        remaining -= share
+        head = long_[i::workers]
+        take = max(0, share - len(head))
+        ordered += head + rest[:take]
+        del rest[:take]
+    items[:] = ordered + rest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -118,7 +118,8 @@ def test_jobs_auto_runs_in_process_under_a_pytest_xdist_worker(monkeypatch):
     from lockstep.cli import _workers
 
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    assert _workers("auto", []) == ["-n", "auto"] and _workers("3", []) == ["-n", "3"]
+    steal = ["--dist", "worksteal"]  # an idle worker takes tests from a busy one
+    assert _workers("auto", []) == ["-n", "auto", *steal] and _workers("3", []) == ["-n", "3", *steal]
     assert _workers("auto", ["-n", "2"]) == [] and _workers("1", []) == [] and _workers("auto", ["-p", "no:xdist"]) == []
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-    assert _workers("auto", []) == [] and _workers("2", []) == ["-n", "2"]
+    assert _workers("auto", []) == [] and _workers("2", []) == ["-n", "2", *steal]

@@ -575,3 +575,29 @@ def test_a_device_synchronize_executes_in_global_enqueue_order():
     a.launch(P.accumulate, [x, x])
     dev.synchronize()
     assert get(dev, x, a) == [4.0] * 4  # 1, then 2, then doubled
+
+
+@pytest.mark.parametrize("source", ["array", "bytearray view", "bytes view"])
+def test_an_async_host_to_device_copy_takes_the_bytes_as_they_were_at_the_call(source):
+    """Result: what the host changes after memcpy_htod_async returns (before the copy executes) never
+    reaches the device. An array over immutable bytes (an initializer's raw_data) is taken without a
+    copy (nothing can change it); any other array, read-only views of writable memory included, is
+    copied at the call."""
+    dev = SimDevice()
+    s = dev.stream()
+    ref = arr(dev)
+    raw = np.arange(4, dtype=np.float32).tobytes()
+    if source == "array":
+        host = np.arange(4, dtype=np.float32)
+        change = lambda: host.fill(7.0)  # noqa: E731
+    elif source == "bytearray view":
+        buf = bytearray(raw)
+        host = np.frombuffer(buf, dtype=np.float32)
+        change = lambda: buf.__setitem__(slice(0, 16), bytes(16))  # noqa: E731
+    else:
+        host = np.frombuffer(raw, dtype=np.float32)
+        change = lambda: None  # noqa: E731  (bytes cannot change)
+    assert sim_backend._immutable(host, np.float32) == (source == "bytes view")
+    dev.memcpy_htod_async(ref, host, s)
+    change()
+    assert get(dev, ref, s) == [0.0, 1.0, 2.0, 3.0]

@@ -97,6 +97,17 @@ def _host_memory() -> int | None:
     return _HOST_MEMORY[0]
 
 
+def _immutable(host: Any, dtype: Any) -> bool:
+    """Whether ``host`` is a read-only numpy array of ``dtype`` whose memory is a ``bytes`` object's
+    (numpy's frombuffer of bytes): nothing can write it, through it or through any other view."""
+    if not isinstance(host, np.ndarray) or host.flags.writeable or host.dtype != np.dtype(dtype):
+        return False
+    base = host
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, bytes)
+
+
 def _backing(size: int, what: str) -> np.ndarray:
     """Host memory for ``size`` device bytes, poisoned; the host refusing it is the device's OOM."""
     try:
@@ -677,7 +688,9 @@ class SimDevice(Device):
     def memcpy_htod_async(self, dst: ArrayRef, host: np.ndarray, stream: Stream) -> None:
         self._check()
         assert isinstance(stream, SimStream)
-        data = np.array(host, dtype=dst.dtype, copy=True)
+        # the bytes as they are now: the copy executes later, and the caller may change its array by then;
+        # an array over immutable bytes (an initializer's raw_data) cannot change, so it is not copied
+        data = host if _immutable(host, dst.dtype) else np.array(host, dtype=dst.dtype, copy=True)
         if data.shape != tuple(dst.shape):
             raise InvalidValue(f"host array of shape {data.shape} does not fit {dst!r}", subject=dst)
         if stream.is_capturing:
