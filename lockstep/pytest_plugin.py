@@ -525,6 +525,14 @@ def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     long_ = sorted((it for it in items if size(it) >= 100 * smallest), key=size, reverse=True)
     if not long_:
         return
+    # dealt by model, each model's tests on one worker (it loads a trained model once: 3 s each time),
+    # the most tests to the worker with the fewest so far
+    by_model: dict[str, list[pytest.Item]] = {}
+    for it in long_:
+        by_model.setdefault(it.callspec.params["golden_model_name"], []).append(it)
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for tests in sorted(by_model.values(), key=len, reverse=True):
+        min(heads, key=len).extend(tests)
     chosen = set(map(id, long_))
     rest = [it for it in items if id(it) not in chosen]
     ordered: list[pytest.Item] = []
@@ -532,7 +540,7 @@ def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     for i in range(workers):  # the shares pytest-xdist deals: remaining // workers left, in turn
         share = remaining // (workers - i)
         remaining -= share
-        head = long_[i::workers]
+        head = heads[i]
         take = max(0, share - len(head))
         ordered += head + rest[:take]
         del rest[:take]
