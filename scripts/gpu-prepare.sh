@@ -9,7 +9,11 @@ cd "$(dirname "$0")/.."
 mkdir -p .git/info
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 rm -rf .whl && mkdir -p .whl
+# build/ is setuptools' in-tree scratch folder: a stale one fails the next wheel build (the packaging
+# test's: 'File exists: build/bdist...'), so none is left behind
+rm -rf build
 python3 -m pip wheel -q --no-deps -w .whl . 2>&1 | grep -v -i warning || true
+rm -rf build
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "syrupy>=4" "platformdirs>=3" "gguf>=0.10"
 git rev-parse HEAD > .whl/COMMIT
