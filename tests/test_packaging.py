@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -52,7 +53,13 @@ def installed(tmp_path_factory):
     """(bin dir, empty working dir, environment) of a fresh venv holding the wheel and the example."""
     tmp = tmp_path_factory.mktemp("packaging")
     dist = tmp / "dist"
-    rc, out = _run([sys.executable, *PIP, "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)], ROOT,
+    # built from a private copy of the tree: setuptools builds in the source's build/ folder, which two
+    # builds at once (this module's tests on two pytest-xdist workers: pytest 9.2 ignores xdist_group,
+    # see docs/benchmarks.md) or a stale one left behind break ('File exists: build/bdist...')
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                              ".whl", ".chunks", "reports", ".pytest_cache"))
+    rc, out = _run([sys.executable, *PIP, "wheel", "-q", "--no-deps", "-w", str(dist), str(src)], src,
                    dict(os.environ), timeout=900)
     assert rc == 0, f"building the wheel failed:\n{out[-3000:]}"
     (wheel,) = dist.glob("lockstep_conformance-*.whl")
@@ -66,7 +73,7 @@ def installed(tmp_path_factory):
     # lockstep's modules again (3 s a call)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", XDG_CACHE_HOME=str(tmp / "cache"))
-    rc, out = _run([str(bindir / "python"), *PIP, "install", "-q", f"{wheel}[test,ort]", str(EXAMPLE)],
+    rc, out = _run([str(bindir / "python"), *PIP, "install", "-q", f"{wheel}[test,ort]", str(src / EXAMPLE.relative_to(ROOT))],
                    tmp, env, timeout=1800)
     assert rc == 0, f"installing the wheel and the example plugin failed:\n{out[-3000:]}"
     work = tmp / "empty"
