@@ -51,6 +51,7 @@ import numpy as np
 
 from lockstep.paths import atomic_write
 
+from .anchors import file_sha256
 from .llama_export import EXPORTER_VERSION, ExportSession, Int4Weight, LlamaConfig, build_llama_onnx
 
 __all__ = [
@@ -90,24 +91,10 @@ def _need(module: str, pip_name: str):
 
 # -- locating the GGUF ----------------------------------------------------------------------------
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-_VERIFIED: dict[tuple[str, int, int], str] = {}
-
-
 def _verified(path: Path, where: str) -> Path:
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _VERIFIED:
-        _VERIFIED[key] = file_sha256(path)
-    if _VERIFIED[key] != GGUF_SHA256:
-        raise SmolLM2Error(f"{where}: {path} has sha256 {_VERIFIED[key]}, not {GGUF_SHA256} "
+    sha = file_sha256(path)  # read once per process while the file is unchanged
+    if sha != GGUF_SHA256:
+        raise SmolLM2Error(f"{where}: {path} has sha256 {sha}, not {GGUF_SHA256} "
                            f"({GGUF_NAME} from {PACKAGE} {PACKAGE_VERSION}); {_FETCH_HINT}")
     return path
 

@@ -90,3 +90,23 @@ def test_the_cache_reuses_a_result_only_for_the_same_inputs_and_environment(monk
         entry.write_bytes(b"not an npz")
     oracle_cache.cached_run({"m": "a"}, compute("corrupt"))
     assert runs[-1] == "corrupt", "contract: an unreadable entry is recomputed, never trusted"
+
+
+def test_a_file_s_sha256_is_read_again_once_the_file_changes(tmp_path):
+    """Result: file_sha256 reads a file once per process while it is unchanged, and again once its
+    bytes change (size, modification time or inode: a rewrite in place, a replacement by rename)."""
+    import hashlib
+    import os
+
+    from lockstep.golden.anchors import file_sha256
+
+    path = tmp_path / "model.onnx"
+    for data in (b"first", b"second!", b"third!!"):  # the last: same size as the one before
+        path.write_bytes(data)
+        os.utime(path, ns=(0, len(data) * 10**9 + data[0]))  # a distinct mtime, even on a coarse clock
+        assert file_sha256(path) == hashlib.sha256(data).hexdigest()
+        assert file_sha256(path) == hashlib.sha256(data).hexdigest()  # memoised: the same answer
+    other = tmp_path / "other"
+    other.write_bytes(b"replaced")
+    os.replace(other, path)  # a new inode at the same path
+    assert file_sha256(path) == hashlib.sha256(b"replaced").hexdigest()
