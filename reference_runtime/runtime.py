@@ -220,6 +220,8 @@ class Runtime:
         self.current_node = None
         # The device memory budget (bytes): the configuration's, else the device's own default.
         self.memory_limit = self.config.device_memory_limit or device.default_memory_limit()
+        self._budget_why = ("RuntimeConfig.device_memory_limit" if self.config.device_memory_limit else
+                            device.default_memory_why() or "the device's default")
         self.sync_log: list[_sd.SyncEvent] = []  # stays empty with sync_debug off
         self._sync_debug = self.config.sync_debug != "off"
         self._watched: tuple[_sd.WatchedStream, _sd.WatchedStream] | None = None
@@ -336,7 +338,7 @@ class Runtime:
         in_use = self.device.allocated_bytes
         if in_use + nbytes > self.memory_limit:
             raise self._refusal(name, what, nbytes, f"device memory budget {self.memory_limit} bytes "
-                                f"({_human(self.memory_limit)}), {in_use} bytes in use")
+                                f"({_human(self.memory_limit)}: {self._budget_why}), {in_use} bytes in use")
 
     def _refusal(self, name: str, what: str, nbytes: int | None, why: str) -> MemoryAllocation:
         node = self.current_node

@@ -255,3 +255,55 @@ def test_an_allocation_that_exactly_fills_the_budget_is_allowed(make_runtime):
     t = rt.empty(room, np.uint8, name="exact")
     assert rt.device.allocated_bytes == rt.memory_limit
     rt.free(t)
+
+
+# ---------------------------------------------------------------- the default budget under the process's limits
+
+_UNDER_RLIMIT = r"""
+import resource, sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from lockstep.host_memory import _vm_size
+from lockstep.reference_runtime.config import RuntimeConfig
+from lockstep.reference_runtime.engine import RefEngine
+from lockstep.reference_runtime.errors import MemoryAllocation
+
+n = 32 << 20  # 128 MiB of float32 per output; eight outputs, all kept (graph outputs): 1 GiB
+shape = numpy_helper.from_array(np.array([n], np.int64), "shape")
+nodes = [helper.make_node("Expand", ["x", "shape"], ["e0"])]
+nodes += [helper.make_node("Add", [f"e{i}", "x"], [f"e{i + 1}"]) for i in range(7)]
+g = helper.make_graph(nodes, "expand_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                      [helper.make_tensor_value_info(f"e{i}", TensorProto.FLOAT, [n]) for i in range(8)], [shape])
+model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+engine = RefEngine("sim", RuntimeConfig())  # the default budget: what this issue is about
+run = engine.prepare(model)
+soft = _vm_size() + (512 << 20)  # 512 MiB of address space above what the process maps now
+resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
+run = RefEngine("sim", RuntimeConfig()).prepare(model)  # a runtime built under the limit
+try:
+    run({"x": np.ones(1, np.float32)})
+    print("ran")
+except MemoryAllocation as exc:
+    print("refused:", exc)
+except MemoryError as exc:
+    print("host MemoryError:", exc)
+"""
+
+
+def test_the_default_budget_refuses_before_an_address_space_limit_does():
+    """Guarantee (SimDevice.default_memory_limit under RLIMIT_AS, issue 29): with 512 MiB of
+    address space left, a model that holds 1 GiB of device values is refused by the device budget
+    (``MemoryAllocation`` naming the budget and what bounds it), not ended by the host's
+    ``MemoryError`` (what a budget of a quarter of the host's RAM did)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("LOCKSTEP_DEVICE_MEMORY_LIMIT", None)
+    proc = subprocess.run([sys.executable, "-c", _UNDER_RLIMIT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.strip().splitlines()[-1]
+    assert out.startswith("refused:") and "device memory budget" in out, \
+        f"contract: the device budget refuses first (not the host: 'cannot back it', MemoryError); got {out!r}"
+    assert "address space left under RLIMIT_AS" in out, f"result: the refusal says what bounds the budget: {out}"

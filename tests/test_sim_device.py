@@ -510,12 +510,23 @@ def test_allocated_bytes_counts_pool_and_physical_memory():
     assert dev.allocated_bytes == 0
 
 
-@pytest.mark.parametrize("host, limit", [(8 << 30, 2 << 30), (512 << 30, DEFAULT_MEMORY_CAP), (None, DEFAULT_MEMORY_CAP)])
-def test_the_default_budget_is_the_smaller_of_the_cap_and_a_quarter_of_the_host(monkeypatch, host, limit):
-    """Guarantee (SimDevice.default_memory_limit): min(16 GiB, host memory / 4); 16 GiB where the
-    host does not say."""
-    monkeypatch.setattr(sim_backend, "_host_memory", lambda: host)
-    assert SimDevice().default_memory_limit() == limit
+@pytest.mark.parametrize("host, cgroup, left, limit", [
+    (8 << 30, None, None, 2 << 30),                       # a quarter of the host
+    (512 << 30, None, None, DEFAULT_MEMORY_CAP),          # the cap
+    (None, None, None, DEFAULT_MEMORY_CAP),               # the host does not say
+    (64 << 30, 4 << 30, None, 1 << 30),                   # a container: a quarter of its cgroup limit
+    (24 << 30, None, 4 << 30, 2 << 30),                   # ulimit -v: half the address space left
+])
+def test_the_default_budget_is_the_least_of_what_the_process_may_hold(monkeypatch, host, cgroup, left, limit):
+    """Guarantee (SimDevice.default_memory_limit): min(16 GiB, host memory / 4, cgroup limit / 4,
+    address space left under RLIMIT_AS / 2): the budget refuses before the host can (issue 29: a
+    5.9 GiB budget under a 4 GiB RLIMIT_AS never refused, the host's MemoryError came first)."""
+    from lockstep import host_memory
+
+    monkeypatch.setattr(host_memory, "physical_memory", lambda: host)
+    monkeypatch.setattr(host_memory, "cgroup_memory_limit", lambda: cgroup)
+    monkeypatch.setattr(host_memory, "address_space_left", lambda: left)
+    assert SimDevice().default_memory_limit() == limit, "contract"
 
 
 def test_a_held_host_error_is_raised_at_the_next_launch():

@@ -209,6 +209,10 @@ class Device(ABC):
     def default_memory_limit(self) -> int:
         """The memory budget in bytes of a runtime on this device whose configuration names none."""
 
+    def default_memory_why(self) -> str:
+        """What bounds ``default_memory_limit``, for a refusal's message ("" when it says nothing more)."""
+        return ""
+
     # -- diagnostics
     @property
     @abstractmethod

@@ -19,7 +19,8 @@ in ``contracts.parity``):
   even if the range would be mapped before the copy executes; memory unmapped after the call
   faults at execution like a kernel's. New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
   Backing is host RAM: ``allocated_bytes`` counts it for the runtime's budget (whose default,
-  ``default_memory_limit``, is a share of the host's memory), and a host that cannot back an
+  ``default_memory_limit``, is a share of what the process may hold: the host's or the cgroup's
+  memory, the address space left under ``RLIMIT_AS``), and a host that cannot back an
   allocation is ``MemoryAllocation``, as cudaMalloc's out-of-memory.
 - Kernel host errors: a kernel body that raises (its Python, not the device) is a
   ``KernelHostError``, not a fault: it is held and raised once at the next launch or synchronising
@@ -45,7 +46,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import os
 import types
 import weakref
 from collections import deque
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from lockstep.host_memory import host_budget
 from lockstep.kernels._cast_util import storage_dtype
 from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
 
@@ -82,19 +83,6 @@ DEFAULT_MEMORY_CAP = 16 << 30  # bytes: the simulated device's budget is at most
 
 def _round_up(n: int, k: int) -> int:
     return (n + k - 1) // k * k
-
-
-_HOST_MEMORY: list[int | None] = []  # asked once per process: every runtime reads it for its budget
-
-
-def _host_memory() -> int | None:
-    """The host's physical memory in bytes, or None where the platform does not say."""
-    if not _HOST_MEMORY:
-        try:
-            _HOST_MEMORY.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        except (AttributeError, OSError, ValueError):
-            _HOST_MEMORY.append(None)
-    return _HOST_MEMORY[0]
 
 
 def _immutable(host: Any, dtype: Any) -> bool:
@@ -534,10 +522,15 @@ class SimDevice(Device):
         return self._allocated
 
     def default_memory_limit(self) -> int:
-        """The smaller of 16 GiB and a quarter of the host's memory: the device's memory is host
-        RAM, so its budget keeps a run from eating the machine (16 GiB where the host does not say)."""
-        host = _host_memory()
-        return DEFAULT_MEMORY_CAP if not host else min(DEFAULT_MEMORY_CAP, host // 4)
+        """The smaller of 16 GiB and what the process may hold on the host
+        (``lockstep.host_memory.host_budget``: a quarter of the host's or the cgroup's memory, half the
+        address space left under ``RLIMIT_AS``): the device's memory is host RAM, so its budget must
+        refuse a request (``MemoryAllocation``, named) before the host does (a ``MemoryError``)."""
+        return host_budget(DEFAULT_MEMORY_CAP).nbytes
+
+    def default_memory_why(self) -> str:
+        """What bounds ``default_memory_limit`` (for the refusal's message)."""
+        return host_budget(DEFAULT_MEMORY_CAP).why
 
     def _lookup(self, addr: int, nbytes: int) -> _Mapping | None:
         m = self._maps.get(addr)  # most names are a mapping's first byte (mappings never overlap)
