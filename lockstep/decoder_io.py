@@ -28,6 +28,12 @@ found and how to say it explicitly: a model card (``<model>.lockstep.toml`` next
 
 Decoding is batch 1: a model whose batch axis is fixed to another size is refused.
 
+Declared shapes are checked when the roles are read: a dimension declared negative on any role's
+input or output, a kv-heads or head-size axis that is not a fixed positive size, or a fixed
+sequence axis of 0 is ``NotADecoder`` naming the input and the axis. A fixed KV cache is
+allocated only within the host budget (``lockstep.host_memory.host_budget``, every layer's key and
+value together): a capacity of 2**36 is ``KVCacheTooLarge`` (a ``NotADecoder``), not 8 TiB asked of numpy.
+
 Position limit: a step that would pass the model's last position is refused before it runs
 (``ContextLimitExceeded``, naming the limit and where it comes from): a fixed KV capacity, or the
 rows of a position table the graph indexes by position -- the cos/sin caches of RotaryEmbedding
@@ -37,6 +43,7 @@ Constant) that a Gather reads by the ``position_ids`` input. The smallest such l
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -46,8 +53,8 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-__all__ = ["DecoderIO", "NotADecoder", "ModelCardError", "StepError", "ContextLimitExceeded", "read_card",
-           "parse_io_option", "card_path_for", "position_limit", "ROLES"]
+__all__ = ["DecoderIO", "NotADecoder", "KVCacheTooLarge", "ModelCardError", "StepError", "ContextLimitExceeded",
+           "read_card", "parse_io_option", "card_path_for", "position_limit", "ROLES"]
 
 ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
 _EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
@@ -61,6 +68,12 @@ _CARD_EXAMPLE = ('[io]\ninput_ids = "..."\nattention_mask = "..."  # or ""\nposi
 class NotADecoder(ValueError):
     """The model's inputs and outputs are not those of a decoder lockstep can drive (or are
     ambiguous); the message lists what was found and how to say it with a model card."""
+
+
+class KVCacheTooLarge(NotADecoder):
+    """The KV cache the model declares (fixed capacity x heads x head size, every layer) does not fit
+    the host's budget for it (``lockstep.host_memory.host_budget``); raised before anything is
+    allocated, naming the inputs, the declared shape, the bytes and the budget."""
 
 
 class StepError(ValueError):
@@ -216,10 +229,33 @@ class DecoderIO:
     def kv_layout(self) -> str:
         return "BNSH" if self.seq_axis == 2 else "BSNH"
 
-    def empty_cache(self) -> np.ndarray:
-        shape = [1, self.kv_heads, self.capacity, self.head_dim] if self.seq_axis == 2 else \
-            [1, self.capacity, self.kv_heads, self.head_dim]
-        return np.zeros(shape, self.kv_dtype)
+    def cache_shape(self, length: int | None = None) -> list[int]:
+        """One past input's shape holding ``length`` positions (default: the capacity, 0 when growing)."""
+        n = self.capacity if length is None else length
+        return [1, self.kv_heads, n, self.head_dim] if self.seq_axis == 2 else [1, n, self.kv_heads, self.head_dim]
+
+    def cache_bytes(self, length: int | None = None) -> int:
+        """Bytes of every layer's key and value cache holding ``length`` positions (Python ints: a
+        declared shape may pass int64)."""
+        return math.prod(self.cache_shape(length)) * np.dtype(self.kv_dtype).itemsize * len(self.pasts)
+
+    def empty_cache(self, budget: int | None = None) -> np.ndarray:
+        """One past input's initial value (zeros of the capacity, or no positions when growing),
+        after checking that every layer's cache fits ``budget`` bytes (default: the host budget,
+        ``lockstep.host_memory.host_budget``): ``KVCacheTooLarge`` otherwise, before allocating."""
+        need = self.cache_bytes()
+        if need:
+            from lockstep.host_memory import fmt_bytes, host_budget
+
+            limit = host_budget() if budget is None else None
+            cap, why = (limit.nbytes, limit.why) if limit is not None else (budget, "the budget given")
+            if need > cap:
+                raise KVCacheTooLarge(
+                    f"the KV cache the model declares does not fit in host memory: {len(self.pasts)} past inputs "
+                    f"({self.pasts[0]}, ...) of shape {self.cache_shape()} {np.dtype(self.kv_dtype).name} take "
+                    f"{fmt_bytes(need)}, over the budget of {fmt_bytes(cap)} ({why}); a fixed capacity of "
+                    f"{self.capacity} positions is declared on axis {self.seq_axis}")
+        return np.zeros(self.cache_shape(), self.kv_dtype)
 
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
@@ -319,6 +355,13 @@ class DecoderIO:
                        f"position_ids, {', '.join(_EXTRAS)} and the past key/values)")
 
         ordered = [pasts[(layer, k)] for layer in layers for k in ("key", "value")]
+        roles = [by_in[n] for n in (input_ids, mask, positions) if n] + ordered + [by_in[n] for n in extras]
+        for vi in [*roles, by_out[logits], *presents.values()]:
+            d = _dims(vi)
+            bad = [(axis, v) for axis, v in enumerate(d) if isinstance(v, int) and v < 0]
+            if bad:
+                axis, v = bad[0]
+                raise fail(f"{vi.name} {d}: axis {axis} is declared {v} (a dimension is a size >= 0 or a symbol)")
         seq_axis, capacity, heads, head_dim = cls._layout(ordered[0], card, fail)
         for vi in ordered[1:]:
             if cls._layout(vi, card, fail) != (seq_axis, capacity, heads, head_dim):
@@ -353,7 +396,7 @@ class DecoderIO:
         if len(d) != 4:
             raise fail(f"{vi.name} must be rank 4 [batch, kv heads, sequence, head size] (or BSNH), got {d}")
         if not isinstance(d[3], int) or not d[3]:
-            raise fail(f"{vi.name}: the head size (last axis) must be fixed, got {d}")
+            raise fail(f"{vi.name}: the head size (last axis) must be a fixed positive size, got {d}")
         symbolic = [a for a in (1, 2) if not isinstance(d[a], int)]
         if "kv_layout" in card:
             axis = 2 if card["kv_layout"] == "BNSH" else 1
@@ -368,6 +411,12 @@ class DecoderIO:
             raise fail(f"{vi.name} {d}: both middle axes are symbolic; which is the sequence? (kv_layout)")
         heads = d[3 - axis]
         if not isinstance(heads, int) or not heads:
-            raise fail(f"{vi.name}: the kv-heads axis must be fixed, got {d}")
+            raise fail(f"{vi.name}: the kv-heads axis must be a fixed positive size, got {d}")
+        if isinstance(d[0], int) and d[0] != 1:
+            raise NotADecoder(f"{vi.name}: batch axis fixed to {d[0]}; lockstep decodes batch 1 "
+                              "(re-export with a symbolic or unit batch axis)")
         capacity = d[axis] if isinstance(d[axis], int) else 0
+        if isinstance(d[axis], int) and not capacity:
+            raise fail(f"{vi.name} {d}: the sequence axis ({axis}) is fixed to 0: a cache of no positions "
+                       "holds nothing (a growing cache has a symbolic sequence axis, a fixed one its capacity)")
         return axis, capacity, heads, d[3]
