@@ -418,15 +418,16 @@ def _decode(rng) -> tuple[str, str, bytes, dict, dict]:
 
 
 # -- cli -------------------------------------------------------------------------------------------
-def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes]]:
+def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes], dict]:
     gold = golden_sources()
     name, data = gold[int(rng.integers(len(gold)))]
     kind = _choice(rng, ["decode_truncated", "decode_random", "decode_text", "decode_missing", "decode_bad_tokens",
                          "decode_bad_engine", "decode_nonutf8_prompt", "decode_empty_prompt", "decode_bad_io",
                          "audit_nonutf8", "audit_missing", "audit_binary", "golden_unknown_model",
-                         "golden_add_random", "decode_past_capacity"])
+                         "golden_add_random", "decode_past_capacity", "decode_declared_shape"])
     model: bytes | None = data
     files: dict[str, bytes] = {}
+    detail: dict = {}
     argv: list[str]
     if kind.startswith("decode"):
         argv = ["decode", "{model}", "--prompt", "hello", "--tokens", "2"]
@@ -450,6 +451,9 @@ def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes]]:
             argv += ["--io", _choice(rng, ["garbage", "input_ids=", "=x", "logits=absent,input_ids=absent"])]
         elif kind == "decode_past_capacity":
             argv[-1] = "70"
+        elif kind == "decode_declared_shape":
+            model, detail = _declared_shape(rng, data)
+            detail["model"] = name
     elif kind.startswith("audit"):
         model = None
         if kind == "audit_nonutf8":
@@ -466,7 +470,31 @@ def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes]]:
     else:
         model = rng.bytes(512)
         argv = ["golden", "add", "{model}", "--name", "x", "--prompt", "hi", "--dir", "{dir}/g", "--no-crosscheck"]
-    return kind, argv, model, files
+    return kind, argv, model, files, detail
+
+
+DECLARED_DIMS = [-1, -(2**31), 0, 2**31, 2**36, 2**62]
+DECODER_ROLES = ("input_ids", "attention_mask", "position_ids", "past", "cache_position")
+
+
+def _declared_shape(rng, data: bytes) -> tuple[bytes, dict]:
+    """A golden model with one declared dimension of one decoder input role set to an extreme
+    (negative, zero, huge): every past input of every layer together (they must agree), or a
+    ``cache_position`` input added to the graph (an extra lockstep feeds)."""
+    m = onnx.load_from_string(data)
+    names = {vi.name for vi in m.graph.input}
+    roles = [r for r in DECODER_ROLES if r in names or r in ("past", "cache_position")]
+    role = _choice(rng, roles)
+    if role == "cache_position":
+        m.graph.input.append(helper.make_tensor_value_info("cache_position", onnx.TensorProto.INT64, ["seq"]))
+    chosen = [vi for vi in m.graph.input if (vi.name.startswith("past_key_values.") if role == "past" else vi.name == role)]
+    axis = int(rng.integers(len(chosen[0].type.tensor_type.shape.dim)))
+    value = _choice(rng, DECLARED_DIMS)
+    for vi in chosen:
+        d = vi.type.tensor_type.shape.dim[axis]
+        d.Clear()
+        d.dim_value = value
+    return m.SerializeToString(), {"role": role, "axis": axis, "value": value}
 
 
 # -- the case --------------------------------------------------------------------------------------
@@ -508,8 +536,8 @@ def _make(seed: int, index: int, family: str, rng: np.random.Generator) -> Case:
         kind, source, data, decode, detail = _decode(rng)
         return Case(seed, index, family, f"decode.{kind}", source, detail, data, decode=decode)
     if family == "cli":
-        kind, argv, model, files = _cli(rng)
-        return Case(seed, index, family, f"cli.{kind}", "cli", {}, model, files=files, argv=argv)
+        kind, argv, model, files, detail = _cli(rng)
+        return Case(seed, index, family, f"cli.{kind}", "cli", detail, model, files=files, argv=argv)
     source, data, feeds = _pick_source(rng, 0.25 if family == "graph" else 0.35, attributed=family == "graph")
     if family == "feed" and source.startswith("golden:") and rng.random() < 0.15:
         n = _choice(rng, [20_000, 100_000])  # a consistent prompt whose attention does not fit

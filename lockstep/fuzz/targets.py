@@ -101,7 +101,8 @@ def classify(exc: BaseException | None) -> dict[str, Any]:
 # The simulated device the fuzzer runs on has 1 GiB (``RuntimeConfig.device_memory_limit``), well
 # under the worker's address-space limit (runner.py): a request too big for the device is the
 # device's named refusal (``MemoryAllocation``), and ``memory`` is left meaning what it should, the
-# host running out outside any device allocation.
+# host running out outside any device allocation. The CLI cases run with the device's default budget
+# instead (``SimDevice.default_memory_limit``, bounded by the worker's RLIMIT_AS), as a user's would.
 DEVICE_MEMORY = 1 << 30
 
 
@@ -180,7 +181,9 @@ def run_cli(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str,
 
     argv = [a.replace("{model}", str(folder / MODEL_FILE)).replace("{dir}", str(folder)) for a in case.argv or []]
     os.chdir(folder)
-    os.environ["LOCKSTEP_DEVICE_MEMORY_LIMIT"] = str(DEVICE_MEMORY)  # this case's own forked worker
+    # No LOCKSTEP_DEVICE_MEMORY_LIMIT here: the CLI runs with the simulated device's default budget,
+    # which must respect the worker's RLIMIT_AS (issue 29: a default above it let the host fail first).
+    os.environ.pop("LOCKSTEP_DEVICE_MEMORY_LIMIT", None)
     err = io.StringIO()
     old = sys.stderr
     sys.stderr = err
