@@ -131,9 +131,10 @@ def _attention_compute(xp, node, q, k, v, mask=None, past_k=None, past_v=None, n
     rank3 = q.ndim == 3
     if rank3:
         hq, hkv = int(node.attr("q_num_heads")), int(node.attr("kv_num_heads"))
-        q = xp.transpose(q.reshape(B, q.shape[1], hq, -1), (0, 2, 1, 3))
-        k = xp.transpose(k.reshape(B, k.shape[1], hkv, -1), (0, 2, 1, 3))
-        v = xp.transpose(v.reshape(B, v.shape[1], hkv, -1), (0, 2, 1, 3))
+        # head sizes spelled out: reshape's -1 is ambiguous for an empty sequence
+        q = xp.transpose(q.reshape(B, q.shape[1], hq, q.shape[2] // hq), (0, 2, 1, 3))
+        k = xp.transpose(k.reshape(B, k.shape[1], hkv, k.shape[2] // hkv), (0, 2, 1, 3))
+        v = xp.transpose(v.reshape(B, v.shape[1], hkv, v.shape[2] // hkv), (0, 2, 1, 3))
     hq, sq, dq = q.shape[1], q.shape[2], q.shape[3]
     scale = node.attr("scale")
     scale = 1.0 / np.sqrt(dq) if scale is None else float(scale)
@@ -227,7 +228,7 @@ def _attention_compute(xp, node, q, k, v, mask=None, past_k=None, past_v=None, n
     p = p.astype(dt)
     y = matmul(xp, p, v).astype(dt)
     if rank3:
-        y = xp.transpose(y, (0, 2, 1, 3)).reshape(B, sq, -1)
+        y = xp.transpose(y, (0, 2, 1, 3)).reshape(B, sq, y.shape[1] * y.shape[3])
     return (y, present_k, present_v, qk_out.astype(dt))[:max(node.n_outputs, 1)]
 
 
@@ -278,8 +279,12 @@ def _rope_shapes(node, specs):
             raise node.error(f"{name} shape {c.shape} must be (batch, seq, rotary_dim/2) without position_ids")
         if pos is not None and c.rank != 2:
             raise node.error(f"{name} must be 2-D with position_ids, got {c.shape}")
+    if tuple(cos.shape) != tuple(sin.shape):
+        raise node.error(f"cos_cache shape {cos.shape} and sin_cache shape {sin.shape} differ")
     if pos is not None and tuple(pos.shape) != (B, S):
         raise node.error(f"position_ids shape {pos.shape} must be {(B, S)}")
+    if pos is not None and cos.shape[0] == 0 and B * S:
+        raise node.error(f"cos_cache shape {cos.shape} has no rows: position_ids cannot index it")
     return [Spec(specs[0].shape, specs[0].dtype)]
 
 

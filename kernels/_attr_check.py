@@ -11,12 +11,18 @@ Three layers, in order:
   agree), ONNX element types (``to``, ``dtype``, ``output_dtype``);
 - the kernel's own ``OpKernel.check(info)``, for the rest.
 
+Before them, the node's arity against the kernel's body: a node with fewer inputs than its
+``compute`` (or host body) takes positionally without a default is refused (``OpError`` naming the
+missing inputs), since the call would fail inside the kernel (a ``TypeError``); ONNX's checker
+counts inputs for ai.onnx ops, but com.microsoft ops have no schema in onnx.
+
 Checks that need input ranks or values (an axis against a rank, Resize scales) stay in the
 kernel's ``shapes()``, which raises ``OpError`` too.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -218,8 +224,38 @@ def _spatial(info: NodeInfo) -> None:
 _CONTRIB_TABLED = ("MatMulNBits",)
 
 
+_ARITY: dict[Any, tuple[str, ...]] = {}  # a kernel body -> the input parameters it requires
+
+
+def _required_inputs(body: Any) -> tuple[str, ...]:
+    """The positional parameters without a default that ``body(xp_or_ctx, node, *inputs)`` takes
+    after its first two (the inputs every call must pass); () when its signature cannot be read."""
+    got = _ARITY.get(body)
+    if got is None:
+        try:
+            params = list(inspect.signature(body).parameters.values())[2:]
+        except (TypeError, ValueError):
+            params = []
+        got = _ARITY[body] = tuple(p.name for p in params if p.default is p.empty
+                                   and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return got
+
+
+def _arity(kernel: Any, info: NodeInfo) -> None:
+    body = getattr(kernel, "host", None) or getattr(kernel, "compute", None)
+    if body is None:
+        return
+    need = _required_inputs(body)
+    if info.n_inputs < len(need):
+        missing = ", ".join(need[info.n_inputs:])
+        raise info.error(f"{info.n_inputs} input(s) given, {len(need)} required ({', '.join(need)}): "
+                         f"missing {missing}")
+
+
 def validate(kernel: Any, info: NodeInfo) -> None:
-    """All load-time attribute checks of one node; raises ``OpError``."""
+    """All load-time checks of one node (arity, then attributes); raises ``OpError``."""
+    if kernel is not None:
+        _arity(kernel, info)
     _schema_required(info)
     op = info.op_type if info.domain in ("", "ai.onnx") or info.op_type in _CONTRIB_TABLED else None
     for attr, allowed in ENUMS.get(op, {}).items():

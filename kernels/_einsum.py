@@ -135,7 +135,8 @@ def _contract(xp, a, la, b, lb, keep):
     b, lb = _sum_unneeded(xp, b, lb, keep | set(la))
     size = {}
     for c, d in list(zip(la, a.shape)) + list(zip(lb, b.shape)):
-        size[c] = max(size.get(c, 1), int(d))
+        if size.get(c, 1) == 1:  # a label's size is its non-1 size (0 included: an empty axis broadcasts as one)
+            size[c] = int(d)
     batch = [c for c in la if c in lb and c in keep]
     contr = [c for c in la if c in lb and c not in keep]
     left = [c for c in la if c not in lb]

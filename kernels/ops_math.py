@@ -33,9 +33,13 @@ from ._op import OpKernel, Spec
 __all__ = ["OPS"]
 
 
-def _need_spatial(node, x: Spec, what: str = "X") -> int:
+def _need_spatial(node, x: Spec, what: str = "X", nonempty: bool = False) -> int:
+    """The spatial rank of ``x`` (N, C, spatial...); ``nonempty``: each spatial dim must be positive
+    (an op that samples or reduces over them has nothing to read otherwise; ONNX Runtime refuses it too)."""
     if x.rank < 3:
         raise node.error(f"{what} must have rank >= 3 (N, C, spatial...), got shape {x.shape}")
+    if nonempty and any(d == 0 for d in x.shape[2:]):
+        raise node.error(f"{what} shape {x.shape}: every spatial dim must be positive for {node.op_type}")
     return x.rank - 2
 
 
@@ -65,7 +69,7 @@ def _group(node, C: int, M: int, cin_w: int) -> int:
 
 def _conv_shapes(node, specs):
     x, w, b = specs[0], specs[1], specs[2] if len(specs) > 2 else None
-    _need_spatial(node, x)
+    _need_spatial(node, x, nonempty=True)
     if w.rank != x.rank:
         raise node.error(f"W rank {w.rank} does not match X rank {x.rank}")
     _group(node, x.shape[1], w.shape[0], w.shape[1])
@@ -88,7 +92,7 @@ def _conv_workspace(node, specs):
 
 def _convt_shapes(node, specs):
     x, w, b = specs[0], specs[1], specs[2] if len(specs) > 2 else None
-    _need_spatial(node, x)
+    _need_spatial(node, x, nonempty=True)
     if w.rank != x.rank:
         raise node.error(f"W rank {w.rank} does not match X rank {x.rank}")
     group = int(node.attr("group", 1))
@@ -200,7 +204,7 @@ def _lppool_compute(xp, node, x):
 
 def _global_shapes(node, specs):
     x = specs[0]
-    _need_spatial(node, x)
+    _need_spatial(node, x, nonempty=node.op_type == "GlobalMaxPool")  # (a max over no elements has no value)
     return [Spec((x.shape[0], x.shape[1]) + (1,) * (x.rank - 2), x.dtype)]
 
 
@@ -443,7 +447,7 @@ def _resize_compute(xp, node, x, *rest):
 
 def _gridsample_shapes(node, specs):
     x, grid = specs[0], specs[1]
-    nsp = _need_spatial(node, x)
+    nsp = _need_spatial(node, x, nonempty=True)
     if grid.rank != x.rank or grid.shape[0] != x.shape[0] or grid.shape[-1] != nsp:
         raise node.error(f"grid shape {grid.shape} must be (N, *out, {nsp}) for X shape {x.shape}")
     mode = node.attr("mode", "bilinear" if node.opset < 20 else "linear")

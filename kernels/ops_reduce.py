@@ -130,6 +130,8 @@ def _loss_shapes(node, specs, with_log_prob: bool):
         raise node.error(f"input dtype {x.dtype} is not a float type")
     if np.dtype(t.dtype).kind not in "iu":
         raise node.error(f"target dtype {t.dtype} is not an integer type")
+    if x.shape[1] == 0:  # no class a target could name (and a softmax over none is undefined)
+        raise node.error(f"input shape {x.shape} has 0 classes (axis 1): a loss needs at least one class")
     want = (x.shape[0],) + tuple(x.shape[2:])
     if tuple(t.shape) != want:
         raise node.error(f"target shape {t.shape} does not match input shape {x.shape} (expected {want})")

@@ -12,7 +12,7 @@ With ``--inputs`` it mutates instead the feeds whose values the kernel reads on 
 -2**40 (integers) or nan, inf, -inf (floats).
 
 With ``--shapes`` it mutates each feed's shape (one rank less, one rank more, a zero-length first
-dim; the graph input declared to match), reaching the kernels' ``shapes()`` with shapes the
+dim or any other axis emptied; the graph input declared to match), reaching the kernels' ``shapes()`` with shapes the
 node's schema does not allow.
 
     python scripts/mutate_attrs.py [--inputs | --shapes] [--per-op 3] [--out mutations.jsonl] [--match Resize]
@@ -118,6 +118,9 @@ def shape_mutations(case):
             yield f"feed {k}", "rank-1", k, x[:1].reshape(x.shape[1:])
         if x.ndim:
             yield f"feed {k}", "empty", k, x[:0]
+        for a in range(1, x.ndim):  # every other axis emptied too (issue 29: reductions, gathers, reshapes of -1)
+            if x.shape[a]:
+                yield f"feed {k}", f"empty axis {a}", k, np.take(x, [], axis=a)
         yield f"feed {k}", "rank+1", k, x[None]
 
 

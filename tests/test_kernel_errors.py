@@ -250,6 +250,9 @@ SWEEPS = {
     "inputs": (("--inputs",), ("OneHot", "Upsample", "RoiAlign", "ImageDecoder")),
     # feed shapes reaching shapes() (rank +-1, empty)
     "shapes": (("--shapes",), ("QLinearMatMul", "MatMulInteger", "Split", "STFT", "GroupNormalization", "RoiAlign")),
+    # any axis of a feed emptied (issue 29: these ended as KernelHostError, a kernel's own ValueError/IndexError)
+    "empty axes": (("--shapes",), ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Attention", "ConvTranspose",
+                                   "Einsum", "GlobalMaxPool", "GridSample", "RotaryEmbedding")),
 }
 
 
@@ -271,3 +274,45 @@ def test_mutations_of_node_cases_give_named_errors(tmp_path, sweep):
         assert not bad, f"{op}: {summary}\n" + "\n".join(bad[:20])
         classes |= set(ast.literal_eval(summary.split(":", 1)[1].strip()))
     assert classes <= {"ok", "named", "memory"} and "named" in classes
+
+
+# ------------------------------------------------------------------ input errors named before the kernel runs (issue 29)
+
+
+def test_a_node_with_fewer_inputs_than_its_kernel_takes_is_an_op_error_at_load():
+    """Guarantee (_attr_check._arity): a node given fewer inputs than its kernel's compute takes
+    positionally is refused when the model loads, naming the missing inputs (com.microsoft ops have
+    no ONNX schema to count them); it used to reach compute as a TypeError (KernelHostError)."""
+    x = _vi("x", F, [1, 2, 4])
+    node = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "s"], ["y"], name="ssln", domain="com.microsoft")
+    m = _model(node, [x, _vi("s", F, [1, 2, 4])], [_vi("y", F, [1, 2, 4])], domain_opsets=[("com.microsoft", 1)])
+    with pytest.raises(OpError, match=r"node 'ssln' \(SkipSimplifiedLayerNormalization, opset 1\): 2 input\(s\) given, "
+                                      r"3 required \(x, skip, gamma\): missing gamma") as err:
+        Executor(m, _sim_runtime())  # construction: nothing executes
+    assert not isinstance(err.value, KernelHostError), "contract: an input error, not a kernel's own exception"
+    two = OpKernel("TwoIn", lambda node, specs: [specs[0]], lambda xp, node, a, b: (a + b,), domain="test.kern")
+    kernels = [k for (d, op) in REGISTRY.ops() for k in REGISTRY._by_op[(d, op)]]
+    m = _model(helper.make_node("TwoIn", ["x"], ["y"], name="t", domain="test.kern"), [x], [_vi("y", F, [1, 2, 4])],
+               domain_opsets=[("test.kern", 1)])
+    with pytest.raises(OpError, match=r"1 input\(s\) given, 2 required \(a, b\): missing b"):
+        Executor(m, _sim_runtime(), registry=Registry([*kernels, two]))
+
+
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_a_loss_over_zero_classes_is_an_op_error_naming_the_shape(op):
+    node = helper.make_node(op, ["s", "t"], ["o"], name="loss", reduction="mean")
+    m = _model(node, [_vi("s", F, [2, 0]), _vi("t", TensorProto.INT64, [2])], [_vi("o", F, [])], opset=13)
+    with pytest.raises(OpError, match=rf"node 'loss' \({op}, opset 13\): input shape \(2, 0\) has 0 classes") as err:
+        Executor(m, _sim_runtime()).run({"s": np.zeros((2, 0), np.float32), "t": np.zeros(2, np.int64)})
+    assert not isinstance(err.value, KernelHostError), "contract: a shape check names it, not the kernel's ValueError"
+
+
+@pytest.mark.parametrize("a, b", [((5, 0, 3), (5, 3, 4)), ((5, 2, 3), (5, 3, 0)), ((5, 2, 0), (5, 0, 4)), ((1, 2, 3), (0, 3, 4))])
+def test_einsum_with_an_empty_axis_gives_numpys_result(a, b):
+    """Result: an empty label is a size like any other (it used to broadcast as 1: a ValueError)."""
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik")
+    m = _model(node, [_vi("a", F, list(a)), _vi("b", F, list(b))], [_vi("y", F, ["B", "I", "K"])], opset=12)
+    rng = np.random.default_rng(0)
+    A, B = rng.random(a, dtype=np.float32), rng.random(b, dtype=np.float32)
+    (y,) = Executor(m, _sim_runtime()).run({"a": A, "b": B}).values()
+    np.testing.assert_allclose(y, np.einsum("bij,bjk->bik", A, B), rtol=1e-6)
