@@ -114,6 +114,10 @@ def test_fuzz_run(request, tmp_path_factory, capsys):
             + "\n".join(run.signature_lines())
             + "\n" + "\n".join(f"  {c['ref']['cls']}: case {c['index']} {c['mutation']} on {c['source']}: {c.get('repro')}"
                                for c in bad[:50]), pytrace=False)
+    host = run.host_errors()
+    assert not host, ("contract: an input error is named by a load-time or shape check, not by the kernel's own "
+                      "exception (KernelHostError): " + "; ".join(f"case {c['index']} {c['mutation']} on {c['source']}: "
+                                                                  f"{c['ref'].get('message', '')[:160]}" for c in host[:10]))
 
 
 def test_replay_runs_a_reproducer_folder_on_both_engines(tmp_path):

@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if sigs:
         print(f"\n{len(sigs)} distinct crash/hang/memory signature(s):")
         print("\n".join(sigs))
+    host = run.host_errors()
+    if host:
+        print(f"\n{len(host)} named outcome(s) that are a kernel's own exception (KernelHostError: a check is missing):")
+        print("\n".join(f"- case {c['index']} {c['mutation']} on {c['source']}: {c['ref'].get('message', '')[:160]}"
+                        for c in host[:30]))
     print(f"\n{run.summary()}\nreport: {out / 'report.json'}")
     return 1 if run.bad() else 0
 

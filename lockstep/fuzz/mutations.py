@@ -8,15 +8,17 @@ weights are in ``FAMILIES``; every mutation is named ``family.kind`` in the tabl
 - ``graph``: attributes to extremes (ints to -2**31, 2**31, 2**63-1, -1, 10**9; floats to NaN/inf;
   bogus strings; empty or huge lists; removed; any attribute of the op's schema set to an extreme), initializer dims that do not match the data,
   unknown element types, ``value_info`` dims of 10**9, opset 99, graph inputs/outputs removed or
-  renamed, a node input renamed (dangling).
+  renamed, a node input renamed (dangling), a node's last input dropped or one of its inputs left empty.
 - ``extdata``: an initializer moved to external data with an offset or length beyond the file,
   negative or non-numeric, a NUL in the location, a path outside the folder, a symlink in the
   folder pointing outside it, a missing file, external data on a Constant's attribute tensor.
 - ``feed``: wrong dtype, rank or shape, non-string keys, missing or extra feeds, a Python list, a
-  huge dim, out-of-range values in an integer feed (indices of Gather-family ops, positions).
+  huge dim, an empty dim (also with the graph input's dim made symbolic, so kernels see it),
+  out-of-range values in an integer feed (indices of Gather-family ops, positions).
 - ``decode``: empty prompt, token ids outside the vocabulary, positions past the rotary cache and
   past a fixed KV capacity, on the golden models.
-- ``cli``: ``lockstep decode/audit/golden`` with bad files and arguments.
+- ``cli``: ``lockstep decode/audit/golden`` with bad files and arguments, and ``lockstep decode`` of a
+  golden model whose declared shape of one decoder input role is negative, zero or huge.
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
     kinds = ["attr_int_extreme"] * 4 + ["attr_float_extreme"] * 2 + ["attr_string_bogus"] * 2 + ["attr_ints_edit"] * 3 + [
              "attr_remove",
              "init_dims_mismatch", "elem_type_unknown", "value_info_huge", "opset_99", "input_remove",
-             "input_rename", "output_remove", "output_rename", "node_input_dangling", "attr_add_bogus"] + [
+             "input_rename", "output_remove", "output_rename", "node_input_dangling", "node_input_drop",
+             "attr_add_bogus"] + [
              "attr_schema_extreme"] * 4
     for _ in range(8):  # a kind that does not apply to this model: draw another
         kind = _choice(rng, kinds)
@@ -273,6 +276,17 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
                 i = int(rng.integers(len(n.input)))
                 n.input[i] = "dangling_" + str(i)
                 return kind, {"node": n.name, "op": n.op_type, "input": i}
+        if kind == "node_input_drop" and (c := [n for n in g.node if n.input]):
+            n = _choice(rng, c)  # its last input dropped, or one of them left empty (an absent optional)
+            if rng.random() < 0.5:
+                i = len(n.input) - 1
+                del n.input[i]
+                how = "dropped"
+            else:
+                i = int(rng.integers(len(n.input)))
+                n.input[i] = ""
+                how = "emptied"
+            return kind, {"node": n.name, "op": n.op_type, "input": i, "how": how}
     model.opset_import[0].version = 99 if model.opset_import else 0
     return "opset_99", {"fallback": True}
 
@@ -335,7 +349,7 @@ def _feed(rng, feeds: list[tuple[Any, Any]]) -> tuple[str, list[tuple[Any, Any]]
     feeds = list(feeds)
     ints = [i for i, (_, v) in enumerate(feeds) if np.asarray(v).dtype.kind in "iu" and np.asarray(v).size]
     kinds = ["wrong_dtype", "wrong_rank", "wrong_shape", "non_str_key", "missing", "extra", "python_list",
-             "huge_dim", "empty_dim", "nan_values", "index_out_of_range", "index_out_of_range"]
+             "huge_dim", "empty_dim", "empty_dim_declared", "nan_values", "index_out_of_range", "index_out_of_range"]
     kind = _choice(rng, kinds)
     if kind.startswith("index") and not ints:
         kind = "wrong_dtype"
@@ -374,10 +388,12 @@ def _feed(rng, feeds: list[tuple[Any, Any]]) -> tuple[str, list[tuple[Any, Any]]
             shape[axis] = n
         feeds[i] = (k, np.ones(shape, v.dtype))
         detail["shape"] = shape
-    elif kind == "empty_dim":
+    elif kind in ("empty_dim", "empty_dim_declared"):
         shape = list(v.shape) or [1]
-        shape[int(rng.integers(len(shape)))] = 0
+        axis = int(rng.integers(len(shape)))
+        shape[axis] = 0
         feeds[i] = (k, np.zeros(shape, v.dtype))
+        detail["axis"] = axis  # empty_dim_declared: the graph input's dim is made symbolic, so the kernel sees it
     elif kind == "nan_values":
         if v.dtype.kind == "f" and v.size:
             w = v.copy()
@@ -556,7 +572,27 @@ def _make(seed: int, index: int, family: str, rng: np.random.Generator) -> Case:
         return Case(seed, index, family, f"extdata.{kind}", source, detail, model.SerializeToString(), files, links,
                     feeds=feeds)
     kind, feeds, detail = _feed(rng, feeds)
+    if kind == "empty_dim_declared":
+        data = _declare_symbolic(data, detail)
     return Case(seed, index, family, f"feed.{kind}", source, detail, data, feeds=feeds)
+
+
+def _declare_symbolic(data: bytes, detail: dict) -> bytes:
+    """The model with the emptied feed's declared dim (``detail``: feed, axis) made symbolic, and
+    its outputs' dims too: the empty feed passes the feed check and reaches the kernels."""
+    m = onnx.load_from_string(data)
+    for vi in m.graph.input:
+        if repr(vi.name) == detail["feed"] and vi.type.tensor_type.HasField("shape"):
+            dims = vi.type.tensor_type.shape.dim
+            if detail["axis"] < len(dims):
+                dims[detail["axis"]].Clear()
+                dims[detail["axis"]].dim_param = "fuzz_empty"
+    for vo in m.graph.output:
+        if vo.type.tensor_type.HasField("shape"):
+            for j, d in enumerate(vo.type.tensor_type.shape.dim):
+                d.Clear()
+                d.dim_param = f"fuzz_out{j}"
+    return m.SerializeToString()
 
 
 def iter_cases(seed: int, n: int, start: int = 0) -> Iterator[Case]:

@@ -86,11 +86,18 @@ class FuzzRun:
                                         *(str(total["ort"][k]) for k in CLASSES)]) + " |")
         return "\n".join(lines)
 
+    def host_errors(self) -> list[dict[str, Any]]:
+        """Named outcomes that are a kernel's own exception (``KernelHostError``): named, but the
+        wrong name, since an input error should be a load-time or shape check's ``OpError``."""
+        return [c for c in self.cases if c["ref"]["cls"] == "named" and c["ref"].get("type") == "KernelHostError"]
+
     def summary(self) -> str:
         ref, ort = self.counts("ref"), self.counts("ort")
         rate = len(self.cases) / self.seconds if self.seconds else 0.0
+        host = len(self.host_errors())
         return (f"fuzz: seed {self.seed}, cases {self.start}..{self.start + self.n - 1}: "
-                + ", ".join(f"{ref[k]} {k}" for k in CLASSES)
+                + ", ".join(f"{ref[k]} {k}" + (f" ({host} of them KernelHostError)" if k == "named" else "")
+                            for k in CLASSES)
                 + (f"; ONNX Runtime: " + ", ".join(f"{ort[k]} {k}" for k in CLASSES) if ort else "")
                 + f"; {self.seconds:.1f} s, {rate:.1f} cases/s on {self.jobs} worker(s)")
 
@@ -107,6 +114,8 @@ class FuzzRun:
                 "mem_bytes": self.mem_bytes, "seconds": round(self.seconds, 2),
                 "cases_per_s": round(len(self.cases) / self.seconds, 2) if self.seconds else None,
                 "classes": dict(self.counts("ref")), "ort_classes": dict(self.counts("ort")),
+                "kernel_host_errors": [{"index": c["index"], "mutation": c["mutation"],
+                                        "message": c["ref"].get("message", "")[:200]} for c in self.host_errors()],
                 "signatures": {s: {**e, "mutations": dict(e["mutations"])} for s, e in self.signatures().items()},
                 "cases": self.cases}
 
