@@ -243,18 +243,20 @@ class DecoderIO:
         """One past input's initial value (zeros of the capacity, or no positions when growing),
         after checking that every layer's cache fits ``budget`` bytes (default: the host budget,
         ``lockstep.host_memory.host_budget``): ``KVCacheTooLarge`` otherwise, before allocating."""
-        need = self.cache_bytes()
-        if need:
-            from lockstep.host_memory import fmt_bytes, host_budget
+        # a growing cache starts empty, but one position of it must fit too (2**62 declared heads do not)
+        shape = self.cache_shape(self.capacity or 1)
+        need = self.cache_bytes(self.capacity or 1)
+        from lockstep.host_memory import fmt_bytes, host_budget
 
-            limit = host_budget() if budget is None else None
-            cap, why = (limit.nbytes, limit.why) if limit is not None else (budget, "the budget given")
-            if need > cap:
-                raise KVCacheTooLarge(
-                    f"the KV cache the model declares does not fit in host memory: {len(self.pasts)} past inputs "
-                    f"({self.pasts[0]}, ...) of shape {self.cache_shape()} {np.dtype(self.kv_dtype).name} take "
-                    f"{fmt_bytes(need)}, over the budget of {fmt_bytes(cap)} ({why}); a fixed capacity of "
-                    f"{self.capacity} positions is declared on axis {self.seq_axis}")
+        limit = host_budget() if budget is None else None
+        cap, why = (limit.nbytes, limit.why) if limit is not None else (budget, "the budget given")
+        if need > cap:
+            held = (f"a fixed capacity of {self.capacity} positions is declared on axis {self.seq_axis}" if self.capacity
+                    else f"one position of the growing cache (axis {self.seq_axis})")
+            raise KVCacheTooLarge(
+                f"the KV cache the model declares does not fit in host memory: {len(self.pasts)} past inputs "
+                f"({self.pasts[0]}, ...) of shape {shape} {np.dtype(self.kv_dtype).name} take "
+                f"{fmt_bytes(need)}, over the budget of {fmt_bytes(cap)} ({why}); {held}")
         return np.zeros(self.cache_shape(), self.kv_dtype)
 
     def check_room(self, position: int, n: int) -> None:

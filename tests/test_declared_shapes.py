@@ -17,7 +17,7 @@ from lockstep.paths import package_path
 MODELS = package_path("lockstep.golden.models")
 MASKED = "tiny-fp32-decomposed-mask"   # every role: ids, mask, positions, growing past
 FIXED = "tiny-fp32-standard-kv64"      # a fixed-capacity past (64 positions)
-VALUES = {"negative": -1, "zero": 0, "huge": 2**36}
+VALUES = {"negative": -1, "zero": 0, "huge": 2**36, "past int64": 2**62}
 
 
 def _declare(name: str, role: str, axis: int, value: int) -> onnx.ModelProto:
@@ -41,16 +41,18 @@ def _rank(name: str, role: str) -> int:
     return len(vi.type.tensor_type.shape.dim)
 
 
+@pytest.mark.parametrize("engine", ["ref-sim", "ort-cpu"])
 @pytest.mark.parametrize("value", sorted(VALUES))
 @pytest.mark.parametrize("model, role", [(MASKED, "input_ids"), (MASKED, "attention_mask"), (MASKED, "position_ids"),
                                          (MASKED, "past"), (MASKED, "cache_position"), (FIXED, "past")])
-def test_a_declared_dimension_of_any_role_is_a_one_line_error(tmp_path, capsys, model, role, value):
-    """Guarantee (DecoderIO.of, DecoderIO.empty_cache, the CLI): every axis of the role, declared
-    ``value``: exit 2 and one line ``lockstep: error: ...``; no exception escapes ``main``."""
+def test_a_declared_dimension_of_any_role_is_a_one_line_error(tmp_path, capsys, model, role, value, engine):
+    """Guarantee (DecoderIO.of, DecoderIO.empty_cache, the CLI, OrtDecoder's step errors): every axis
+    of the role, declared ``value``: exit 2 and one line ``lockstep: error: ...``; no exception
+    escapes ``main`` (ONNX Runtime's refusal of a step's feeds was a RuntimeError traceback)."""
     for axis in range(_rank(model, role)):
         path = tmp_path / f"{role}-{axis}.onnx"
         onnx.save(_declare(model, role, axis, VALUES[value]), str(path))
-        rc = main(["decode", str(path), "--prompt", "hello", "--tokens", "2"])
+        rc = main(["decode", str(path), "--prompt", "hello", "--tokens", "2", "--engine", engine])
         err = capsys.readouterr().err
         assert rc == 2, f"contract: refused ({role} axis {axis} = {VALUES[value]}): rc {rc}, {err}"
         assert err.startswith("lockstep: error: ") and err.count("\n") == 1, err
@@ -88,3 +90,7 @@ def test_a_huge_declared_cache_is_refused_before_anything_is_allocated():
         small.empty_cache(budget=1024)
     assert isinstance(KVCacheTooLarge("x"), NotADecoder), "contract: the CLI and the plugin already name NotADecoder"
     assert np.dtype(small.kv_dtype) == np.float32
+    growing = DecoderIO.of(_declare(MASKED, "past", 1, 2**62))  # heads: empty at first, but no position fits
+    with pytest.raises(KVCacheTooLarge, match="one position of the growing cache"):
+        growing.empty_cache()
+    assert DecoderIO.of(onnx.load(str(MODELS / f"{MASKED}.onnx"))).empty_cache().shape == (1, 2, 0, 16)

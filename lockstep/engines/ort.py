@@ -191,13 +191,18 @@ def cuda_tf32_engine() -> OrtEngine:
                      precision={"float32": "tf32", "float16": "fp16"})
 
 
+def _device_failure(msg: str) -> bool:
+    """Whether an ONNX Runtime error message names the device (CUDA, cuDNN, cuBLAS, memory)."""
+    import re
+
+    return re.search(r"cuda|cudnn|cublas|out of memory|bad_alloc", msg, re.IGNORECASE) is not None
+
+
 def _ort_refuses_model(exc: Exception) -> bool:
     """ONNX Runtime's session creation failed on the model itself (InvalidGraph, InvalidProtobuf,
     InvalidArgument, Fail), not on the device (a CUDA/cuDNN failure, out of memory: re-raised)."""
-    import re
-
     return (type(exc).__name__ in ("InvalidGraph", "InvalidProtobuf", "InvalidArgument", "Fail")
-            and not re.search(r"cuda|cudnn|cublas|out of memory|bad_alloc", str(exc), re.IGNORECASE))
+            and not _device_failure(str(exc)))
 
 
 def _ort_unsupported(msg: str) -> str:
@@ -282,11 +287,29 @@ class OrtDecoder:
         binding.bind_output(self.io.logits, "cpu")
         for p in self.pasts:
             binding.bind_output(self.present_of[p], self.device)
-        self.sess.run_with_iobinding(binding)
+        self._run(binding)
         outs = binding.get_outputs()
         self.cache = {p: outs[1 + i] for i, p in enumerate(self.pasts)}
         self.position += n
         return np.asarray(outs[0].numpy()[0])
+
+    def _run(self, binding, options=None) -> None:
+        """One step. ONNX Runtime's refusal of the step's feeds against the model's declared inputs
+        (a RuntimeError: dims or rank that do not match) is a ``FeedError`` naming it; a node that
+        fails at run is a ``ModelError``; anything else (the device: CUDA, out of memory) is re-raised."""
+        try:
+            self.sess.run_with_iobinding(binding, options)
+        except RuntimeError as exc:
+            msg = " ".join(str(exc).split())
+            if any(s in msg for s in ("Got invalid dimensions", "Invalid rank", "Unexpected input data type")):
+                from lockstep.reference_runtime.executor import FeedError
+
+                raise FeedError(f"ONNX Runtime refuses the step's feeds: {msg[:400]}") from exc
+            if "Non-zero status code returned while running" in msg and not _device_failure(msg):
+                from lockstep.reference_runtime.model import ModelError
+
+                raise ModelError(f"ONNX Runtime fails on the model at a decode step: {msg[:400]}") from exc
+            raise
 
     def _forward_fixed(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
@@ -309,7 +332,7 @@ class OrtDecoder:
         graph_id = (1 + self._current) if n == 1 else -1  # one graph per ping-pong direction
         if self.cuda_graphs:
             options.add_run_config_entry("gpu_graph_id", str(graph_id))
-        self.sess.run_with_iobinding(binding, options)
+        self._run(binding, options)
         if n == 1:
             self.graph_runs[graph_id] += 1
         logits = self._logits.numpy() if n == 1 else binding.get_outputs()[0].numpy()
