@@ -12,9 +12,10 @@ Three layers, in order:
 - the kernel's own ``OpKernel.check(info)``, for the rest.
 
 Before them, the node's arity against the kernel's body: a node with fewer inputs than its
-``compute`` (or host body) takes positionally without a default is refused (``OpError`` naming the
-missing inputs), since the call would fail inside the kernel (a ``TypeError``); ONNX's checker
-counts inputs for ai.onnx ops, but com.microsoft ops have no schema in onnx.
+``compute`` (or host body) takes positionally without a default, or one of those left empty ("")
+unless the kernel lists it in ``OpKernel.optional``, is refused (``OpError`` naming the input),
+since the call would fail inside the kernel (a ``TypeError``, or an ``AttributeError`` on None);
+ONNX's checker counts inputs for ai.onnx ops, but com.microsoft ops have no schema in onnx.
 
 Checks that need input ranks or values (an axis against a rank, Resize scales) stay in the
 kernel's ``shapes()``, which raises ``OpError`` too.
@@ -241,7 +242,7 @@ def _required_inputs(body: Any) -> tuple[str, ...]:
     return got
 
 
-def _arity(kernel: Any, info: NodeInfo) -> None:
+def _arity(kernel: Any, info: NodeInfo, empty: tuple[int, ...] = ()) -> None:
     body = getattr(kernel, "host", None) or getattr(kernel, "compute", None)
     if body is None:
         return
@@ -250,12 +251,17 @@ def _arity(kernel: Any, info: NodeInfo) -> None:
         missing = ", ".join(need[info.n_inputs:])
         raise info.error(f"{info.n_inputs} input(s) given, {len(need)} required ({', '.join(need)}): "
                          f"missing {missing}")
+    optional = getattr(kernel, "optional", ())
+    for i in empty:
+        if i < len(need) and i not in optional:
+            raise info.error(f"input {i} ({need[i]}) is empty (\"\"), but the operator requires it")
 
 
-def validate(kernel: Any, info: NodeInfo) -> None:
-    """All load-time checks of one node (arity, then attributes); raises ``OpError``."""
+def validate(kernel: Any, info: NodeInfo, empty: tuple[int, ...] = ()) -> None:
+    """All load-time checks of one node (arity: ``empty`` lists the inputs the node leaves empty;
+    then attributes); raises ``OpError``."""
     if kernel is not None:
-        _arity(kernel, info)
+        _arity(kernel, info, empty)
     _schema_required(info)
     op = info.op_type if info.domain in ("", "ai.onnx") or info.op_type in _CONTRIB_TABLED else None
     for attr, allowed in ENUMS.get(op, {}).items():

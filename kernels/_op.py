@@ -221,6 +221,10 @@ class OpKernel:
     capture_ok: Callable[[NodeInfo, list[Spec | None]], bool] | None = None
     # Load-time attribute checks beyond the shared tables (``_attr_check``): raise ``OpError``.
     check: Callable[[NodeInfo], None] | None = None
+    # Inputs ``compute`` takes positionally (no default) that a node may leave empty ("": the kernel
+    # gets None and handles it, as GroupQueryAttention's packed QKV leaves key and value). Any other
+    # positional input of ``compute`` left empty, or missing, is refused at load (``_attr_check``).
+    optional: tuple[int, ...] = ()
     # Bytes of temporaries ``compute`` needs beyond its outputs when they can dwarf the inputs and
     # outputs (im2col windows, DFT matrices): ``workspace(node, specs) -> int`` (an upper estimate,
     # Python ints). The executor refuses the launch (``MemoryAllocation``) if it would pass the budget.
@@ -251,14 +255,14 @@ class OpKernel:
         if self.host is not None and self.capture != "unsupported":
             raise ValueError(f"{self.op_type}: a host kernel is a capture seam: capture='unsupported' with a reason")
 
-    def validate(self, info: NodeInfo) -> None:
+    def validate(self, info: NodeInfo, empty: tuple[int, ...] = ()) -> None:
         """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's
         required attributes, the shared enumeration/range/element-type tables, then ``check``);
         raises ``OpError`` naming the node, the attribute and what is allowed."""
         global _validate
         if _validate is None:  # (imported on first use: _attr_check imports this module)
             from ._attr_check import validate as _validate
-        _validate(self, info)
+        _validate(self, info, empty)
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)

@@ -383,4 +383,5 @@ def _gqa_check(node, specs):
 
 
 OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,),
+                    optional=(1, 2, 3, 4),  # key/value empty: packed QKV; past_key/past_value empty: no past
                     index_checks=_gqa_check, workspace=_gqa_workspace))

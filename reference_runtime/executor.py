@@ -256,7 +256,8 @@ class Executor:
             if kernel is None:
                 unsupported.append(f"{name}: {registry.why_not(domain, op_type, opset)}")
                 continue
-            kernel.validate(info)  # attributes, before anything executes: OpError naming node and attribute
+            # arity and attributes, before anything executes: OpError naming node and input or attribute
+            kernel.validate(info, tuple(i for i, x in enumerate(ins) if not x))
             present = tuple(bool(i) for i in ins)
             self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(outs)),
                                     self._aliases(op_type, domain, ins, outs, fed), ins, outs))

@@ -296,6 +296,13 @@ def test_a_node_with_fewer_inputs_than_its_kernel_takes_is_an_op_error_at_load()
                domain_opsets=[("test.kern", 1)])
     with pytest.raises(OpError, match=r"1 input\(s\) given, 2 required \(a, b\): missing b"):
         Executor(m, _sim_runtime(), registry=Registry([*kernels, two]))
+    m = _model(helper.make_node("TwoIn", ["x", ""], ["y"], name="t", domain="test.kern"), [x], [_vi("y", F, [1, 2, 4])],
+               domain_opsets=[("test.kern", 1)])
+    with pytest.raises(OpError, match=r"input 1 \(b\) is empty \(\"\"\), but the operator requires it"):
+        Executor(m, _sim_runtime(), registry=Registry([*kernels, two]))  # (fuzz seed 29 case 8304: MatMulNBits scales)
+    maybe = OpKernel("TwoIn", lambda node, specs: [specs[0]], lambda xp, node, a, b: (a if b is None else a + b,),
+                     domain="test.kern", optional=(1,))
+    Executor(m, _sim_runtime(), registry=Registry([*kernels, maybe]))  # declared optional: loads
 
 
 @pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
