@@ -57,9 +57,9 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "attributes_not_validated_at_load", _E,
-        old="kernel.validate(info)  # attributes",
-        new="pass  # attributes",
-        breaks="a node's attributes are validated at load (OpError naming node and attribute), before anything runs",
+        old="kernel.validate(info, tuple(i for i, x in enumerate(ins) if not x))",
+        new="pass",
+        breaks="a node's arity, empty inputs and attributes are validated at load (OpError naming node and input or attribute), before anything runs",
         tests=("tests/test_kernel_errors.py",), select="op_error_at_load",
     ),
     Mutant(

@@ -391,11 +391,20 @@ MUTANTS = [
         tests=_MEM_TESTS,
     ),
     Mutant(
-        "sim", "default_limit_ignores_host", _S,
-        old="min(DEFAULT_MEMORY_CAP, host // 4)",
-        new="max(DEFAULT_MEMORY_CAP, host // 4)",
-        breaks="the default budget is the smaller of 16 GiB and a quarter of the host's memory",
+        "sim", "default_limit_ignores_host", "lockstep.host_memory",
+        old="return min(options, key=lambda b: b.nbytes)",
+        new="return max(options, key=lambda b: b.nbytes)",
+        breaks="the default budget is the smallest of 16 GiB, a quarter of the host's (or cgroup's) memory "
+               "and half the address space left under RLIMIT_AS",
         tests=_MEM_TESTS,
+    ),
+    Mutant(
+        "sim", "default_limit_ignores_rlimit_as", "lockstep.host_memory",
+        old="    if left is not None:\n",
+        new="    if False:\n",
+        breaks="the default budget refuses before the process's address-space limit (RLIMIT_AS) does",
+        # the RLIMIT_AS subprocess test imports the unmutated module: the in-process table kills it
+        tests=("tests/test_sim_device.py",), select="least_of_what_the_process",
     ),
     Mutant(
         "sim", "backing_value_error_escapes", _S,
