@@ -156,12 +156,19 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
 
     entries: list[Entry] = []
     findings: list[Finding] = []
+    unsupported: list[str] = []
     for mod in modules:
         if target_files is not None and mod.path.resolve() not in target_files:
             continue
-        es, unresolved = _kernel_entries(au, mod)
+        es, unresolved, declared = _kernel_entries(au, mod)
         entries.extend(es)
         findings.extend(unresolved)
+        unsupported.extend(declared)
+    if targets and unsupported:  # said, so that a file of such kernels is not mistaken for audited code
+        what = "; ".join(unsupported[:8]) + (f"; and {len(unsupported) - 8} more" if len(unsupported) > 8 else "")
+        lead = ("nothing to audit: every kernel found is" if not entries and not findings else
+                f"{len(unsupported)} kernel(s)")
+        notes.append(f"{lead} declared capture=\"unsupported\" (never captured, so not audited): {what}")
     for c in caps:
         matching = [m for m in modules if m.rel == c["file"] or m.rel.endswith("/" + c["file"])]
         if target_files is not None:
@@ -228,7 +235,7 @@ def audit(paths: list[str] | None = None, *, allowlist: Path | None = DEFAULT_AL
     inventory = _inventory(au, modules, sites)
     return AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
                        sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
-                       sorted({e.name for e in entries}), time.perf_counter() - t0, notes)
+                       sorted({e.name for e in entries}), time.perf_counter() - t0, notes, unsupported)
 
 
 def _guards_of(au: Audit, mod: Module, qualname: str) -> list[str]:
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         where = Locations.of(args.paths, args.root, Path(args.allowlist))
     except AuditError as exc:
         return error(str(exc))
-    if args.paths and not res.entries:  # nothing audited is not a clean result
+    if args.paths and not res.entries and not res.unsupported and not res.findings:  # nothing audited is not clean
         return error(f"no kernel found in {', '.join(args.paths)}: no OpKernel(...)/Kernel(...) or kernel factory "
                      "call hands a compute function over there (a kernel declared capture=\"unsupported\" is "
                      "not audited)")

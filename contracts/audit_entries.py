@@ -60,6 +60,10 @@ def _funcs_in(audit: Audit, owner: Func | None, mod: Module, e: ast.AST) -> list
             f = audit._lookup_module_func(target, n.attr)
             if f is not None:
                 out.append(f)
+        elif isinstance(n, ast.Attribute):  # a bound method: Norm().compute, NORM.compute, Helper.static
+            f = audit.resolve(owner or mod.scope, ast.Call(func=n, args=[], keywords=[]), {})
+            if f is not None:
+                out.append(f)
     return out
 
 
@@ -88,9 +92,20 @@ def _makes_kernels(f: Func) -> bool:
     return got
 
 
-def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Finding]]:
+def _declared_reason(call: ast.Call) -> str:
+    """The ``reason=`` a kernel declared capture="unsupported" gives (its text when a constant)."""
+    for kw in call.keywords:
+        if kw.arg == "reason":
+            return kw.value.value if isinstance(kw.value, ast.Constant) else ast.unparse(kw.value)
+    return "no reason given"
+
+
+def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Finding], list[str]]:
+    """A module's capture entry points, the kernels whose body could not be resolved (findings), and
+    the kernels declared ``capture="unsupported"`` (never captured, so not audited: named, not lost)."""
     entries: list[Entry] = []
     unresolved: list[Finding] = []
+    unsupported: list[str] = []
     owners = {}  # node id -> enclosing Func
     for f in mod.functions.values():
         for n in _own_nodes(f):
@@ -104,6 +119,8 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
         owner = owners.get(id(n))
         if ctor is not None:
             if _capture_unsupported(n):
+                label = ast.unparse(n.args[0]).strip("'\"") if n.args else ctor
+                unsupported.append(f"{ctor} {label} ({mod.rel}:{n.lineno}): {_declared_reason(n)}")
                 continue
             args = list(n.args)
             body_expr = None
@@ -136,6 +153,6 @@ def _kernel_entries(audit: Audit, mod: Module) -> tuple[list[Entry], list[Findin
             for a in [*n.args[1:], *[k.value for k in n.keywords]]:
                 for f in _funcs_in(audit, owner, mod, a):
                     entries.append(Entry(f"{n.func.id} {label.strip(chr(39))} ({mod.rel}:{n.lineno})", f, _entry_taint(f)))
-    return entries, unresolved
+    return entries, unresolved, unsupported
 
 

@@ -115,6 +115,7 @@ class AuditResult:
     entries: list[str]
     seconds: float
     notes: list[str] = field(default_factory=list)  # what was not followed, said to the user
+    unsupported: list[str] = field(default_factory=list)  # kernels declared capture="unsupported": not audited
 
     @property
     def clean(self) -> bool:
@@ -362,26 +363,70 @@ def _block_paths(fn: Func) -> dict[int, tuple]:
     return out
 
 
+def _module_statements(stmts: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """A module's top-level statements, and those inside its top-level ``if``/``try``/``with``
+    blocks (``try: import cupy; to_host = cupy.asnumpy / except ImportError: ...``), not into defs."""
+    for st in stmts:
+        yield st
+        if isinstance(st, (ast.If, ast.Try, ast.With, ast.AsyncWith)) or type(st).__name__ == "TryStar":
+            for field_name in ("body", "orelse", "finalbody"):
+                yield from _module_statements(getattr(st, field_name, []) or [])
+            for h in getattr(st, "handlers", []) or []:
+                yield from _module_statements(h.body)
+
+
+def _bound_values(fn: Func) -> list[tuple[str, ast.AST]]:
+    """(name, value) of every ``name = value`` and ``name: T = value`` of a function's own body
+    (or a module's top level, its if/try/with blocks included), in source order (cached)."""
+    cached = fn.__dict__.get("_bound")
+    if cached is not None:
+        return cached
+    body = list(_module_statements(fn.node.body)) if isinstance(fn.node, ast.Module) else _own_nodes(fn)
+    out = []
+    for st in body:
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            out.append((st.targets[0].id, st.value, st))
+        elif isinstance(st, ast.AnnAssign) and st.value is not None and isinstance(st.target, ast.Name):
+            out.append((st.target.id, st.value, st))
+    out.sort(key=lambda t: (t[2].lineno, t[2].col_offset))
+    fn.__dict__["_bound"] = [(n, v) for n, v, _ in out]
+    return fn.__dict__["_bound"]
+
+
 def name_bindings(fn: Func, key: str, value_of) -> dict[str, Any]:
     """``name = <expr>`` bindings of a function (or a module's top level) that ``value_of(expr)``
-    accepts (returns not None), as name -> what it returned; cached on ``fn`` under ``key``."""
+    accepts (returns not None), as name -> what it returned for the last such binding; cached on
+    ``fn`` under ``key``."""
     cached = fn.__dict__.get(key)
     if cached is not None:
         return cached
     out: dict[str, Any] = {}
-    body = fn.node.body if isinstance(fn.node, ast.Module) else _own_nodes(fn)
-    for st in body:
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
-            got = value_of(st.value)
-            if got is not None:
-                out[st.targets[0].id] = got
+    for name, value in _bound_values(fn):
+        got = value_of(value)
+        if got is not None:
+            out[name] = got
     fn.__dict__[key] = out
     return out
 
 
-def _local_attr_aliases(fn: Func) -> dict[str, ast.Attribute]:
-    """``name = a.b.c`` bindings: the attribute a call of ``name`` stands for."""
-    return name_bindings(fn, "_attr_aliases", lambda v: v if isinstance(v, ast.Attribute) else None)
+def all_name_bindings(fn: Func, key: str, value_of) -> dict[str, list[Any]]:
+    """As ``name_bindings``, every accepted binding of each name (a name bound in ``try`` and again in
+    ``except`` may hold either: a conservative audit considers both)."""
+    cached = fn.__dict__.get(key)
+    if cached is not None:
+        return cached
+    out: dict[str, list[Any]] = {}
+    for name, value in _bound_values(fn):
+        got = value_of(value)
+        if got is not None:
+            out.setdefault(name, []).append(got)
+    fn.__dict__[key] = out
+    return out
+
+
+def _local_attr_aliases(fn: Func) -> dict[str, list[ast.Attribute]]:
+    """``name = a.b.c`` bindings: the attributes a call of ``name`` may stand for."""
+    return all_name_bindings(fn, "_attr_aliases", lambda v: v if isinstance(v, ast.Attribute) else None)
 
 
 def _target_names(t: ast.AST) -> set[str]:

@@ -117,7 +117,8 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
 def format_json(res: AuditResult, where: Locations | None = None) -> str:
     findings, sites = _located(res, where)
     doc: dict[str, Any] = {"findings": [f.as_dict() for f in findings], "sites": [s.__dict__ for s in sites],
-                           "entries": res.entries, "seconds": res.seconds, "notes": res.notes}
+                           "entries": res.entries, "seconds": res.seconds, "notes": res.notes,
+                           "unsupported": res.unsupported}
     if where is not None and where.root is not None:
         doc["root"] = str(where.root)
     return json.dumps(doc, indent=1)
@@ -176,6 +177,9 @@ def format_sarif(res: AuditResult, where: Locations | None = None) -> str:
                             "rules": [{"id": k, "shortDescription": {"text": v}} for k, v in SARIF_RULES.items()]}},
         "results": results,
     }
+    if res.notes:  # what was not followed or not audited, as the tool's own notifications
+        run["invocations"] = [{"executionSuccessful": True, "toolExecutionNotifications": [
+            {"level": "note", "message": {"text": n}} for n in res.notes]}]
     if where.root is not None:
         run["originalUriBaseIds"] = {"SRCROOT": {"uri": where.root.as_uri().rstrip("/") + "/"}}
     doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0", "runs": [run]}

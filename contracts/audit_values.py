@@ -29,6 +29,7 @@ from .audit_index import (
     Func,
     Module,
     _block_paths,
+    _bound_values,
     _local_attr_aliases,
     _own_nodes,
     _root,
@@ -36,6 +37,10 @@ from .audit_index import (
     _walk_no_defs,
     name_bindings,
 )
+
+
+# numpy functions that convert their argument to a numpy array: of a CuPy array, a copy to the host
+NUMPY_CONVERSIONS = {"asarray", "array", "asanyarray", "ascontiguousarray", "asfortranarray"}
 
 
 class _Dev:
@@ -152,7 +157,10 @@ class _Summary:
 class Audit:
     def __init__(self, modules: list[Module]):
         self.modules = {m.name: m for m in modules}
-        self._summaries: dict[tuple[str, tuple[bool, ...]], _Summary] = {}
+        self._summaries: dict[tuple, _Summary] = {}
+        # device values held on instances: (module, class) -> attributes a method binds to a device
+        # value (``self.a = a`` in ``__init__`` of ``Stats(x)``); methods read ``self.a`` as one
+        self._held: dict[tuple[str, str], set[str]] = {}
         self._ctx: list[Func] = []  # the function whose body _device is reading (for helper returns)
 
     # name resolution
@@ -181,6 +189,8 @@ class Audit:
             mod = fn.module
             if f.id in mod.functions:
                 return mod.functions[f.id]
+            if self._is_class(fn, f.id):  # Helper(...): its __init__ (device arguments may be held on self)
+                return self._method(fn, f, "__init__")
             imp = mod.imports.get(f.id)
             if imp and imp[1]:
                 return self._lookup_module_func(imp[0], imp[1])
@@ -205,11 +215,142 @@ class Audit:
                 got = self._lookup_module_func(target, f.attr)
                 if got is not None:
                     return got
-            inst = _instances(fn).get(base) or _instances(mod.scope).get(base)
+            if self._is_class(fn, base):  # Helper.static_or_class_method(...)
+                return self._method(fn, f.value, f.attr)
+            inst = self._instance_class(fn, base)
             if inst is not None:  # h = Helper(...); h.method(...)
                 return self._method(fn, inst, f.attr)
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call):  # Helper(...).method(...)
             return self._method(fn, f.value.func, f.attr)
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and isinstance(f.value.value, ast.Name)
+                and f.value.value.id == "self"):  # self.helper.method(...), self.helper = Helper(...) in a method
+            cls = self._self_attr_class(fn, f.value.attr)
+            if cls is not None:
+                return self._method(fn, cls, f.attr)
+        return None
+
+    # helper classes and their instances
+    def _is_class(self, fn: Func, name: str) -> bool:
+        mod = fn.module
+        if name in mod.classes:
+            return True
+        imp = mod.imports.get(name)
+        return bool(imp and imp[1] and imp[0] in self.modules and imp[1] in self.modules[imp[0]].classes)
+
+    def _class_of_call(self, fn: Func, v: ast.AST, depth: int = 0) -> ast.Name | None:
+        """The class ``v`` instantiates: ``Helper(...)``, or a call of a function of ours that
+        returns ``Helper(...)`` (a factory), followed two calls deep."""
+        if not isinstance(v, ast.Call):
+            return None
+        if isinstance(v.func, ast.Name) and self._is_class(fn, v.func.id):
+            return v.func
+        if depth < 2:
+            callee = self.resolve(fn, v, {})
+            if callee is not None:
+                for n in _own_nodes(callee):
+                    if isinstance(n, ast.Return) and n.value is not None:
+                        got = self._class_of_call(callee, n.value, depth + 1)
+                        if got is not None:
+                            return got
+        return None
+
+    def _instance_class(self, fn: Func, name: str) -> ast.Name | None:
+        """The helper class a name of ``fn`` holds an instance of: bound to ``Helper(...)`` or to a
+        factory's result (``h = make()``, ``h: Helper = Helper()``) in ``fn``, an enclosing function or
+        the module; a parameter whose default is ``Helper()`` or whose annotation is ``Helper``."""
+        inst = _instances(fn).get(name)
+        if inst is not None:
+            return inst
+        key = (fn.key, name)
+        busy = self.__dict__.setdefault("_instance_busy", set())
+        if key in busy:  # a binding whose factory resolves through this very name
+            return None
+        busy.add(key)
+        try:
+            return self._instance_class_of(fn, name)
+        finally:
+            busy.discard(key)
+
+    def _instance_class_of(self, fn: Func, name: str) -> ast.Name | None:
+        scope: Func | None = fn
+        while scope is not None:
+            for bound, value in _bound_values(scope):
+                if bound == name:
+                    got = self._class_of_call(scope, value)
+                    if got is not None:
+                        return got
+            scope = scope.parent
+        for bound, value in _bound_values(fn.module.scope):
+            if bound == name:
+                got = self._class_of_call(fn.module.scope, value)
+                if got is not None:
+                    return got
+        args = getattr(fn.node, "args", None)
+        if isinstance(args, ast.arguments):
+            pos = [*args.posonlyargs, *args.args]
+            defaults = dict(zip([a.arg for a in pos[len(pos) - len(args.defaults):]], args.defaults))
+            defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+            for a in [*pos, *args.kwonlyargs]:
+                if a.arg != name:
+                    continue
+                got = self._class_of_call(fn, defaults.get(a.arg))
+                if got is not None:
+                    return got
+                ann = a.annotation
+                if isinstance(ann, ast.Constant) and isinstance(ann.value, str):  # "Helper"
+                    ann = ast.Name(id=ann.value, ctx=ast.Load())
+                if isinstance(ann, ast.Name) and self._is_class(fn, ann.id):
+                    return ann
+        return None
+
+    def _class_chain(self, fn: Func) -> list[tuple[str, str]]:
+        """(module, class) of ``fn``'s class (``fn`` a method, or nested in one) and its bases in the module."""
+        mod = fn.module
+        cls = fn.cls or (fn.parent.cls if fn.parent else None)
+        out: list[tuple[str, str]] = []
+        while cls and (mod.name, cls) not in out and cls in mod.classes:
+            out.append((mod.name, cls))
+            bases = mod.classes.get(cls, [])
+            cls = bases[0] if bases else None
+        return out
+
+    def _held_attrs(self, fn: Func) -> frozenset[str]:
+        """Attributes of ``self`` that hold device values in ``fn``'s class (or its bases)."""
+        out: set[str] = set()
+        for key in self._class_chain(fn):
+            out |= self._held.get(key, set())
+        return frozenset(out)
+
+    def _self_name(self, fn: Func) -> str | None:
+        """The name of a method's instance parameter (``self``); None outside a method."""
+        if fn.cls is None or not fn.params or isinstance(fn.node, ast.Lambda):
+            return None
+        decos = {ast.unparse(d) for d in getattr(fn.node, "decorator_list", [])}
+        return None if decos & {"staticmethod", "classmethod"} else fn.params[0]
+
+    def _class_methods(self, fn: Func) -> list[Func]:
+        """The methods of ``fn``'s class (``fn`` a method, or nested in one) and of its bases in the module."""
+        mod = fn.module
+        cls = fn.cls or (fn.parent.cls if fn.parent else None)
+        out, seen = [], set()
+        while cls and cls not in seen and cls in mod.classes:
+            seen.add(cls)
+            out.extend(f for q, f in mod.functions.items() if q.startswith(f"{cls}.") and q.count(".") == 1)
+            bases = mod.classes.get(cls, [])
+            cls = bases[0] if bases else None
+        return out
+
+    def _self_attr_class(self, fn: Func, attr: str) -> ast.Name | None:
+        """The class of ``self.attr`` when a method of the class binds ``self.attr = Helper(...)``."""
+        for m in self._class_methods(fn):
+            for n in _own_nodes(m):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    if any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                           and t.attr == attr for t in targets) and n.value is not None:
+                        got = self._class_of_call(m, n.value)
+                        if got is not None:
+                            return got
         return None
 
     def _method(self, fn: Func, cls_expr: ast.AST, name: str) -> Func | None:
@@ -249,17 +390,46 @@ class Audit:
             return None
         scope: Func | None = fn
         while scope is not None:
-            got = _local_attr_aliases(scope).get(f.id)
-            if got is not None and self._is_array_module(_root(got)):
-                return got
+            for got in _local_attr_aliases(scope).get(f.id, ()):
+                if self._is_array_module(_root(got)):
+                    return got
             scope = scope.parent
-        got = _local_attr_aliases(fn.module.scope).get(f.id)
-        if got is not None and self._is_array_module(_root(got)):
-            return got
+        for got in _local_attr_aliases(fn.module.scope).get(f.id, ()):  # any binding (try/except: either)
+            if self._is_array_module(_root(got)):
+                return got
         imp = fn.module.imports.get(f.id)
         if imp is not None and imp[1] and imp[0] == "cupy":
             return ast.Attribute(value=ast.Name(id="cupy", ctx=ast.Load()), attr=imp[1], ctx=ast.Load())
         return None
+
+    def _numpy_module(self, fn: Func, e: ast.AST) -> bool:
+        """``e`` names numpy: ``np``/``numpy``, or any alias (``import numpy as onp``)."""
+        if not isinstance(e, ast.Name):
+            return False
+        imp = fn.module.imports.get(e.id)
+        return imp == ("numpy", None) if imp is not None else e.id in {"np", "numpy"}
+
+    def _numpy_conversion(self, fn: Func, f: ast.AST) -> bool | str:
+        """Whether a call of ``f`` converts its argument to a numpy array (a device array's is a copy to
+        the host): ``np.asarray`` under any numpy alias, True; a name standing for one (``from numpy import
+        asarray as h``, ``h = onp.asarray`` at module level or in an enclosing function), its text."""
+        if isinstance(f, ast.Attribute):
+            return f.attr in NUMPY_CONVERSIONS and self._numpy_module(fn, f.value)
+        if not isinstance(f, ast.Name):
+            return False
+        imp = fn.module.imports.get(f.id)
+        if imp is not None and imp[0] == "numpy" and imp[1] in NUMPY_CONVERSIONS:
+            return f"numpy.{imp[1]}"
+        scopes: list[Func] = []
+        scope: Func | None = fn
+        while scope is not None:
+            scopes.append(scope)
+            scope = scope.parent
+        for sc in [*scopes, fn.module.scope]:
+            for got in _local_attr_aliases(sc).get(f.id, ()):
+                if got.attr in NUMPY_CONVERSIONS and self._numpy_module(fn, got.value):
+                    return ast.unparse(got)
+        return False
 
     def _is_mask(self, e: ast.AST, dev, depth: int = 0) -> bool:
         """Whether ``e`` is a boolean device array (a comparison or predicate of device values)."""
@@ -288,6 +458,9 @@ class Audit:
         if isinstance(e, ast.Attribute):
             if e.attr in HOST_ATTRS:
                 return False
+            if self._ctx and isinstance(e.value, ast.Name) and e.value.id == self._self_name(self._ctx[-1]) \
+                    and e.attr in self._held_attrs(self._ctx[-1]):
+                return True  # self.a, bound to a device value by a method of the class
             return self._device(e.value, dev)
         if isinstance(e, ast.Subscript):
             return self._device(e.value, dev)
@@ -317,6 +490,9 @@ class Audit:
                 return self._device(ast.Call(func=alias, args=e.args, keywords=e.keywords), dev)
             if self._ctx:  # a helper we can read: device iff it returns a device value for these arguments
                 callee = self.resolve(self._ctx[-1], e, {})
+                if callee is not None and callee.qualname.endswith(".__init__") and isinstance(fnc, ast.Name):
+                    self.summary(callee, self._call_taint(callee, e, dev))  # records what it holds on self
+                    return any(self._device(a, dev) for a in [*e.args, *(k.value for k in e.keywords)])
                 if callee is not None:
                     return self.summary(callee, self._call_taint(callee, e, dev)).returns_device
             return any(self._device(a, dev) for a in e.args)
@@ -410,7 +586,7 @@ class Audit:
 
     # one function: sinks and calls with the guard dominating each
     def summary(self, fn: Func, taint: tuple[bool, ...]) -> _Summary:
-        key = (fn.key, taint)
+        key = (fn.key, taint, self._held_attrs(fn))  # a method reads more once more is held on self
         if key in self._summaries:
             return self._summaries[key]
         out = _Summary([], [], [])
@@ -424,6 +600,16 @@ class Audit:
 
     def _summarize(self, fn: Func, taint: tuple[bool, ...], out: _Summary) -> None:
         dev = self._taint_names(fn, taint)
+        me = self._self_name(fn)
+        if me is not None:  # self.a = <device value>: held on the instance for every method of the class
+            chain = self._class_chain(fn)
+            for st in _own_nodes(fn):
+                if isinstance(st, (ast.Assign, ast.AnnAssign)) and st.value is not None and chain:
+                    targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+                    for t in targets:
+                        if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me
+                                and self._device(st.value, dev)):
+                            self._held.setdefault(chain[0], set()).add(t.attr)
         out.returns_device = any(isinstance(n, ast.Return) and self._device(n.value, dev) for n in _own_nodes(fn))
         aliases: dict[str, Func] = {}
         sink_aliases: dict[str, tuple[str, str]] = {}  # s = rt.synchronize  ->  s: (call text, kind)
@@ -598,9 +784,10 @@ class Audit:
                 out.sinks.append(_Sink(call, f"{ast.unparse(call)}  (alias of {ast.unparse(alias)})", sk.kind, guard))
             if sub.sinks:
                 return
-        if (isinstance(f, ast.Attribute) and f.attr in {"asarray", "array"} and isinstance(f.value, ast.Name)
-                and f.value.id in {"np", "numpy"} and call.args and self._device(call.args[0], dev)):
-            out.sinks.append(_Sink(call, ast.unparse(call), "d2h", guard))  # numpy conversion of a device array
+        conv = self._numpy_conversion(fn, f)
+        if conv and call.args and self._device(call.args[0], dev):  # numpy conversion of a device array
+            label = ast.unparse(call) if conv is True else f"{ast.unparse(call)}  (alias of {conv})"
+            out.sinks.append(_Sink(call, label, "d2h", guard))
             return
         callee = self.resolve(fn, call, aliases)
         if callee is not None:
@@ -608,7 +795,8 @@ class Audit:
 
     def _call_taint(self, callee: Func, call: ast.Call, dev: set[str]) -> tuple[bool, ...]:
         params = callee.params
-        offset = 1 if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute) else 0
+        bound = isinstance(call.func, ast.Attribute) or callee.qualname.endswith(".__init__")  # Helper(x): x is not self
+        offset = 1 if params and params[0] in ("self", "cls") and bound else 0
         taint = [False] * len(params)
         for i, a in enumerate(call.args):
             j = i + offset

@@ -305,6 +305,36 @@ def test_paths_without_a_kernel_exit_2_not_clean(tmp_path, capsys):
     assert "no kernel found in" in err and str(plain) in err
 
 
+def test_a_file_whose_kernels_are_all_declared_unsupported_says_so_and_is_not_an_error(tmp_path, capsys):
+    """Contract (issue 29): kernels declared capture="unsupported" are found and named, with their
+    reasons, and nothing to audit there is exit 0, not "no kernel found" (exit 2); in every format."""
+    only = str(FIXTURES / "unsupported_only_kernels.py")
+    allow = tmp_path / "none.toml"
+    allow.write_text("")
+    assert main([only, "--allowlist", str(allow)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "nothing to audit: every kernel found is declared capture=\"unsupported\"" in out
+    assert "TopKOnHost" in out and "k is read from the device" in out and "NonZeroOnHost" in out
+    assert main([only, "--allowlist", str(allow), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [u.split(" (")[0] for u in doc["unsupported"]] == ["OpKernel TopKOnHost", "OpKernel NonZeroOnHost"]
+    assert doc["entries"] == [] and doc["findings"] == [] and any("nothing to audit" in n for n in doc["notes"])
+    assert main([only, "--allowlist", str(allow), "--format", "sarif"]) == 0
+    sarif = json.loads(capsys.readouterr().out)
+    assert _sarif_errors(sarif) == [], "the notes are valid SARIF (toolExecutionNotifications)"
+    (inv,) = sarif["runs"][0]["invocations"]
+    assert any("nothing to audit" in n["message"]["text"] for n in inv["toolExecutionNotifications"])
+
+
+def test_a_file_with_only_an_unresolvable_kernel_is_a_finding_not_no_kernel(tmp_path, capsys):
+    """Contract: a kernel whose body cannot be resolved is reported (exit 1), never "no kernel found"."""
+    k = tmp_path / "k.py"
+    k.write_text("from lockstep.kernels._op import OpKernel\nOPS = [OpKernel('Opaque', None, make_body())]\n")
+    (tmp_path / "none.toml").write_text("")
+    assert main([str(k), "--allowlist", str(tmp_path / "none.toml")]) == 1
+    assert "kernel body could not be resolved statically" in capsys.readouterr().out
+
+
 def test_helper_files_beside_an_out_of_tree_kernel_are_followed(tmp_path):
     (tmp_path / "mylib.py").write_text("def wait(xp):\n    xp.cuda.get_current_stream().synchronize()\n")
     kernel = tmp_path / "mykernel.py"
