@@ -330,15 +330,9 @@ class Audit:
 
     def _class_methods(self, fn: Func) -> list[Func]:
         """The methods of ``fn``'s class (``fn`` a method, or nested in one) and of its bases in the module."""
-        mod = fn.module
-        cls = fn.cls or (fn.parent.cls if fn.parent else None)
-        out, seen = [], set()
-        while cls and cls not in seen and cls in mod.classes:
-            seen.add(cls)
-            out.extend(f for q, f in mod.functions.items() if q.startswith(f"{cls}.") and q.count(".") == 1)
-            bases = mod.classes.get(cls, [])
-            cls = bases[0] if bases else None
-        return out
+        funcs = fn.module.functions
+        return [f for _, cls in self._class_chain(fn) for q, f in funcs.items()
+                if q.startswith(f"{cls}.") and q.count(".") == 1]
 
     def _self_attr_class(self, fn: Func, attr: str) -> ast.Name | None:
         """The class of ``self.attr`` when a method of the class binds ``self.attr = Helper(...)``."""
