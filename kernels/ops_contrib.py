@@ -251,6 +251,8 @@ def _gqa_dims(node, specs):
     if q.rank != 3:
         raise node.error(f"query must be 3-D [B, S, hidden], got shape {q.shape}")
     B, S, hidden = q.shape
+    if B < 1 or S < 1:  # ORT: "total_sequence_length must be positive" for an empty prompt
+        raise node.error(f"query {list(q.shape)}: batch_size and sequence_length must be positive")
     if (k is None) != (v is None):
         raise node.error("key and value must both be present, or both absent (packed QKV)")
     heads = nq if k is not None else nq + 2 * nkv
@@ -275,6 +277,8 @@ def _gqa_dims(node, specs):
     if tsl.value is None or tsl.value.size != 1:
         raise node.error("total_sequence_length must be a one-element int32 tensor")
     T = int(np.asarray(tsl.value).reshape(-1)[0])
+    if T < 1:
+        raise node.error(f"total_sequence_length must be positive, got {T}")
     if T == P + S:
         L = T  # growing cache: present = past ++ new
     elif T <= P:

@@ -282,3 +282,16 @@ def test_onnxruntime_also_refuses_an_inconsistent_total_length():
     node, feeds, outs = _gqa_case(np.random.default_rng(6), B=1, S=3, nq=2, nkv=1, D=16, P=2, T=4)
     with pytest.raises(Exception, match="total_sequence_length"):
         _ORT.prepare(_model(node, feeds, outs))(feeds)
+
+
+@pytest.mark.parametrize("case", [
+    dict(B=1, S=0, nq=2, nkv=1, D=16, P=None, T=0),   # an empty prompt: ORT "total_sequence_length must be positive"
+    dict(B=1, S=0, nq=2, nkv=1, D=16, P=3, T=3),      # no new token after a past
+    dict(B=0, S=2, nq=2, nkv=1, D=16, P=None, T=2),   # no batch entry
+])
+def test_group_query_attention_refuses_empty_inputs(case):
+    # contract: an empty query (fuzz seed 41 case 4298: an empty input_ids into tiny-int4-genai) is an
+    # OpError naming the length, not a reshape's ValueError from the kernel's host code (KernelHostError)
+    node, feeds, outs = _gqa_case(np.random.default_rng(7), seqlens=[max(case["T"] - 1, 0)] * case["B"], **case)
+    with pytest.raises(OpError, match="must be positive"):
+        _REF.prepare(_model(node, feeds, outs))(feeds)
