@@ -6,8 +6,10 @@ SimplifiedLayerNormalization
     float32 (float64 when an operand or ``stash_type`` is double); optional ``inv_std_var`` of shape
     ``X.shape[:axis] + (1,) * (rank - axis)`` in the ``stash_type`` dtype (1: float, 11: double).
     ``Y`` has the dtype of ``scale`` (ORT's type V).  ORT itself registers this op in the ai.onnx
-    domain (``""``), which ``onnx.checker`` rejects; the reference runtime registers it under
-    ``com.microsoft`` only.
+    domain (``""``), where ONNX Runtime GenAI's builder writes it; ``onnx.checker`` has no schema
+    for it there, so the loader checks such nodes against ONNX Runtime's own schema
+    (``reference_runtime/ort_schemas.py``). Registered in both domains (ONNX Runtime 1.31 has it
+    only in the default one).
 SkipSimplifiedLayerNormalization
     ``s = input + skip (+ bias)``; ``output = s / sqrt(mean(s^2) + epsilon) * gamma`` over the
     last axis (epsilon defaults to 1e-12).  ``input`` is 2-D or 3-D; ``skip`` has the input's shape
@@ -111,6 +113,9 @@ def _sln_compute(xp, node, x, scale):
 
 
 OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain=_MS, since=1))
+# ONNX Runtime registers it in the default domain too, where GenAI's builder writes it (the loader checks
+# such nodes against ONNX Runtime's schema: reference_runtime/ort_schemas.py)
+OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain="", since=1))
 
 
 # -- SkipSimplifiedLayerNormalization ----------------------------------------------------------

@@ -9,6 +9,7 @@ file, the tensor or node, and what was wrong.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -21,6 +22,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lockstep.engines.protocol import Unsupported
+
+from .ort_schemas import validate_default_domain
 
 __all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
 
@@ -369,6 +372,25 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[int]] | Non
 # Digests of the skeletons of models load_model validated in this process (check=True), least
 # recently used out past _VALIDATED_SIZE: a model validated once (a golden model opened by every
 # test of a session, a node case prepared by two engines) is not parsed and checked again.
+_ORT_DOMAIN = "lockstep.ort_default_domain"  # where a default-domain ONNX Runtime op waits out the checker
+
+
+@contextlib.contextmanager
+def _hidden_from_checker(model: onnx.ModelProto, nodes: list[onnx.NodeProto]):
+    """``nodes`` moved to a domain onnx.checker has no schemas for (so it skips them) while the
+    block runs, then put back: the model is unchanged afterwards."""
+    domains = [n.domain for n in nodes]  # "" or "ai.onnx"
+    for n in nodes:
+        n.domain = _ORT_DOMAIN
+    model.opset_import.add(domain=_ORT_DOMAIN, version=1)
+    try:
+        yield
+    finally:
+        del model.opset_import[-1]
+        for n, d in zip(nodes, domains):
+            n.domain = d
+
+
 _VALIDATED: "OrderedDict[bytes, None]" = OrderedDict()
 _VALIDATED_SIZE = 8192
 
@@ -425,8 +447,15 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
         _check_tensors(model, None if base_dir is None else Path(base_dir), nodes)
         if check:
+            # ops ONNX Runtime registers in the default domain (SimplifiedLayerNormalization, as GenAI's
+            # builder writes it): checked against its schemas, hidden from onnx.checker, which has none
+            hidden = validate_default_domain(model, nodes, ModelError)
             try:  # the file's bytes when they are the model's (external data read in since changes them)
-                onnx.checker.check_model(data if data is not None and not external else model)
+                if hidden:
+                    with _hidden_from_checker(model, hidden):
+                        onnx.checker.check_model(model)
+                else:
+                    onnx.checker.check_model(data if data is not None and not external else model)
             except Exception as exc:
                 raise ModelError(f"model fails onnx.checker: {exc}") from exc
             from .inference import check_for_inference
