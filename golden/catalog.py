@@ -209,8 +209,11 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
     target = target if target is not None else load_file(model_path)
     card = source.get("io")
     io = DecoderIO.of(target, card)
+    oracle_card = card
     if twin is not None:
         oracle = load_file(twin)
+        # the twin's own card (its genai_config.json, its names); snapshots older than twin_io used the model's
+        oracle_card = source["twin_io"] if "twin_io" in source else card
         compared = f"the fp32 twin {twin.name}"
     elif io.logits_dtype == "float16" or io.kv_dtype == "float16":
         oracle = retyped(target, onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
@@ -228,18 +231,77 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
                   else "lockstep ref-sim, float64, the oracle's model"}
     if twin is not None:
         provenance["twin_sha256"] = file_sha256(twin)
+        _check_twin_shape(name, target, io, twin, oracle, oracle_card)
     extra = {"source": {k: v for k, v in source.items() if v is not None}}
     tokens = int(source.get("tokens", PREFIX_TOKENS))
     # the oracle's work depends only on its model, the prompt and the options: twins share it
     key = (provenance.get("twin_sha256") or provenance["model_sha256"], tuple(prompt), tokens, crosscheck,
-           json.dumps(card, sort_keys=True))
+           json.dumps(oracle_card, sort_keys=True))
     if key not in _ORACLE_RUNS:
-        _ORACLE_RUNS[key] = oracle_run(name, oracle, None if crosscheck == "none" else oracle, prompt, io_card=card,
+        _ORACLE_RUNS[key] = oracle_run(name, oracle, None if crosscheck == "none" else oracle, prompt, io_card=oracle_card,
                                        prefix_tokens=tokens, progress=progress, expected_prefix=expected_prefix,
                                        cache_inputs={"oracle_model_sha256": key[0], "card": key[4]})
+    if twin is not None and key not in _TWINS_CHECKED:
+        _check_twin_logits(name, target, io, twin, prompt, _ORACLE_RUNS[key][1][:len(prompt)])
+        _TWINS_CHECKED.add(key)
     return anchors_from_oracle(name, target, oracle, None if crosscheck == "none" else oracle, prompt,
                                provenance=provenance, io_card=card, extra=extra, prefix_tokens=tokens,
                                run=_ORACLE_RUNS[key], progress=progress)
+
+
+_TWINS_CHECKED: set[tuple] = set()
+
+
+def _check_twin_tokenizer(name: str, tokenizer: Path | None, twin_tokenizer: Path | None, twin: Path) -> None:
+    """The twin's tokenizer (``tokenizer.json`` beside it) must be the model's: the same vocabulary."""
+    if twin_tokenizer is None:
+        return
+    if tokenizer is None:
+        raise GoldenError(f"{name}: the twin {twin.name} has a tokenizer ({twin_tokenizer}) but this model is read as "
+                          "UTF-8 bytes: give its tokenizer (--tokenizer), or another twin")
+    if tokenizer.resolve() == twin_tokenizer.resolve() or tokenizer.read_bytes() == twin_tokenizer.read_bytes():
+        return
+    from .text import Text
+
+    a, b = Text.load(tokenizer, 1 << 31).tokenizer, Text.load(twin_tokenizer, 1 << 31).tokenizer
+    if a.get_vocab(with_added_tokens=True) != b.get_vocab(with_added_tokens=True):
+        raise GoldenError(f"{name}: the twin {twin.name} has another tokenizer ({twin_tokenizer}: its vocabulary "
+                          f"differs from {tokenizer}'s)")
+
+
+def _check_twin_shape(name: str, target: onnx.ModelProto, io: DecoderIO, twin: Path, oracle: onnx.ModelProto,
+                      oracle_card: dict[str, str] | None) -> None:
+    """A twin is the same model in fp32: same vocabulary, layers, KV heads and head size."""
+    tio = DecoderIO.of(oracle, oracle_card)
+    for what, a, b in (("vocabulary", io.vocab, tio.vocab), ("layers", io.n_layers, tio.n_layers),
+                       ("KV heads", io.kv_heads, tio.kv_heads), ("head size", io.head_dim, tio.head_dim)):
+        if a != b:
+            raise GoldenError(f"{name}: {twin.name} is not this model's twin: {what} {b} there, {a} here")
+
+
+def _check_twin_logits(name: str, target: onnx.ModelProto, io: DecoderIO, twin: Path, prompt: list[int],
+                       oracle_logits: np.ndarray) -> None:
+    """The model's own logits on the prompt (the reference runtime, simulated device, in the model's
+    precision) within the model's near-tie band of the twin's (the oracle's): otherwise the twin
+    computes another function (other weights, a quantized model's unquantized source) and every lock
+    would blame the engines."""
+    from lockstep.decoding import open_session, teacher_force
+    from lockstep.engines.registry import load_engine
+
+    from .anchors import ModelShape, near_tie_band
+
+    session = open_session(load_engine("ref-sim"), target, io=io)
+    own = np.asarray(teacher_force(session, list(prompt), stepwise=False, io=io), np.float64)
+    shape = ModelShape.of(target, io)
+    precision = {"float16": "fp16", "bfloat16": "bf16"}.get(shape.dtype, "fp32")
+    band = near_tie_band(shape, precision, float(np.abs(oracle_logits).max()))
+    err = float(np.abs(own - oracle_logits).max())
+    if not err <= band:
+        pos = int(np.unravel_index(np.argmax(np.abs(own - oracle_logits)), own.shape)[0])
+        raise GoldenError(f"{name}: the twin {twin.name} computes another function: on the prompt its logits differ "
+                          f"from this model's by {err:.4g} (position {pos}), over this model's {precision} band "
+                          f"{band:.4g} (a twin has the same weights in fp32; a quantized model's twin is its "
+                          f"dequantized fp32)")
 
 
 _ORACLE_RUNS: dict[tuple, tuple] = {}
@@ -329,7 +391,15 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
 
     if tokens is not None and tokens < 1:
         raise GoldenError(f"--tokens {tokens}: the recorded greedy prefix needs at least one token")
-    source = {"model": ref(model_path), "twin": ref(twin), "tokenizer": ref(tokenizer), "io": card,
+    twin_io = None
+    if twin is not None:
+        from lockstep.genai_config import card_for, tokenizer_for
+
+        if not Path(twin).is_file():
+            raise GoldenError(f"--twin {twin}: no such file")
+        twin_io = card_for(twin) or {}
+        _check_twin_tokenizer(name, Path(tokenizer) if tokenizer else None, tokenizer_for(twin), Path(twin))
+    source = {"model": ref(model_path), "twin": ref(twin), "twin_io": twin_io, "tokenizer": ref(tokenizer), "io": card,
               "prompt_text": prompt, "kv_capacity": io.capacity, "crosscheck": "float64" if crosscheck else "none",
               "tokens": tokens or PREFIX_TOKENS}
     snap = _anchors(name, model_path, Path(twin).resolve() if twin else None, ids, source, progress, target=target)

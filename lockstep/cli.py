@@ -153,12 +153,19 @@ def _named(path, exc: Exception) -> str:
     return msg if msg.startswith(str(path)) else f"{path}: {msg}"
 
 
+def _warn_bytes(tokenizer, vocab: int) -> None:
+    """A model of more than 256 tokens read as UTF-8 bytes is almost never what was meant."""
+    if tokenizer is None and vocab > 256:
+        print(f"warning: no tokenizer (no --tokenizer, no tokenizer.json beside the model): the text is read as "
+              f"UTF-8 bytes (ids 0..255) though the model has {vocab} tokens", file=sys.stderr)
+
+
 def _decode(args: argparse.Namespace) -> int:
     """Greedy decode of a prompt on any registered engine; prints the text, token ids and counters."""
     import json
     from pathlib import Path
 
-    from lockstep.decoder_io import ModelCardError, NotADecoder, StepError, card_path_for, parse_io_option, read_card
+    from lockstep.decoder_io import ModelCardError, NotADecoder, StepError
     from lockstep.kernels._op import OpError
     from lockstep.reference_runtime.errors import CudaError
     from lockstep.decoding import greedy, open_session
@@ -193,11 +200,13 @@ def _decode(args: argparse.Namespace) -> int:
         raise CliError(f"engine {engine.name} is unavailable here: {why}")
     try:
         model, _ = load_model(path)
-        card = parse_io_option(args.io) if args.io else (read_card(card_path_for(path))
-                                                         if card_path_for(path).is_file() else None)
         from lockstep.decoder_io import DecoderIO
+        from lockstep.genai_config import card_for, tokenizer_for
 
+        card = card_for(path, args.io)
         io = DecoderIO.of(model, card)
+        tokenizer = tokenizer or tokenizer_for(path)
+        _warn_bytes(tokenizer, io.vocab)
         text = Text.load(tokenizer, io.vocab)
         prompt = text.encode(args.prompt)
         if not prompt:
@@ -297,7 +306,8 @@ def _golden(args: argparse.Namespace) -> int:
 
 def _golden_add(args: argparse.Namespace) -> int:
     """Record a golden snapshot for the user's model from the fp32 oracle."""
-    from lockstep.decoder_io import ModelCardError, NotADecoder, card_path_for, parse_io_option, read_card
+    from lockstep.decoder_io import ModelCardError, NotADecoder
+    from lockstep.genai_config import card_for, tokenizer_for
     from lockstep.golden.anchors import OracleDisagreement
     from lockstep.golden.catalog import GoldenError, add_model
     from lockstep.golden.text import TokenizerError
@@ -307,10 +317,9 @@ def _golden_add(args: argparse.Namespace) -> int:
         raise CliError(f"--name {args.name!r}: a plain name (it becomes <dir>/<name>.json)")
     _utf8("--prompt", args.prompt)
     try:
-        card = parse_io_option(args.io) if args.io else None
-        if card is None and card_path_for(args.model).is_file():
-            card = read_card(card_path_for(args.model))
-        path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=args.tokenizer,
+        card = card_for(args.model, args.io)
+        tokenizer = args.tokenizer or tokenizer_for(args.model)
+        path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=tokenizer,
                          twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print)
     except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,
             FileNotFoundError) as exc:

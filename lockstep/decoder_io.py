@@ -25,6 +25,11 @@ found and how to say it explicitly: a model card (``<model>.lockstep.toml`` next
     past = "cache.{layer}.{kind}"      # {layer} 0.., {kind} key|value
     present = "next_cache.{layer}.{kind}"
     kv_layout = "BNSH"                 # or "BSNH"
+    head_size = 64                     # when the past inputs leave it symbolic
+    kv_capacity = 4096                 # a shared past/present buffer of this many positions
+
+``genai_config.json`` beside the model (ONNX Runtime GenAI's builder writes it) is read as the
+lowest layer of the card (``lockstep.genai_config``): names, head size, shared-buffer capacity.
 
 Decoding is batch 1: a model whose batch axis is fixed to another size is refused.
 
@@ -56,7 +61,9 @@ import onnx
 __all__ = ["DecoderIO", "NotADecoder", "KVCacheTooLarge", "ModelCardError", "StepError", "ContextLimitExceeded",
            "read_card", "parse_io_option", "card_path_for", "position_limit", "ROLES"]
 
-ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout")
+ROLES = ("input_ids", "attention_mask", "position_ids", "logits", "past", "present", "kv_layout", "head_size",
+         "kv_capacity")
+_SIZES = ("head_size", "kv_capacity")  # roles that are sizes, not names
 _EXTRAS = {"num_logits_to_keep": "zero (all logits)", "logits_to_keep": "zero (all logits)",
            "cache_position": "the positions of the step's tokens"}
 _PAST_DEFAULT = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -156,6 +163,14 @@ def _check_roles(io: Mapping[str, Any], where: str) -> dict[str, str]:
     unknown = sorted(set(io) - set(ROLES))
     if unknown:
         raise ModelCardError(f"{where}: unknown role(s) {unknown}; roles: {', '.join(ROLES)}")
+    io = dict(io)
+    for role in _SIZES:
+        if role in io:
+            v = io[role]
+            n = v if isinstance(v, int) and not isinstance(v, bool) else int(v) if isinstance(v, str) and v.isdigit() else None
+            if n is None or n < 1:
+                raise ModelCardError(f"{where}: {role} must be a positive integer, got {v!r}")
+            io[role] = str(n)
     bad = {k: v for k, v in io.items() if not isinstance(v, str)}
     if bad:
         raise ModelCardError(f"{where}: each role maps to a name (a string): {bad}")
@@ -272,14 +287,21 @@ class DecoderIO:
 
     def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
         """The non-cache feeds of a step appending ``ids`` at ``position`` (batch 1): ids, the
-        attention mask over every key so far (all ones: no padding), positions, extras."""
+        attention mask, positions, extras. The mask marks the filled positions (every key so far,
+        ``position + n``; no padding): a growing cache's mask has that length; a fixed-capacity
+        (shared past/present) buffer's mask has the capacity's length, ones over the filled positions
+        and zeros beyond (one shape for every step, so captured graphs and fixed bindings hold;
+        GroupQueryAttention reads seqlens_k = ReduceSum(mask) - 1 and attends those keys only). A mask
+        of ones over the whole capacity would let the query attend the empty slots."""
         ids = np.asarray([list(ids)], self.feed_dtypes.get(self.input_ids, np.int64))
         n = ids.shape[1]
         positions = np.arange(position, position + n)
         feeds = {self.input_ids: ids}
         if self.attention_mask:
-            total = self.capacity or position + n
-            feeds[self.attention_mask] = np.ones((1, total), self.feed_dtypes[self.attention_mask])
+            filled = position + n
+            mask = np.zeros((1, self.capacity or filled), self.feed_dtypes[self.attention_mask])
+            mask[:, :filled] = 1
+            feeds[self.attention_mask] = mask
         if self.position_ids:
             feeds[self.position_ids] = positions[None, :].astype(self.feed_dtypes[self.position_ids])
         for name, role in self.extras.items():
@@ -373,6 +395,9 @@ class DecoderIO:
                 d = _dims(vi)
                 if len(d) != 2:
                     raise fail(f"{vi.name} must be [batch, sequence], got {d}")
+                if vi.name == mask and isinstance(d[1], int) and d[1] != capacity:
+                    raise fail(f"{vi.name} {d}: a mask of fixed length {d[1]} needs a KV cache of that capacity "
+                               f"(the past inputs hold {capacity or 'a growing number of'} positions)")
                 if isinstance(d[0], int) and d[0] not in (0, 1):
                     raise NotADecoder(f"{vi.name}: batch axis fixed to {d[0]}; lockstep decodes batch 1 "
                                       "(re-export with a symbolic or unit batch axis)")
@@ -397,8 +422,15 @@ class DecoderIO:
         d = _dims(vi)
         if len(d) != 4:
             raise fail(f"{vi.name} must be rank 4 [batch, kv heads, sequence, head size] (or BSNH), got {d}")
+        if "head_size" in card:
+            want = int(card["head_size"])
+            if isinstance(d[3], int) and d[3] != want:
+                raise ModelCardError(f"model card: head_size {want}, but {vi.name} {d} declares {d[3]}")
+            d[3] = want
         if not isinstance(d[3], int) or not d[3]:
-            raise fail(f"{vi.name}: the head size (last axis) must be a fixed positive size, got {d}")
+            raise fail(f"{vi.name}: the head size (last axis) must be a fixed positive size, got {d} (a model card's "
+                       f"head_size says it: genai_config.json's model.decoder.head_size is read when it is beside the "
+                       f"model)")
         symbolic = [a for a in (1, 2) if not isinstance(d[a], int)]
         if "kv_layout" in card:
             axis = 2 if card["kv_layout"] == "BNSH" else 1
@@ -418,6 +450,12 @@ class DecoderIO:
             raise NotADecoder(f"{vi.name}: batch axis fixed to {d[0]}; lockstep decodes batch 1 "
                               "(re-export with a symbolic or unit batch axis)")
         capacity = d[axis] if isinstance(d[axis], int) else 0
+        if "kv_capacity" in card:  # a shared past/present buffer of this many positions
+            want = int(card["kv_capacity"])
+            if capacity and capacity != want:
+                raise ModelCardError(f"model card: kv_capacity {want}, but {vi.name} {d} declares {capacity} on "
+                                     f"axis {axis}")
+            capacity = want
         if isinstance(d[axis], int) and not capacity:
             raise fail(f"{vi.name} {d}: the sequence axis ({axis}) is fixed to 0: a cache of no positions "
                        "holds nothing (a growing cache has a symbolic sequence axis, a fixed one its capacity)")
