@@ -48,7 +48,11 @@ GroupQueryAttention
       ``j <= p_b + s`` (``causal=1``), and ``j > p_b + s - local_window_size`` when the window is
       positive.  Scores are ``scale * q.k`` (default ``1/sqrt(D)``), soft-capped as
       ``softcap * tanh(x / softcap)`` when ``softcap > 0``.  A row with no key gives zeros.
-    * Refused with ``node.error``: ``smooth_softmax=1``, ``sliding_window_cache``, quantised KV
+    * ``sliding_window_cache=1`` (Gemma 2's local layers from GenAI's builder): accepted for a static
+      cache that holds every position (``T <= P``), where nothing is evicted and the op computes what
+      ``local_window_size`` alone does (ORT 1.31.1 gives bit-identical logits with and without the
+      attribute there); a window-sized buffer that would evict is refused.
+    * Refused with ``node.error``: ``smooth_softmax=1``, quantised KV
       caches, ``qk_output``/``output_qk``, and the inputs position_ids, attention_bias, head_sink,
       k_scale, v_scale, q_norm_weight, k_norm_weight.
 """
@@ -225,7 +229,7 @@ def _gqa_attrs(node):
     smooth = int(node.attr("smooth_softmax", 0))
     if smooth not in (0, -1):
         raise node.error(f"smooth_softmax={smooth} is not supported (only 0)")
-    for key in ("sliding_window_cache", "qk_output", "kv_cache_bit_width"):
+    for key in ("qk_output", "kv_cache_bit_width"):
         if int(node.attr(key, 0)):
             raise node.error(f"attribute {key}={node.attr(key)} is not supported")
     for key in ("k_quant_type", "v_quant_type"):
@@ -237,6 +241,11 @@ def _gqa_attrs(node):
         raise node.error(f"causal={causal} must be 0 or 1")
     if not causal and window != -1:
         raise node.error(f"local_window_size={window} must be -1 when causal is 0")
+    sliding = int(node.attr("sliding_window_cache", 0))
+    if sliding not in (0, 1):
+        raise node.error(f"sliding_window_cache={sliding} must be 0 or 1")
+    if sliding and window < 1:
+        raise node.error(f"sliding_window_cache=1 needs a positive local_window_size, got {window}")
     softcap = float(node.attr("softcap", 0.0))
     if softcap < 0:
         raise node.error(f"softcap={softcap} must be >= 0")
@@ -291,6 +300,12 @@ def _gqa_dims(node, specs):
     else:
         raise node.error(f"total_sequence_length={T} must equal past_sequence_length + sequence_length "
                          f"({P} + {S}) for a growing cache, or be at most past_sequence_length for a static cache")
+    if int(node.attr("sliding_window_cache", 0)) and not (pk is not None and T <= P):
+        # a window-sized buffer ORT evicts from; a buffer that holds every position (T <= P) needs no
+        # eviction and computes what local_window_size alone does (ORT 1.31: bit-identical logits)
+        raise node.error(f"sliding_window_cache=1 with total_sequence_length={T} and a past buffer of {P} positions: "
+                         "only a shared buffer that holds every position (total <= capacity) is supported, not "
+                         "eviction from a window-sized buffer")
     if S > 1 and S != T and B != 1:
         raise node.error("batch_size must be 1 when sequence_length > 1 and past context is given")
     rd = 0
