@@ -10,6 +10,9 @@ SimplifiedLayerNormalization
     for it there, so the loader checks such nodes against ONNX Runtime's own schema
     (``reference_runtime/ort_schemas.py``). Registered in both domains (ONNX Runtime 1.31 has it
     only in the default one).
+QuickGelu
+    ``Y = X * sigmoid(alpha * X)`` (``alpha`` defaults to 1.702), computed in float32 (float64 for
+    double), as Optimum's ``--optimize O2`` fuses the SiLU-like activation of Llama-family MLPs.
 SkipSimplifiedLayerNormalization
     ``s = input + skip (+ bias)``; ``output = s / sqrt(mean(s^2) + epsilon) * gamma`` over the
     last axis (epsilon defaults to 1e-12).  ``input`` is 2-D or 3-D; ``skip`` has the input's shape
@@ -78,6 +81,25 @@ def _cast(x, dtype):
 
 def _specs(specs, n):
     return list(specs) + [None] * (n - len(specs))
+
+
+# -- QuickGelu (Optimum's O2 fusion of x * sigmoid(1.702 x)) ------------------------------------
+
+def _quick_gelu_shapes(node, specs):
+    x = specs[0]
+    if np.dtype(x.dtype).kind != "f":
+        raise node.error(f"input must be a floating-point tensor, got {np.dtype(x.dtype).name}")
+    return [Spec(x.shape, x.dtype)]
+
+
+def _quick_gelu_compute(xp, node, x):
+    alpha = float(node.attr("alpha", 1.702))
+    work = work_dtype(x.dtype)
+    xf = x.astype(work)
+    return (_cast(xf / (1 + xp.exp(-work.type(alpha) * xf)), x.dtype),)
+
+
+OPS.append(OpKernel("QuickGelu", _quick_gelu_shapes, _quick_gelu_compute, domain=_MS, since=1))
 
 
 # -- SimplifiedLayerNormalization --------------------------------------------------------------

@@ -379,6 +379,12 @@ class DecoderIO:
                        f"position_ids, {', '.join(_EXTRAS)} and the past key/values)")
 
         ordered = [pasts[(layer, k)] for layer in layers for k in ("key", "value")]
+        for key in [(layer, k) for layer in layers for k in ("key", "value")]:
+            pt, qt = pasts[key].type.tensor_type.elem_type, presents[key].type.tensor_type.elem_type
+            if pt != qt:  # Optimum's fp16 Gemma 2/3 exports: present.1.* float32 beside float16 pasts
+                raise NotADecoder(f"not a decoder lockstep can drive: {presents[key].name} is {onnx.helper.tensor_dtype_to_np_dtype(qt).name if qt else 'untyped'} "
+                           f"but {pasts[key].name} is {onnx.helper.tensor_dtype_to_np_dtype(pt).name if pt else 'untyped'}: a "
+                           f"present is fed back as the next step's past, so their types must agree (an exporter bug)")
         roles = [by_in[n] for n in (input_ids, mask, positions) if n] + ordered + [by_in[n] for n in extras]
         for vi in [*roles, by_out[logits], *presents.values()]:
             d = _dims(vi)

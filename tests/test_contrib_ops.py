@@ -318,3 +318,12 @@ def test_group_query_attention_refuses_a_sliding_window_cache_that_would_evict()
                                   attrs=dict(local_window_size=3, sliding_window_cache=1))
     with pytest.raises(OpError, match="sliding_window_cache=1 with total_sequence_length=7 and a past buffer of 6"):
         _REF.prepare(_model(node, feeds, outs))(feeds)
+
+
+@pytest.mark.parametrize("alpha,dt", [(None, np.float32), (1.0, np.float32), (2.5, np.float64)])
+def test_quick_gelu(alpha, dt):
+    # result: ONNX Runtime's CPU kernel (Optimum's --optimize O2 writes it for Llama's SiLU)
+    x = (np.random.default_rng(9).standard_normal((2, 3, 8)) * 4).astype(dt)
+    node = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft",
+                            **({} if alpha is None else {"alpha": alpha}))
+    _compare(_model(node, {"x": x}, [("y", _ELEM[np.dtype(dt)], 3)]), {"x": x}, dtype=dt)
