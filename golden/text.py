@@ -44,7 +44,9 @@ class Text:
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             return list(text.encode("utf-8"))
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        # the tokenizer's own post-processor applies (a BOS the exporter's tokenizer.json prepends), as
+        # transformers' tokenizer(text) does: the prompt the model was exported to see
+        return list(self.tokenizer.encode(text, add_special_tokens=True).ids)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

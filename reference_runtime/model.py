@@ -457,7 +457,8 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
                 else:
                     onnx.checker.check_model(data if data is not None and not external else model)
             except Exception as exc:
-                raise ModelError(f"model fails onnx.checker: {exc}") from exc
+                # one line: the checker's message carries a "\n\n==> Context:" trailer
+                raise ModelError(f"model fails onnx.checker: {' '.join(str(exc).split())}") from exc
             from .inference import check_for_inference
 
             check_for_inference(model, nodes)

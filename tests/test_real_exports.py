@@ -1,0 +1,130 @@
+"""Models the real exporters wrote (issue 30): ONNX Runtime GenAI's model builder and Hugging Face
+Optimum, from tiny random-init transformers models (``scripts/real_exports.py``; the outputs and
+their manifest are committed in ``golden/exports/``, the exporters are not CI dependencies).
+
+Results (not lockstep contracts): every fp32 export for the CPU decodes to transformers' own greedy
+ids on ref-sim (capture off and on) and on ort-cpu; each known disagreement is an exporter's, listed
+in ``EXPORTER_FINDINGS`` with the reason, and fails this test the day it goes away (strict xfail).
+Contracts: the shared-buffer mask (GenAI's default) covers the filled positions only; lockstep reads
+what the builder states in genai_config.json (head size, shared buffer) and the tokenizer beside
+the model; an export it cannot run is a named error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lockstep.decoder_io import DecoderIO, NotADecoder
+from lockstep.decoding import greedy, open_session
+from lockstep.engines import Unsupported
+from lockstep.engines.registry import load_engine
+from lockstep.genai_config import card_for, describe, tokenizer_for
+from lockstep.reference_runtime.model import ModelError, load_model
+
+ROOT = Path(__file__).resolve().parent.parent / "golden" / "exports"
+MANIFEST = json.loads((ROOT / "manifest.json").read_text())
+EXPORTS = {e["path"]: e for e in MANIFEST["exports"]}
+
+# the exporter computes another function than transformers: lockstep's engines and ONNX Runtime agree
+# with each other and disagree with transformers at the same position
+EXPORTER_FINDINGS = {
+    "genai/mistral-fp32-cpu": "onnxruntime-genai 0.18.0's builder ignores Mistral's sliding_window (8): "
+                              "local_window_size=-1 on every GroupQueryAttention and genai_config sliding_window "
+                              "layers []; transformers attends a window of 8, the prompt is 9 tokens",
+    "optimum/gemma2-fp32": "optimum-onnx's Gemma 2 export diverges from transformers 4.57 at token 2 "
+                           "(ONNX Runtime CPU too)",
+}
+# the builder's -p fp32 -e cuda graphs: ONNX Runtime's CPU provider refuses to load them as well
+BROKEN = sorted(p for p, e in EXPORTS.items() if e.get("ep") == "cuda" and e["precision"] == "fp32")
+FP32_CPU = sorted(p for p, e in EXPORTS.items() if e["precision"] == "fp32" and p not in BROKEN)
+ENGINES = [("ref-sim", False), ("ref-sim", True), ("ort-cpu", False)]
+
+
+def _decode(path: str, engine: str, capture: bool) -> list[int]:
+    e = EXPORTS[path]
+    model_path = ROOT / path / "model.onnx"
+    eng = load_engine(engine)
+    ok, why = eng.available()
+    if not ok:
+        pytest.skip(f"{engine}: {why}")
+    model, _ = load_model(model_path)
+    io = DecoderIO.of(model, card_for(model_path))
+    try:
+        session = open_session(eng, model, capture=capture, io=io)
+    except Unsupported as exc:  # an op lockstep has no kernel for yet: a counted skip naming it
+        pytest.skip(f"{path} on {engine}: {exc}")
+    return greedy(session, e["prompt_ids"], len(e["transformers_greedy_ids"])).tokens
+
+
+def _params(paths):
+    out = []
+    for p in paths:
+        marks = [pytest.mark.xfail(reason=EXPORTER_FINDINGS[p], strict=True)] if p in EXPORTER_FINDINGS else []
+        for engine, capture in ENGINES:
+            out.append(pytest.param(p, engine, capture, marks=marks, id=f"{p}-{engine}{'-capture' if capture else ''}"))
+    return out
+
+
+@pytest.mark.parametrize("path,engine,capture", _params(FP32_CPU))
+def test_fp32_export_decodes_to_transformers_greedy_ids(path, engine, capture):
+    # result: the independent reference is transformers' own greedy decode of the same weights
+    got = _decode(path, engine, capture)
+    want = EXPORTS[path]["transformers_greedy_ids"]
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert first is None, f"{path} on {engine}: first difference at token {first}: {got} vs transformers {want}"
+
+
+def test_the_set_covers_both_exporters_and_eight_architectures():
+    # result: what the committed set holds (a regeneration that drops an architecture shows here)
+    archs = {e["architecture"] for e in EXPORTS.values()}
+    assert archs >= {"llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "mistral"}
+    for exporter in ("genai", "optimum"):
+        assert {e["architecture"] for e in EXPORTS.values() if e["exporter"] == exporter} == archs
+
+
+@pytest.mark.contract("decoder_io.shared_buffer_mask_covers_the_filled_positions")
+def test_the_shared_buffer_mask_covers_the_filled_positions():
+    """A fixed-capacity (shared past/present) buffer's mask marks the filled positions, never the empty slots."""
+    # contract: GenAI's builder shares past and present (a buffer of search.max_length positions); the
+    # mask must mark the filled positions only. With ones over the whole buffer every engine attends the
+    # empty slots (before the fix: ref-sim and ort-cpu differed from transformers at token 0).
+    path = ROOT / "genai/llama-fp32-cpu/model.onnx"
+    cfg = describe(path)
+    assert cfg is not None and cfg.share_buffer
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    assert io.capacity == cfg.max_length and io.head_dim == cfg.head_size
+    for position, n in ((0, 9), (9, 1), (30, 1)):
+        mask = io.step_feeds([1] * n, position)[io.attention_mask]
+        assert mask.shape == (1, io.capacity)
+        assert mask[0, :position + n].all() and not mask[0, position + n:].any()
+
+
+def test_the_tokenizer_beside_the_export_is_its_own():
+    # contract: both exporters write tokenizer.json beside model.onnx; lockstep finds it, and it encodes
+    # the manifest's prompt to transformers' ids
+    from lockstep.golden.text import Text
+
+    for path in ("genai/llama-fp32-cpu", "optimum/llama-fp32"):
+        tok = tokenizer_for(ROOT / path / "model.onnx")
+        assert tok is not None
+        assert Text.load(tok, 1 << 16).encode(MANIFEST["prompt"]["text"]) == MANIFEST["prompt"]["ids"]
+
+
+@pytest.mark.parametrize("path", BROKEN)
+def test_an_export_onnx_runtime_cannot_load_is_refused_with_a_named_error(path):
+    # result about the exporter (onnxruntime-genai 0.18.0, -p fp32 -e cuda: its present outputs come from no
+    # node, or an input marked single is fed twice), and a contract for lockstep: a one-line ModelError naming
+    # the file at load, where ONNX Runtime's CPU provider refuses the file too
+    ort = pytest.importorskip("onnxruntime")
+    model_path = ROOT / path / "model.onnx"
+    with pytest.raises(ModelError) as info:
+        load_model(model_path)
+    msg = str(info.value)
+    assert str(model_path) in msg and "onnx.checker" in msg and "\n" not in msg.strip()
+    with pytest.raises(Exception, match="Load model"):
+        ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
