@@ -276,7 +276,7 @@ def _check_twin_shape(name: str, target: onnx.ModelProto, io: DecoderIO, twin: P
     for what, a, b in (("vocabulary", io.vocab, tio.vocab), ("layers", io.n_layers, tio.n_layers),
                        ("KV heads", io.kv_heads, tio.kv_heads), ("head size", io.head_dim, tio.head_dim)):
         if a != b:
-            raise GoldenError(f"{name}: {twin.name} is not this model's twin: {what} {b} there, {a} here")
+            raise GoldenError(f"{name}: {twin} is not this model's twin: {what} {b} there, {a} here")
 
 
 def _check_twin_logits(name: str, target: onnx.ModelProto, io: DecoderIO, twin: Path, prompt: list[int],
@@ -298,7 +298,7 @@ def _check_twin_logits(name: str, target: onnx.ModelProto, io: DecoderIO, twin: 
     err = float(np.abs(own - oracle_logits).max())
     if not err <= band:
         pos = int(np.unravel_index(np.argmax(np.abs(own - oracle_logits)), own.shape)[0])
-        raise GoldenError(f"{name}: the twin {twin.name} computes another function: on the prompt its logits differ "
+        raise GoldenError(f"{name}: the twin {twin} computes another function: on the prompt its logits differ "
                           f"from this model's by {err:.4g} (position {pos}), over this model's {precision} band "
                           f"{band:.4g} (a twin has the same weights in fp32; a quantized model's twin is its "
                           f"dequantized fp32)")

@@ -309,6 +309,39 @@ class DecoderIO:
             feeds[name] = positions.astype(dt) if role == "cache_position" else np.array(0, dt)
         return feeds
 
+    def fixed_model(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """``model`` with the shapes this fixed-capacity decode feeds written into its declared I/O:
+        a past/present sequence axis, head size or mask length that the graph leaves symbolic (GenAI's
+        builder: ``past_sequence_length``, ``kv_cache_dim``, ``total_sequence_length``, bound by
+        genai_config.json's shared buffer) becomes the capacity and head size. A runtime then sees
+        nothing that grows from step to step, as for a model that declares its capacity. The model
+        itself when there is nothing to bind (a growing cache, or dims already fixed)."""
+        if not self.capacity:
+            return model
+        kv = {*self.pasts, *self.present_of.values()}
+        todo = []
+        for vi in [*model.graph.input, *model.graph.output]:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name in kv and len(dims) == 4:
+                want = {self.seq_axis: self.capacity, 3: self.head_dim}
+            elif vi.name == self.attention_mask and len(dims) == 2:
+                want = {1: self.capacity}
+            else:
+                continue
+            if any(not dims[a].HasField("dim_value") for a in want):
+                todo.append((vi.name, want))
+        if not todo:
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        by_name = {vi.name: vi for vi in [*out.graph.input, *out.graph.output]}
+        for name, want in todo:
+            dims = by_name[name].type.tensor_type.shape.dim
+            for a, n in want.items():
+                dims[a].Clear()
+                dims[a].dim_value = n
+        return out
+
     # -- detection ------------------------------------------------------------------------------
     @classmethod
     def of(cls, model: onnx.ModelProto, card: Mapping[str, str] | None = None) -> "DecoderIO":

@@ -190,6 +190,8 @@ class RefDecoder:
         from .executor import Executor
 
         self.rt = runtime
+        if io is not None:  # a shared buffer the graph declares symbolic: run the shapes it is fed
+            model = io.fixed_model(model)
         self.ex = Executor(model, runtime)
         self.io = io = io or DecoderIO.of(self.ex.model)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity

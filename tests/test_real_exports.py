@@ -128,3 +128,45 @@ def test_an_export_onnx_runtime_cannot_load_is_refused_with_a_named_error(path):
     assert str(model_path) in msg and "onnx.checker" in msg and "\n" not in msg.strip()
     with pytest.raises(Exception, match="Load model"):
         ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.contract("decoder_io.fixed_model_binds_the_shared_buffer_shapes")
+def test_the_shared_buffer_shapes_are_bound_for_the_runtime():
+    """A shared buffer the graph declares symbolic is run with the capacity and head size bound."""
+    # contract: the builder declares past/present as [batch, kv_heads, 'past_sequence_length', 'kv_cache_dim']
+    # and the mask as [batch, 'total_sequence_length']; genai_config.json fixes them (max_length, head_size).
+    # fixed_model writes those into the declared I/O so nothing a fixed-capacity step sees can grow
+    path = ROOT / "genai/llama-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    fixed = io.fixed_model(model)
+    assert fixed is not model
+    decl = {vi.name: [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+            for vi in [*fixed.graph.input, *fixed.graph.output]}
+    for name in [*io.pasts, *io.present_of.values()]:
+        assert decl[name][io.seq_axis] == io.capacity and decl[name][3] == io.head_dim, (name, decl[name])
+    assert decl[io.attention_mask][1] == io.capacity
+    assert io.fixed_model(fixed) is fixed, "contract: nothing left to bind returns the model itself"
+    # the original is untouched (a session's model is the user's)
+    orig = {vi.name: vi for vi in model.graph.input}
+    assert not orig[io.pasts[0]].type.tensor_type.shape.dim[io.seq_axis].HasField("dim_value")
+
+
+@pytest.mark.capture
+@pytest.mark.contract("reference_runtime.capture_one_graph_per_fixed_capacity_step")
+def test_a_builder_export_captures_one_graph_and_replays_it():
+    """A builder export (shared buffer) captures its one-token step once on ref-sim and replays it, byte-identical."""
+    # contract: as for lockstep's own fixed-capacity models: one graph, every later step replayed (before
+    # fixed_model the symbolic past/mask shapes made the runtime capture a new graph at every step: 5 of 1)
+    eng = load_engine("ref-sim")
+    path = ROOT / "genai/llama-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    prompt, tokens = EXPORTS["genai/llama-fp32-cpu"]["prompt_ids"], 8
+    on = greedy(open_session(eng, model, capture=True, io=io), prompt, tokens)
+    off = greedy(open_session(eng, model, capture=False, io=io), prompt, tokens)
+    assert on.capture.captures == 1 and on.capture.fallbacks == 0, on.capture
+    assert on.capture.replays == tokens - 2, on.capture
+    from lockstep.decoding import first_divergence
+
+    assert first_divergence(on, off) is None, "result: capture on and off byte-identical"
