@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,10 +34,14 @@ from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anc
 from .models.spec import PROMPT, VARIANTS
 from .oracle import ORACLE, retyped
 
-__all__ = ["GoldenModel", "builtin_models", "trained_models", "dir_models", "catalog", "add_model", "GoldenError",
+__all__ = ["GoldenModel", "builtin_models", "trained_models", "export_models", "dir_models", "catalog", "add_model", "GoldenError",
            "TRAINED_DIR"]
 
 TRAINED_DIR = Path(__file__).resolve().parent / "trained"
+# Real exporters' outputs (ONNX Runtime GenAI's builder, Optimum; scripts/real_exports.py) and their
+# snapshots (scripts/lock_exports.py writes them; `lockstep golden regenerate` recomputes them)
+EXPORTS_DIR = Path(__file__).resolve().parent / "exports"
+EXPORT_SNAPSHOTS = EXPORTS_DIR / "snapshots"
 
 # The trained models: built on demand from a public checkpoint; their snapshots are in TRAINED_DIR.
 _SMOLLM2 = {"builder": "lockstep.golden.smollm2:model_path", "tokenizer": "builder",
@@ -56,7 +61,7 @@ class GoldenError(ValueError):
 @dataclass
 class GoldenModel:
     name: str
-    kind: str                  # builtin | trained | user
+    kind: str                  # builtin | trained | export | user
     snapshot_path: Path
     _path: Path | None = None  # the model file, when known without building
     _builder: str | None = None  # "module:function" building a trained model, called with flavour
@@ -148,7 +153,7 @@ class GoldenModel:
             raise ModelChanged(
                 f"model changed: regenerate ({self.name}: snapshot sha256 {str(prov.get('model_sha256'))[:12]}…, file "
                 f"{self.model_path()} {sha[:12]}…). Run `lockstep golden regenerate --model {self.name}"
-                f"{'' if self.kind == 'trained' else ' --dir ' + str(self.snapshot_path.parent)}` and review the diff.")
+                f"{'' if self.kind in ('trained', 'export') else ' --dir ' + str(self.snapshot_path.parent)}` and review the diff.")
 
     def compute_anchors(self, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Anchors from the oracle, with the same rules as when the snapshot was first written."""
@@ -252,20 +257,26 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
 _TWINS_CHECKED: set[tuple] = set()
 
 
-def _check_twin_tokenizer(name: str, tokenizer: Path | None, twin_tokenizer: Path | None, twin: Path) -> None:
-    """The twin's tokenizer (``tokenizer.json`` beside it) must be the model's: the same vocabulary."""
+def _check_twin_tokenizer(name: str, tokenizer: Path | None, twin_tokenizer: Path | None, twin: Path,
+                          vocab: int) -> None:
+    """The twin's tokenizer (``tokenizer.json`` beside it) must be the model's: the same vocabulary over the
+    model's ``vocab`` ids (an added special token past the embedding table, as transformers 5 saves for
+    Qwen2, is no token of the model)."""
     if twin_tokenizer is None:
         return
     if tokenizer is None:
-        raise GoldenError(f"{name}: the twin {twin.name} has a tokenizer ({twin_tokenizer}) but this model is read as "
+        raise GoldenError(f"{name}: the twin {twin} has a tokenizer ({twin_tokenizer}) but this model is read as "
                           "UTF-8 bytes: give its tokenizer (--tokenizer), or another twin")
     if tokenizer.resolve() == twin_tokenizer.resolve() or tokenizer.read_bytes() == twin_tokenizer.read_bytes():
         return
     from .text import Text
 
     a, b = Text.load(tokenizer, 1 << 31).tokenizer, Text.load(twin_tokenizer, 1 << 31).tokenizer
-    if a.get_vocab(with_added_tokens=True) != b.get_vocab(with_added_tokens=True):
-        raise GoldenError(f"{name}: the twin {twin.name} has another tokenizer ({twin_tokenizer}: its vocabulary "
+    def within(t):
+        return {tok: i for tok, i in t.get_vocab(with_added_tokens=True).items() if i < vocab}
+
+    if within(a) != within(b):
+        raise GoldenError(f"{name}: the twin {twin} has another tokenizer ({twin_tokenizer}: its vocabulary "
                           f"differs from {tokenizer}'s)")
 
 
@@ -336,6 +347,13 @@ def trained_models() -> list[GoldenModel]:
             for name, src in TRAINED.items()]
 
 
+def export_models() -> list[GoldenModel]:
+    """The real exporters' models lockstep locks (``exports/snapshots/*.json``, kind ``export``)."""
+    if not EXPORT_SNAPSHOTS.is_dir():
+        raise GoldenError(f"{EXPORT_SNAPSHOTS}: missing (the package was installed without golden/exports)")
+    return [_from_snapshot(p, "export") for p in sorted(EXPORT_SNAPSHOTS.glob("*.json"))]
+
+
 def dir_models(directory: str | Path) -> list[GoldenModel]:
     """The user's golden models: every ``*.json`` snapshot in ``directory``."""
     d = Path(directory)
@@ -348,8 +366,8 @@ def dir_models(directory: str | Path) -> list[GoldenModel]:
 
 
 def catalog(golden_dirs: list[str | Path] = ()) -> list[GoldenModel]:
-    """Built-in, trained, then each directory's models; names are unique."""
-    models = [*builtin_models(), *trained_models()]
+    """Built-in, trained, the real exports, then each directory's models; names are unique."""
+    models = [*builtin_models(), *trained_models(), *export_models()]
     for d in golden_dirs:
         models += dir_models(d)
     seen: dict[str, GoldenModel] = {}
@@ -383,11 +401,12 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
     def ref(p: str | Path | None) -> str | None:
         if p is None:
             return None
-        p = Path(p).resolve()
-        try:
-            return str(p.relative_to(directory.resolve()))
-        except ValueError:
+        # relative to the snapshot's folder wherever they share a root: a committed snapshot must
+        # name its model from the repository, not from the machine that wrote it
+        p, d = Path(p).resolve(), directory.resolve()
+        if os.path.commonpath([p, d]) == p.anchor:
             return str(p)
+        return os.path.relpath(p, d)
 
     if tokens is not None and tokens < 1:
         raise GoldenError(f"--tokens {tokens}: the recorded greedy prefix needs at least one token")
@@ -398,7 +417,7 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
         if not Path(twin).is_file():
             raise GoldenError(f"--twin {twin}: no such file")
         twin_io = card_for(twin) or {}
-        _check_twin_tokenizer(name, Path(tokenizer) if tokenizer else None, tokenizer_for(twin), Path(twin))
+        _check_twin_tokenizer(name, Path(tokenizer) if tokenizer else None, tokenizer_for(twin), Path(twin), io.vocab)
     source = {"model": ref(model_path), "twin": ref(twin), "twin_io": twin_io, "tokenizer": ref(tokenizer), "io": card,
               "prompt_text": prompt, "kv_capacity": io.capacity, "crosscheck": "float64" if crosscheck else "none",
               "tokens": tokens or PREFIX_TOKENS}

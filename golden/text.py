@@ -13,9 +13,10 @@ class TokenizerError(ValueError):
 
 
 class Text:
-    def __init__(self, tokenizer=None, name: str = "bytes"):
+    def __init__(self, tokenizer=None, name: str = "bytes", vocab: int | None = None):
         self.tokenizer = tokenizer
         self.name = name
+        self.vocab = vocab  # the model's: an id at or above it is refused at encode
 
     @classmethod
     def load(cls, path: str | Path | None, vocab: int) -> "Text":
@@ -38,15 +39,29 @@ class Text:
         except Exception as exc:  # tokenizers raises its own Exception subclass
             raise TokenizerError(f"tokenizer {path}: not a tokenizers JSON file ({exc})") from None
         if tok.get_vocab_size() > vocab:
-            raise TokenizerError(f"tokenizer {path} has {tok.get_vocab_size()} tokens, more than the model's {vocab}")
-        return cls(tok, str(path))
+            # added (special) tokens past the embedding table are what transformers 5 writes for a Qwen2
+            # tokenizer without its <|endoftext|> (GenAI's builder saves it so): usable while a prompt never
+            # produces one; a regular token past it means another model's tokenizer
+            added = {t.content for t in tok.get_added_tokens_decoder().values()}
+            beyond = sorted((i, t) for t, i in tok.get_vocab(with_added_tokens=True).items() if i >= vocab)
+            regular = [t for _, t in beyond if t not in added]
+            if regular:
+                raise TokenizerError(f"tokenizer {path} has {tok.get_vocab_size()} tokens, more than the model's "
+                                     f"{vocab} (ids {beyond[0][0]}..{beyond[-1][0]}, e.g. {regular[0]!r}): not this "
+                                     "model's tokenizer")
+        return cls(tok, str(path), vocab)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             return list(text.encode("utf-8"))
         # the tokenizer's own post-processor applies (a BOS the exporter's tokenizer.json prepends), as
         # transformers' tokenizer(text) does: the prompt the model was exported to see
-        return list(self.tokenizer.encode(text, add_special_tokens=True).ids)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=True).ids)
+        over = [i for i in ids if self.vocab is not None and i >= self.vocab]
+        if over:
+            raise TokenizerError(f"tokenizer {self.name}: {text[:40]!r} encodes to id {over[0]}, outside the model's "
+                                 f"vocabulary of {self.vocab} (an added token past its embedding table)")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

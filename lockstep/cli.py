@@ -170,7 +170,7 @@ def _decode(args: argparse.Namespace) -> int:
     from lockstep.reference_runtime.errors import CudaError
     from lockstep.decoding import greedy, open_session
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
-    from lockstep.golden.catalog import builtin_models, trained_models
+    from lockstep.golden.catalog import builtin_models, export_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
     from lockstep.reference_runtime.executor import FeedError
     from lockstep.reference_runtime.model import ModelError, load_model
@@ -180,7 +180,7 @@ def _decode(args: argparse.Namespace) -> int:
     _utf8("--prompt", args.prompt)
     path, tokenizer, random_weights = Path(args.model), args.tokenizer, None
     if not path.is_file():
-        known = {m.name: m for m in [*builtin_models(), *trained_models()]}
+        known = {m.name: m for m in [*builtin_models(), *trained_models(), *export_models()]}
         gm = known.get(args.model)
         if gm is None:
             raise CliError(f"model {args.model!r}: neither a file nor a golden model name ({', '.join(sorted(known))})")
@@ -260,7 +260,7 @@ def _progress():
 def _golden(args: argparse.Namespace) -> int:
     """Regenerate golden anchors from the fp32 oracle, show what changed, write atomically."""
     from lockstep.golden.anchors import diff_snapshots, same_anchors
-    from lockstep.golden.catalog import GoldenError, builtin_models, dir_models, trained_models
+    from lockstep.golden.catalog import GoldenError, builtin_models, dir_models, export_models, trained_models
 
     if args.source != "oracle":
         raise CliError(f"refusing --source {args.source}: anchors come from the fp32 oracle only "
@@ -268,7 +268,7 @@ def _golden(args: argparse.Namespace) -> int:
     if args.dir and not Path(args.dir).is_dir():
         raise CliError(f"--dir {args.dir}: no such directory (a folder of snapshots written by `lockstep golden add`)")
     try:
-        models = dir_models(args.dir) if args.dir else [*builtin_models(), *trained_models()]
+        models = dir_models(args.dir) if args.dir else [*builtin_models(), *trained_models(), *export_models()]
     except GoldenError as exc:
         raise CliError(str(exc).replace("--golden-dir ", "--dir ", 1)) from None
     by_name = {m.name: m for m in models}
@@ -306,7 +306,7 @@ def _golden(args: argparse.Namespace) -> int:
 
 def _golden_add(args: argparse.Namespace) -> int:
     """Record a golden snapshot for the user's model from the fp32 oracle."""
-    from lockstep.decoder_io import ModelCardError, NotADecoder
+    from lockstep.decoder_io import DecoderIO, ModelCardError, NotADecoder
     from lockstep.genai_config import card_for, tokenizer_for
     from lockstep.golden.anchors import OracleDisagreement
     from lockstep.golden.catalog import GoldenError, add_model
@@ -319,6 +319,10 @@ def _golden_add(args: argparse.Namespace) -> int:
     try:
         card = card_for(args.model, args.io)
         tokenizer = args.tokenizer or tokenizer_for(args.model)
+        if tokenizer is None:
+            from lockstep.reference_runtime.model import load_model
+
+            _warn_bytes(None, DecoderIO.of(load_model(args.model)[0], card).vocab)
         path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=tokenizer,
                          twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print)
     except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,
@@ -451,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ga.add_argument("--name", required=True, help="the model's name in the suite (<dir>/<name>.json)")
     ga.add_argument("--prompt", required=True, help="the prompt text of the canonical context")
     ga.add_argument("--tokens", type=int, default=None, help="length of the recorded greedy prefix (default 24)")
-    ga.add_argument("--tokenizer", help="a tokenizers JSON file (default: UTF-8 bytes, for byte-level models)")
+    ga.add_argument("--tokenizer", help="a tokenizers JSON file (default: tokenizer.json beside the model, else "
+                    "UTF-8 bytes, for byte-level models)")
     ga.add_argument("--twin", help="an fp32 model computing the same function (the oracle runs it: for an int4 or "
                                    "contrib-op model; for fp16 the default is the model upcast to fp32)")
     ga.add_argument("--io", help="roles as role=name,... (default: <model>.lockstep.toml, else detected)")

@@ -377,6 +377,12 @@ def _expectations(config: pytest.Config) -> list:
     return st["expect"]
 
 
+def _keyword_selected(config: pytest.Config) -> bool:
+    """``-k`` picks some parameters of a function: the collected keys are then a part of that function's,
+    and an entry for a key left out is not stale (the complete run judges it)."""
+    return bool(config.getoption("keyword", ""))
+
+
 def _stale_entries(entries: list, collected: set[str], universe: set[str]) -> str:
     """What is stale among the selected engines' entries: a pattern of a test function's key whose
     function was collected but matches none of its keys, or a node-case pattern matching no node
@@ -419,6 +425,8 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     if st.get("stale_checked"):
         return
     st["stale_checked"] = True
+    if _keyword_selected(config):
+        return
     engines = sorted(_engines(config))
     keys, node_cases = set(), False
     for nodeid in ids:
@@ -463,7 +471,7 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
         universe = set()
     # a pytest-xdist worker leaves the judgement to the controller (pytest_xdist_node_collection_finished):
     # a usage error raised on a worker is an INTERNALERROR there
-    if getattr(config, "workerinput", None) is None:
+    if getattr(config, "workerinput", None) is None and not _keyword_selected(config):
         stale = _stale_entries(entries, {k for _, k in keys.values()}, universe)
         if stale:
             raise pytest.UsageError(stale)

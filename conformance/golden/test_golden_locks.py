@@ -22,7 +22,7 @@ import pytest
 from lockstep.decoding import open_session
 from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import same_anchors
-from lockstep.golden.catalog import TRAINED_DIR
+from lockstep.golden.catalog import EXPORT_SNAPSHOTS, TRAINED_DIR
 from lockstep.golden.locks import teacher_forced_lock, tripwire
 from lockstep.golden.syrupy_ext import GoldenSnapshotExtension
 
@@ -71,6 +71,12 @@ class TrainedSnapshotExtension(GoldenSnapshotExtension):
         return str(TRAINED_DIR)
 
 
+class ExportSnapshotExtension(GoldenSnapshotExtension):
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(EXPORT_SNAPSHOTS)
+
+
 @pytest.mark.golden
 def test_snapshot_is_the_oracle(golden_model, snapshot):
     """The snapshot is what the oracle computes today (built-in and trained models through syrupy,
@@ -81,5 +87,6 @@ def test_snapshot_is_the_oracle(golden_model, snapshot):
             f"result: the oracle no longer gives {golden_model.snapshot_path}: `lockstep golden regenerate "
             f"--model {golden_model.name} --dir {golden_model.snapshot_path.parent}`")
         return
-    ext = GoldenSnapshotExtension if golden_model.kind == "builtin" else TrainedSnapshotExtension
+    ext = {"builtin": GoldenSnapshotExtension, "trained": TrainedSnapshotExtension,
+           "export": ExportSnapshotExtension}[golden_model.kind]
     assert anchors == snapshot.use_extension(ext)(name=golden_model.name)
