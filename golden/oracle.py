@@ -1,9 +1,11 @@
 """The fp32 oracle and its float64 cross-check.
 
 The oracle is onnx's reference evaluator (numpy, nobody's runtime under test) on the fp32 variant
-of a golden model. Its logits are cross-checked by lockstep's reference runtime on the simulated
-device running the same function in float64 (the decomposed flavour, converted to float64, since
-the fused opset-23 ops do not all accept float64); regeneration fails if they disagree.
+of a golden model, with the ONNX Runtime contrib ops exporters write added in float64
+(``contrib_oracle``): an fp32 export of ONNX Runtime GenAI's builder or Optimum's O2 is its own
+oracle. Its logits are cross-checked by lockstep's reference runtime on the simulated device running
+the same function in float64 (the decomposed flavour, converted to float64, since the fused
+opset-23 ops do not all accept float64); regeneration fails if they disagree.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ def _feeds(model: onnx.ModelProto, ids: list[int], io=None) -> dict[str, np.ndar
 
 
 def _evaluator(model_fp32: onnx.ModelProto):
+    """onnx's reference evaluator with ONNX Runtime's contrib ops added (``contrib_oracle``: float64
+    numpy, the default-domain SimplifiedLayerNormalization included); a node neither implements is
+    ``OracleUnsupported``, one line naming the op and the node, before anything runs."""
     from onnx.reference import ReferenceEvaluator
 
-    return ReferenceEvaluator(model_fp32)
+    from .contrib_oracle import CONTRIB_OPS, check_supported
+
+    check_supported(model_fp32)
+    return ReferenceEvaluator(model_fp32, new_ops=CONTRIB_OPS)
 
 
 def oracle_logits(model_fp32: onnx.ModelProto, ids: list[int], io=None) -> np.ndarray:
