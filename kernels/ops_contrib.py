@@ -13,17 +13,39 @@ SimplifiedLayerNormalization
 QuickGelu
     ``Y = X * sigmoid(alpha * X)`` (``alpha`` defaults to 1.702), computed in float32 (float64 for
     double), as Optimum's ``--optimize O2`` fuses the SiLU-like activation of Llama-family MLPs.
+FastGelu, BiasGelu
+    ``FastGelu(X, bias?) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))`` and
+    ``BiasGelu(A, B) = 0.5 z (1 + erf(z / sqrt(2)))`` of ``z = X + bias`` (``A + B``), the bias 1-D of
+    the last dim's length (as ORT's CPU kernels require); computed in float32 (float64 for double).
+    ORT has no double BiasGelu; it is accepted here as float64 arithmetic.
 SkipSimplifiedLayerNormalization
     ``s = input + skip (+ bias)``; ``output = s / sqrt(mean(s^2) + epsilon) * gamma`` over the
     last axis (epsilon defaults to 1e-12).  ``input`` is 2-D or 3-D; ``skip`` has the input's shape
     or its last two dims (``[S, H]`` or ``[1, S, H]``).  ``mean`` is all zeros (ORT writes zeros),
     ``inv_std_var`` is float ``[..., 1]``, ``input_skip_bias_sum`` is ``s`` in the input dtype.
+SkipLayerNormalization
+    The same sums and shapes as SkipSimplifiedLayerNormalization (``s = input + skip (+ bias)``, in
+    float32 for float16), then a layer norm over the last axis:
+    ``output = (s - mean) / sqrt(var + epsilon) * gamma (+ beta)``; ``mean`` and ``inv_std_var``
+    are float ``[..., 1]`` (ORT writes both), ``input_skip_bias_sum`` is ``s`` in the input dtype.
+    Inputs ``input, skip, gamma, beta?, bias?``.
 MatMulNBits
     ``Y = A @ dequant(B).T (+ bias)``, ``dequant = (q - zero_point) * scale`` per block of
     ``block_size`` along K; ``bits`` 2, 4 or 8 (values packed low bits first); zero points absent
     (``2**(bits-1)``), packed uint8 or float.  Dequantised on the device, multiplied through
     ``_linalg.matmul`` in float32.  ``g_idx`` and ``weight_prepacked`` are refused;
     ``accuracy_level`` is ignored (ORT's level 4 quantises A to int8; we stay in float32).
+GatherBlockQuantized
+    A Gather of rows of a block-quantised table (the builder's int4 embedding, sharing the tied
+    lm_head's MatMulNBits blocks): ``data`` uint8 ``[rows, ..., K * bits / 8]`` packed along the
+    last axis low bits first, ``gather_axis`` 0 and ``quantize_axis`` the last axis (as ORT requires
+    for uint8 data), ``scales`` ``[rows, ..., ceil(K / block_size)]`` of the output's float type,
+    ``zero_points`` absent (``2**(bits-1)``) or uint8 packed the same way.  Output
+    ``indices.shape + data.shape[1:-1] + (K,)``, ``(q - zero_point) * scale`` in float32 then cast.
+    Indices in ``[-rows, rows)`` wrap; any other index gives a row of zeros (ORT 1.31's documented
+    behaviour, unlike ONNX's Gather: no error).  Only the gathered rows are dequantised.  Refused:
+    data of another type (int4/uint4, float8, float4), another gather or quantize axis, bits other
+    than 2, 4, 8, a block_size that is not a power of 2 of at least 16.
 GroupQueryAttention
     Query ``[B, S, Nq*D]`` (or packed QKV when key/value are absent), key/value ``[B, S, Nkv*D]``,
     past/present KV in BNSH.  What ORT 1.31.1's CPU provider does, probed case by case:
@@ -55,9 +77,17 @@ GroupQueryAttention
       cache that holds every position (``T <= P``), where nothing is evicted and the op computes what
       ``local_window_size`` alone does (ORT 1.31.1 gives bit-identical logits with and without the
       attribute there); a window-sized buffer that would evict is refused.
+    * ``q_norm_weight``/``k_norm_weight`` (in ONNX Runtime 1.31.1's schema; Gemma 3 from GenAI's
+      builder for CUDA): a per-head RMS norm of Q and K over the head size,
+      ``x / sqrt(mean(x^2) + qk_norm_epsilon) * weight`` (epsilon defaults to 1e-6), before rotary,
+      computed in float32 and stored in the input type -- what the builder's CPU graphs spell as
+      Reshape -> SimplifiedLayerNormalization -> Reshape before the op, which is what
+      ``tests/test_contrib_ops_export.py`` compares with.  ORT 1.31.1 honours the inputs on its
+      CUDA and WebGPU providers only; its CPU provider refuses the node ("q_norm_weight /
+      k_norm_weight inputs are not supported").  Both or neither, each of shape ``(head_size,)``.
     * Refused with ``node.error``: ``smooth_softmax=1``, quantised KV
       caches, ``qk_output``/``output_qk``, and the inputs position_ids, attention_bias, head_sink,
-      k_scale, v_scale, q_norm_weight, k_norm_weight.
+      k_scale, v_scale.
 """
 
 from __future__ import annotations
@@ -243,7 +273,7 @@ OPS.append(OpKernel("MatMulNBits", _nbits_shapes, _nbits_compute, domain=_MS, si
 # -- GroupQueryAttention -----------------------------------------------------------------------
 
 _GQA_UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink", 12: "k_scale",
-                           13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight"}
+                           13: "v_scale"}
 
 
 def _gqa_attrs(node):
@@ -343,6 +373,12 @@ def _gqa_dims(node, specs):
             raise node.error(f"cos_cache has {cos.shape[0]} positions, fewer than total_sequence_length={T}")
     elif (cos is None) != (sin is None):
         raise node.error("cos_cache and sin_cache must both be present or both absent")
+    qn, kn = specs[14], specs[15]
+    if (qn is None) != (kn is None):
+        raise node.error("q_norm_weight and k_norm_weight must both be present or both absent")
+    for name, s in (("q_norm_weight", qn), ("k_norm_weight", kn)):
+        if s is not None and tuple(s.shape) != (D,):
+            raise node.error(f"{name} must have shape ({D},) (head_size), got {s.shape}")
     return B, S, D, P, T, L, rd
 
 
@@ -366,7 +402,16 @@ def _heads(x, B, S, n, D):
     return x.reshape(B, S, n, D).transpose(0, 2, 1, 3)
 
 
-def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=None, *unused):
+def _head_rms_norm(xp, x, weight, eps, dt):
+    """Per-head RMS norm over the head size of ``x`` [B, H, S, D] (work dtype), stored in ``dt``."""
+    work = x.dtype
+    inv = 1 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + work.type(eps))  # as SimplifiedLayerNormalization
+    y = x * inv * weight.astype(work)
+    return y.astype(dt).astype(work) if dt != work else y
+
+
+def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=None, position_ids=None,
+                 attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm=None, k_norm=None):
     nq, nkv, causal, window, softcap = _gqa_attrs(node)
     B, S = q.shape[0], q.shape[1]
     D = q.shape[2] // (nq if k is not None else nq + 2 * nkv)
@@ -382,6 +427,10 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
     Q = _heads(q, B, S, nq, D).astype(work)
     K = _heads(k, B, S, nkv, D).astype(work)
     V = _heads(v, B, S, nkv, D).astype(work)
+    if q_norm is not None:  # per-head RMS norm before rotary (q_norm_weight / k_norm_weight)
+        eps = float(node.attr("qk_norm_epsilon", 1e-6))
+        Q = _head_rms_norm(xp, Q, q_norm, eps, dt)
+        K = _head_rms_norm(xp, K, k_norm, eps, dt)
 
     total = seqlens.astype(xp.int64) + 1  # t_b
     past_len = xp.zeros_like(total) if S == T else total - S  # p_b
