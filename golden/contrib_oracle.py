@@ -293,7 +293,7 @@ class GroupQueryAttention(_ContribOp):
     ATTRIBUTES = {"num_heads": None, "kv_num_heads": None, "scale": 0.0, "softcap": 0.0, "local_window_size": -1,
                   "do_rotary": 0, "rotary_interleaved": 0, "smooth_softmax": -1, "causal": 1,
                   "sliding_window_cache": 0, "qk_output": 0, "qk_norm_epsilon": 1e-6, "k_quant_type": "NONE",
-                  "v_quant_type": "NONE", "kv_cache_bit_width": 0, "mask_filter_value": -10000.0}
+                  "v_quant_type": "NONE", "kv_cache_bit_width": 0}
     N_INPUTS = 16
 
     def check(self):
@@ -354,11 +354,15 @@ class GroupQueryAttention(_ContribOp):
         if a["do_rotary"]:
             if position_ids is not None:
                 pid = np.asarray(position_ids, np.int64)
-                positions = (pid.reshape(-1)[0] + np.arange(S))[None].repeat(B, 0) if first_prompt else pid.reshape(B, S)
+                if first_prompt:  # ONNX Runtime reads only the first id then: an offset
+                    positions = (pid.reshape(-1)[0] + np.arange(S))[None].repeat(B, 0)
+                else:
+                    positions = pid.reshape(B, S)
             else:
                 positions = pasts[:, None] + np.arange(S)[None, :]
             if positions.min() < 0 or positions.max() >= cos_c.shape[0]:
-                self.fail(f"positions {positions.min()}..{positions.max()} outside the {cos_c.shape[0]} rows of cos_cache")
+                self.fail(f"positions {positions.min()}..{positions.max()} outside the {cos_c.shape[0]} rows of "
+                          "cos_cache")
             cos, sin = _f64(cos_c)[positions][:, None], _f64(sin_c)[positions][:, None]
             inter = bool(a["rotary_interleaved"])
             q, k = _rotate(q, cos, sin, inter), _rotate(k, cos, sin, inter)
@@ -680,4 +684,5 @@ def check_supported(model: onnx.ModelProto) -> None:
                     continue
             raise OracleUnsupported(
                 f"the oracle has no implementation of {_node_name(n)} (onnx {onnx.__version__}'s reference "
-                f"evaluator and lockstep's contrib ops lack it): give an fp32 twin computing the same function (--twin)")
+                f"evaluator and lockstep's contrib ops lack it): give an fp32 twin computing the same function "
+                f"(--twin)")
