@@ -148,6 +148,24 @@ def test_the_oracle_runs_an_fp16_export_upcast(path):
     assert _rel(got, want) <= REL_TOL, (path, _rel(got, want))
 
 
+def test_the_golden_genai_flavour_model_is_its_standard_twins_function():
+    # result: lockstep's own GenAI-convention golden model (int4 MatMulNBits, GroupQueryAttention,
+    # SkipSimplifiedLayerNormalization) in the oracle computes what its standard-ops twin (the same dequantized
+    # weights; the oracle's model until now) computes: measured 4.6e-7 of max|logit|
+    import dataclasses
+
+    from lockstep.golden.models.build import build
+    from lockstep.golden.models.spec import VARIANTS
+
+    spec = VARIANTS["tiny-int4-genai"]
+    genai = build(dataclasses.replace(spec, dtype="float32"))
+    standard = build(dataclasses.replace(spec, dtype="float32", flavour="standard"))
+    assert any(n.domain == "com.microsoft" for n in genai.graph.node)
+    ids = list(b"The weather was")
+    want = oracle_logits(standard, ids, DecoderIO.of(standard))
+    assert _rel(oracle_logits(genai, ids, DecoderIO.of(genai)), want) <= REL_TOL
+
+
 def test_the_sets_are_not_empty():
     # result: what the committed set holds (a regeneration that drops a kind shows here)
     assert len(FP32_CPU) >= 17 and INT4 and FP16
