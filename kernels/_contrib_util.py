@@ -1,5 +1,6 @@
-"""Device math for the com.microsoft contrib ops (``ops_contrib``): n-bit weight unpacking and the
-pieces of GroupQueryAttention (rotary embedding, KV-cache assembly, masked softmax attention).
+"""Device math for the com.microsoft contrib ops (``ops_contrib``, ``ops_contrib_attention``): n-bit
+weight unpacking and the pieces of the attention ops (rotary embedding, KV-cache assembly, masked
+softmax attention, and the additive-mask softmax attention of MultiHeadAttention and Attention).
 
 Everything here takes ``xp`` (numpy or CuPy), uses only functions both share, never reads device
 values on the host, and does its matrix products through ``_linalg.matmul``.
@@ -11,7 +12,8 @@ import numpy as np
 
 from ._linalg import matmul
 
-__all__ = ["assemble_cache", "attention", "dequantize_blocks", "rotary", "unpack_bits", "work_dtype"]
+__all__ = ["additive_attention", "assemble_cache", "attention", "dequantize_blocks", "rotary", "unpack_bits",
+           "work_dtype"]
 
 
 def work_dtype(*dtypes) -> np.dtype:
@@ -113,3 +115,18 @@ def attention(xp, q, k, v, allowed, *, scale: float, softcap: float):
     probs = e / xp.where(denom == 0, wt(1), denom)
     out = matmul(xp, probs.reshape(B, nkv, g * S, L), v)
     return out.reshape(B, nq, S, D)
+
+
+def additive_attention(xp, q, k, v, add, *, scale: float):
+    """ONNX Runtime's CPU attention (MultiHeadAttention, Attention): ``softmax(scale * q.k + add) v``
+    for ``q`` [B, N, S, D], ``k`` [B, N, T, D], ``v`` [B, N, T, Dv] (work dtype) and ``add`` (the
+    attention bias plus the masks as ``mask_filter_value``, not -inf: a fully masked row is a softmax
+    over its biased scores, as ORT's is) broadcasting to [B, N, S, T], or None.  Returns [B, N, S, Dv]."""
+    wt = q.dtype.type
+    scores = matmul(xp, q, xp.swapaxes(k, -1, -2)) * wt(scale)
+    if add is not None:
+        scores = scores + add
+    m = xp.max(scores, axis=-1, keepdims=True)
+    e = xp.exp(scores - m)
+    probs = e / xp.sum(e, axis=-1, keepdims=True)
+    return matmul(xp, probs, v)

@@ -27,6 +27,7 @@ MODULES = (
     "lockstep.kernels.ops_linalg",
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
+    "lockstep.kernels.ops_contrib_attention",
     "lockstep.kernels.ops_rnn",
     "lockstep.kernels.ops_roi",
     "lockstep.kernels.ops_conv_variants",

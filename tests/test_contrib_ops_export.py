@@ -143,3 +143,305 @@ def test_group_query_attention_refuses_one_norm_weight_alone_or_of_the_wrong_siz
     node.input[15] = "kn"
     feeds["kn"] = feeds["kn"][:8]
     _refuses(node, feeds, spec, r"k_norm_weight must have shape \(16,\)")
+
+
+# -- RotaryEmbedding -------------------------------------------------------------------------------
+
+def _rope_case(rng, *, B, S, N, D, rows, layout=3, pos="2d", rd=0, nh_attr=None, interleaved=0, dt=np.float32):
+    """Feeds and node; rd: the rotary_embedding_dim attribute (0: the head size, from the cache width)."""
+    half = (rd or D) // 2
+    x = rng.standard_normal((B, S, N * D) if layout == 3 else (B, N, S, D)).astype(dt)
+    ang = rng.uniform(0, 2 * np.pi, (rows, half))
+    if pos == "2d":
+        p = rng.integers(0, rows, (B, S)).astype(np.int64)
+    else:
+        p = np.array([rows - S] if pos == "1" else rows - S, np.int64)
+    feeds = {"x": x, "pos": p, "cos": np.cos(ang).astype(dt), "sin": np.sin(ang).astype(dt)}
+    kw = dict(interleaved=interleaved)
+    if rd:
+        kw.update(rotary_embedding_dim=rd, num_heads=N)
+    elif nh_attr is not None:
+        kw["num_heads"] = nh_attr
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=_MS, **kw)
+    return node, feeds, [("y", _ELEM[np.dtype(dt)], x.ndim)]
+
+
+_ROPE_CASES = {
+    # the builder's fp16 CPU graphs: 3-D [B, S, N*D], positions [B, S], no attributes
+    "builder_fp16": dict(B=1, S=9, N=4, D=16, rows=128, dt=np.float16),
+    "builder_fp16_decode": dict(B=1, S=1, N=2, D=16, rows=128, dt=np.float16),
+    "3d": dict(B=2, S=5, N=3, D=8, rows=12),
+    "3d_num_heads": dict(B=2, S=5, N=3, D=8, rows=12, nh_attr=3),
+    "4d": dict(B=2, S=4, N=3, D=16, rows=9, layout=4),
+    "interleaved": dict(B=2, S=3, N=2, D=16, rows=7, interleaved=1),
+    "interleaved_4d_fp16": dict(B=1, S=6, N=2, D=16, rows=7, layout=4, interleaved=1, dt=np.float16),
+    "partial": dict(B=2, S=3, N=2, D=16, rows=7, rd=8),
+    "partial_interleaved_4d": dict(B=2, S=3, N=2, D=16, rows=7, rd=4, layout=4, interleaved=1),
+    "start_position": dict(B=3, S=4, N=2, D=8, rows=10, pos="1"),
+    "start_position_scalar": dict(B=2, S=1, N=2, D=8, rows=10, pos="0d"),
+    "start_position_4d_fp16": dict(B=2, S=3, N=2, D=8, rows=5, pos="1", layout=4, dt=np.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(_ROPE_CASES))
+def test_rotary_embedding(name):
+    case = _ROPE_CASES[name]
+    node, feeds, outs = _rope_case(np.random.default_rng(20), **case)
+    _compare(_model(node, feeds, outs), feeds, dtype=case.get("dt", np.float32))
+
+
+def test_rotary_embedding_scale_is_unused_as_in_onnx_runtime():
+    # result: ORT 1.31.1's CPU kernel reads scale and leaves it unused (the same bytes with scale=2)
+    node, feeds, outs = _rope_case(np.random.default_rng(21), B=1, S=3, N=2, D=8, rows=6)
+    base = _REF.prepare(_model(node, feeds, outs))(feeds)[0]
+    node.attribute.append(helper.make_attribute("scale", 2.0))
+    _compare(_model(node, feeds, outs), feeds)
+    assert np.array_equal(_REF.prepare(_model(node, feeds, outs))(feeds)[0], base)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(interleaved=0, is_packed_batching=1), "is_packed_batching=1"),
+    (dict(rotary_embedding_dim=8), "needs num_heads"),
+    (dict(interleaved=2), "interleaved=2 must be 0 or 1"),
+])
+def test_rotary_embedding_refuses_unsupported_attributes(change, match):
+    _, feeds, outs = _rope_case(np.random.default_rng(22), B=1, S=2, N=2, D=8, rows=4)
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=_MS, **change)
+    _refuses(node, feeds, outs, match)
+
+
+def test_rotary_embedding_refuses_bad_shapes():
+    node, feeds, outs = _rope_case(np.random.default_rng(23), B=1, S=2, N=2, D=8, rows=4)
+    bad = dict(feeds, pos=np.zeros((1, 3), np.int64))
+    _refuses(node, bad, outs, r"position_ids shape \(1, 3\) must be \(1, 2\)")
+    bad = dict(feeds, cos=feeds["cos"][:1], sin=feeds["sin"][:1])  # one cache row for two tokens (ORT refuses it too)
+    _refuses(node, bad, outs, "exceeds the 1 rows of cos_cache")
+    bad = dict(feeds, cos=feeds["cos"][:, :3], sin=feeds["sin"][:, :3])  # head size 6 does not divide 16
+    _refuses(node, bad, outs, "is not a multiple of head_size")
+
+
+def test_rotary_embedding_flags_a_position_past_the_cache():
+    # contract: an out-of-range position (ORT: "position_ids value 9 ... is out of range [0, 4)") is the
+    # runtime's DeviceAssert naming the node, read at the next synchronising point; the kernel never faults
+    from lockstep.reference_runtime.errors import DeviceAssert
+
+    node, feeds, outs = _rope_case(np.random.default_rng(24), B=1, S=2, N=2, D=8, rows=4)
+    node.name = "q_rotary"
+    bad = dict(feeds, pos=np.array([[0, 9]], np.int64))
+    with pytest.raises(DeviceAssert, match="q_rotary"):
+        _REF.prepare(_model(node, bad, outs))(bad)
+    with pytest.raises(Exception, match="out of range"):
+        _ORT.prepare(_model(node, bad, outs))(bad)
+    bad = dict(feeds, pos=np.array([3], np.int64))  # a start position whose last token is past the rows
+    with pytest.raises(DeviceAssert, match="q_rotary"):
+        _REF.prepare(_model(node, bad, outs))(bad)
+
+
+# -- MultiHeadAttention ----------------------------------------------------------------------------
+
+def _mha_case(rng, *, B, S, L, N, D, Dv=None, kv4=False, bias=False, kpm=None, ab=None, P=None, presents=False,
+              dt=np.float32, attrs=None):
+    """kpm: None, "lengths", "2d" or "3d"; ab: None, "full", "broadcast" or "builder" (the builder's mask as
+    float16's lowest value); P: past length (None: no past inputs)."""
+    Dv = Dv or D
+    T = (P or 0) + L
+    f = {"q": rng.standard_normal((B, S, N * D)).astype(dt)}
+    if kv4:
+        f["k"] = rng.standard_normal((B, N, L, D)).astype(dt)
+        f["v"] = rng.standard_normal((B, N, L, Dv)).astype(dt)
+    else:
+        f["k"] = rng.standard_normal((B, L, N * D)).astype(dt)
+        f["v"] = rng.standard_normal((B, L, N * Dv)).astype(dt)
+    if bias:
+        f["b"] = rng.standard_normal(2 * N * D + N * Dv).astype(dt)
+    if kpm == "lengths":
+        f["kpm"] = rng.integers(1, T + 1, B).astype(np.int32)
+    elif kpm in ("2d", "2d_row_masked"):
+        f["kpm"] = (rng.uniform(size=(B, T)) > 0.3).astype(np.int32)
+        f["kpm"][:, -1] = 1
+        if kpm == "2d_row_masked":  # a fully masked row: a softmax over the scores (mask_filter_value, not -inf)
+            f["kpm"][0] = 0
+    elif kpm == "3d":
+        f["kpm"] = (rng.uniform(size=(B, S, T)) > 0.3).astype(np.int32)
+    if ab == "full":
+        f["ab"] = rng.standard_normal((B, N, S, T)).astype(dt)
+    elif ab == "broadcast":
+        f["ab"] = rng.standard_normal((1, 1, S, T)).astype(dt)
+    elif ab == "builder":  # causal and padding as the lowest float16, repeated over the heads (a Tile)
+        i, j = np.arange(S)[:, None] + T - S, np.arange(T)[None]
+        m = np.where(j <= i, 0.0, np.finfo(np.float16).min)
+        f["ab"] = np.broadcast_to(m, (B, N, S, T)).astype(dt)
+    if P is not None:
+        f["pk"] = rng.standard_normal((B, N, P, D)).astype(dt)
+        f["pv"] = rng.standard_normal((B, N, P, Dv)).astype(dt)
+    names = ["q", "k", "v", "b", "kpm", "ab", "pk", "pv"]
+    ins = [n if n in f else "" for n in names]
+    while not ins[-1]:
+        ins.pop()
+    elem = _ELEM[np.dtype(dt)]
+    outs = [("out", elem, 3)] + ([("present_k", elem, 4), ("present_v", elem, 4)] if presents else [])
+    node = helper.make_node("MultiHeadAttention", ins, [o for o, _, _ in outs], domain=_MS, num_heads=N,
+                            **(attrs or {}))
+    return node, f, outs
+
+
+_MHA_CASES = {
+    # GenAI's builder, -p fp16 -e cpu: rotated query, the repeated cache as 4-D BNSH key/value, its mask as
+    # attention_bias, scale 1/sqrt(D) given, no presents
+    "builder_fp16_prefill": dict(B=1, S=9, L=9, N=4, D=16, kv4=True, ab="builder", dt=np.float16,
+                                 attrs=dict(scale=0.25, unidirectional=0)),
+    "builder_fp16_decode": dict(B=1, S=1, L=12, N=4, D=16, kv4=True, ab="builder", dt=np.float16,
+                                attrs=dict(scale=0.25, unidirectional=0)),
+    "builder_fp32": dict(B=2, S=4, L=4, N=2, D=16, kv4=True, ab="builder", attrs=dict(scale=0.25)),
+    "kv4_presents": dict(B=2, S=3, L=5, N=2, D=8, kv4=True, presents=True),
+    "kv4_unidirectional": dict(B=2, S=4, L=4, N=2, D=8, kv4=True, attrs=dict(unidirectional=1)),
+    "self": dict(B=2, S=4, L=4, N=2, D=8),
+    "cross_value_head": dict(B=2, S=3, L=6, N=2, D=8, Dv=4),
+    "bias": dict(B=2, S=3, L=5, N=2, D=8, bias=True),
+    "lengths": dict(B=3, S=4, L=6, N=2, D=8, kpm="lengths"),
+    "mask_2d": dict(B=2, S=3, L=5, N=2, D=8, kpm="2d"),
+    "mask_2d_row_masked": dict(B=2, S=3, L=5, N=2, D=8, kpm="2d_row_masked"),
+    "mask_3d": dict(B=2, S=3, L=5, N=2, D=8, kpm="3d", attrs=dict(mask_filter_value=-30.0)),
+    "attention_bias": dict(B=2, S=3, L=5, N=2, D=8, ab="full"),
+    "attention_bias_broadcast": dict(B=2, S=3, L=5, N=2, D=8, ab="broadcast", kpm="2d"),
+    "past_unidirectional": dict(B=2, S=3, L=3, N=2, D=8, P=4, presents=True, attrs=dict(unidirectional=1)),
+    "past_decode": dict(B=2, S=1, L=1, N=2, D=8, P=6, presents=True, kpm="2d", attrs=dict(unidirectional=1)),
+    "past_bias_lengths": dict(B=2, S=2, L=2, N=2, D=8, P=3, presents=True, bias=True, kpm="lengths"),
+    "unidirectional_decode_cross": dict(B=1, S=1, L=6, N=2, D=8, attrs=dict(unidirectional=1)),
+    "float16_past": dict(B=2, S=3, L=3, N=2, D=16, P=4, presents=True, kpm="2d", dt=np.float16,
+                         attrs=dict(unidirectional=1)),
+    "float16_bias": dict(B=1, S=4, L=4, N=2, D=16, bias=True, ab="full", dt=np.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(_MHA_CASES))
+def test_multi_head_attention(name):
+    case = _MHA_CASES[name]
+    node, feeds, outs = _mha_case(np.random.default_rng(30), **case)
+    _compare(_model(node, feeds, outs), feeds, dtype=case.get("dt", np.float32))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(drop=("k", "v")), "key and value are required"),
+    (dict(extra="psl"), "input past_sequence_length is not supported"),
+    (dict(outputs=4), "output qk is not supported"),
+    (dict(kpm="3b2"), r"key_padding_mask must be int32 \[2\]"),
+    (dict(past_with_kv4=True), "past_key/past_value with 4-D"),
+    (dict(attrs=dict(unidirectional=3)), "unidirectional=3 must be 0 or 1"),
+    (dict(attrs=dict(unidirectional=1), L=3), "unidirectional=1 with 3 new keys for 2 query tokens"),
+])
+def test_multi_head_attention_refuses_what_it_does_not_run(change, match):
+    node, feeds, outs = _mha_case(np.random.default_rng(31), B=2, S=2, L=change.get("L", 2), N=2, D=8,
+                                  kv4=change.get("past_with_kv4", False), attrs=change.get("attrs"))
+    ins = list(node.input) + [""] * (10 - len(node.input))
+    for name in change.get("drop", ()):
+        ins[ins.index(name)] = ""
+        feeds.pop(name)
+    if change.get("extra") == "psl":
+        ins[8], feeds["psl"] = "psl", np.array([1], np.int32)
+    if change.get("kpm") == "3b2":
+        ins[4], feeds["kpm"] = "kpm", np.ones(8, np.int32)
+    if change.get("past_with_kv4"):
+        ins[6], ins[7] = "pk", "pv"
+        feeds["pk"] = feeds["pv"] = np.zeros((2, 2, 1, 8), np.float32)
+    while ins and not ins[-1]:
+        ins.pop()
+    names = [o for o, _, _ in outs] + (["pk_out", "pv_out", "qk"] if change.get("outputs") == 4 else [])
+    node = helper.make_node("MultiHeadAttention", ins, names, domain=_MS, num_heads=2, **(change.get("attrs") or {}))
+    outs = outs + ([("pk_out", TP.FLOAT, 4), ("pv_out", TP.FLOAT, 4), ("qk", TP.FLOAT, 4)]
+                   if change.get("outputs") == 4 else [])
+    _refuses(node, feeds, outs, match)
+
+
+# -- Attention (BERT-style) ------------------------------------------------------------------------
+
+def _bert_case(rng, *, B, S, Hin, N, D, sizes=None, bias=True, mask=None, P=None, ab=False, present=False,
+               dt=np.float32, attrs=None):
+    """mask: None, "end", "end_start", "2d" or "3d"; P: past length (None: no past)."""
+    hq, hk, hv = sizes or (N * D,) * 3
+    T = (P or 0) + S
+    f = {"x": rng.standard_normal((B, S, Hin)).astype(dt),
+         "w": (rng.standard_normal((Hin, hq + hk + hv)) / np.sqrt(Hin)).astype(dt)}
+    if bias:
+        f["b"] = rng.standard_normal(hq + hk + hv).astype(dt)
+    if mask == "end":
+        f["m"] = rng.integers(1, T + 1, B).astype(np.int32)
+    elif mask == "end_start":
+        end = rng.integers(T // 2 + 1, T + 1, B)
+        f["m"] = np.concatenate([end, rng.integers(0, T // 2, B)]).astype(np.int32)
+    elif mask == "2d":
+        f["m"] = (rng.uniform(size=(B, T)) > 0.3).astype(np.int32)
+        f["m"][:, 0] = 1
+    elif mask == "3d":
+        f["m"] = (rng.uniform(size=(B, S, T)) > 0.3).astype(np.int32)
+        f["m"][:, :, 0] = 1
+    if P is not None:
+        f["past"] = rng.standard_normal((2, B, N, P, D)).astype(dt)
+    if ab:
+        f["ab"] = rng.standard_normal((B, 1, S, T)).astype(dt)
+    names = ["x", "w", "b", "m", "past", "ab"]
+    ins = [n if n in f else "" for n in names]
+    while not ins[-1]:
+        ins.pop()
+    kw = dict(num_heads=N, **(attrs or {}))
+    if sizes:
+        kw["qkv_hidden_sizes"] = list(sizes)
+    elem = _ELEM[np.dtype(dt)]
+    outs = [("y", elem, 3)] + ([("present", elem, 5)] if present else [])
+    return helper.make_node("Attention", ins, [o for o, _, _ in outs], domain=_MS, **kw), f, outs
+
+
+_BERT_CASES = {
+    "plain": dict(B=2, S=4, Hin=16, N=2, D=8),
+    "unidirectional_present": dict(B=2, S=4, Hin=16, N=2, D=8, present=True, attrs=dict(unidirectional=1)),
+    "past_unidirectional": dict(B=2, S=3, Hin=16, N=2, D=8, P=4, present=True, attrs=dict(unidirectional=1)),
+    "past_decode": dict(B=2, S=1, Hin=16, N=2, D=8, P=5, present=True, mask="2d", attrs=dict(unidirectional=1)),
+    "past_bidirectional": dict(B=1, S=2, Hin=16, N=2, D=8, P=3, present=True),
+    "mask_end": dict(B=3, S=4, Hin=16, N=2, D=8, mask="end"),
+    "mask_end_start": dict(B=3, S=5, Hin=16, N=2, D=8, mask="end_start"),
+    "mask_2d_past": dict(B=2, S=3, Hin=16, N=2, D=8, mask="2d", P=2, present=True),
+    "mask_3d": dict(B=2, S=4, Hin=16, N=2, D=8, mask="3d", attrs=dict(mask_filter_value=-50.0)),
+    "attention_bias": dict(B=2, S=4, Hin=16, N=2, D=8, ab=True, attrs=dict(scale=0.2)),
+    "value_hidden_size": dict(B=2, S=3, Hin=16, N=2, D=8, sizes=(16, 16, 8)),
+    "float16": dict(B=2, S=4, Hin=32, N=2, D=16, mask="2d", dt=np.float16, attrs=dict(unidirectional=1)),
+    "float16_past": dict(B=1, S=1, Hin=32, N=2, D=16, P=6, present=True, dt=np.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(_BERT_CASES))
+def test_attention(name):
+    case = _BERT_CASES[name]
+    node, feeds, outs = _bert_case(np.random.default_rng(40), **case)
+    _compare(_model(node, feeds, outs), feeds, dtype=case.get("dt", np.float32))
+
+
+def test_attention_without_bias_is_a_zero_bias():
+    # result: ORT 1.31.1's CPU provider crashes (SIGSEGV) on an Attention without its bias input, so the
+    # reference is ORT with a zero bias (the schema's optional input, absent: nothing added)
+    node, feeds, outs = _bert_case(np.random.default_rng(41), B=2, S=3, Hin=16, N=2, D=8, bias=False, mask="2d")
+    got = _REF.prepare(_model(node, feeds, outs))(feeds)
+    with_zero = dict(feeds, b=np.zeros(48, np.float32))
+    zero_node = helper.make_node("Attention", ["x", "w", "b", "m"], ["y"], domain=_MS, num_heads=2)
+    want = _ORT.prepare(_model(zero_node, with_zero, outs))(with_zero)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("change,match,ort_refuses", [
+    (dict(attrs=dict(do_rotary=1)), "do_rotary=1 is not supported", True),
+    (dict(attrs=dict(past_present_share_buffer=1)), "past_present_share_buffer=1", False),
+    (dict(sizes=(16, 8, 8)), "the query and key sizes must be equal", True),
+    (dict(mask="4d"), "4-D mask_index", True),
+    (dict(mask="bad"), r"mask_index must be int32 \[2\]", True),
+])
+def test_attention_refuses_what_it_does_not_run(change, match, ort_refuses):
+    # the builder's -p fp32 -e cuda graphs write qkv_hidden_sizes [64, 32, 32] (ORT's CPU provider: "first
+    # element should be same as the second"); do_rotary and the 4-D mask ORT's CPU provider refuses as well
+    node, feeds, outs = _bert_case(np.random.default_rng(42), B=2, S=3, Hin=16, N=2, D=8, sizes=change.get("sizes"),
+                                   attrs=change.get("attrs"))
+    if change.get("mask") in ("4d", "bad"):
+        feeds["m"] = np.ones((2, 1, 3, 3) if change["mask"] == "4d" else (5,), np.int32)
+        node = helper.make_node("Attention", ["x", "w", "b", "m"], ["y"], domain=_MS, num_heads=2)
+    _refuses(node, feeds, outs, match)
+    if ort_refuses:
+        with pytest.raises(Exception):
+            _ORT.prepare(_model(node, feeds, outs))(feeds)
