@@ -45,7 +45,7 @@ from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, orac
 __all__ = [
     "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "precisions_for", "band_for", "compute_anchors", "load_snapshot",
     "snapshot_text", "write_snapshot", "read_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL",
-    "model_sha256", "file_sha256", "OracleDisagreement", "ModelShape", "anchors_from_oracle", "oracle_run",
+    "model_sha256", "file_sha256", "onnx_sha256", "OracleDisagreement", "ModelShape", "anchors_from_oracle", "oracle_run",
     "greedy_chain_holds",
 ]
 
@@ -131,6 +131,41 @@ def file_sha256(path: Path) -> str:
                 h.update(chunk)
         _SHA256[key] = h.hexdigest()
     return _SHA256[key]
+
+
+_ONNX_SHA256: dict[tuple, str] = {}
+
+
+def onnx_sha256(path: Path) -> str:
+    """A model's identity: its file's sha256, and where it keeps tensors in external data files
+    (GenAI's builder: ``model.onnx.data``), the sha256 of the file's digest with each data file's
+    name and digest. Two builder exports of one architecture have byte-identical ``model.onnx``
+    files and different weights; the file's hash alone took one for the other (its anchors, its
+    oracle cache entry). A model without external data keeps its file's sha256."""
+    path = Path(path)
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _ONNX_SHA256:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+        own = file_sha256(path)
+        try:
+            proto = onnx.load_model(str(path), load_external_data=False)
+        except Exception:  # not parseable here: the loader names it; the bytes are still its identity
+            _ONNX_SHA256[key] = own
+            return own
+        locations = sorted({next((e.value for e in t.external_data if e.key == "location"), "")
+                            for t in _get_all_tensors(proto) if uses_external_data(t)})
+        if not locations:
+            _ONNX_SHA256[key] = own
+        else:
+            h = hashlib.sha256(own.encode())
+            for loc in locations:
+                data = path.parent / loc
+                h.update(f"\0{loc}\0{file_sha256(data) if data.is_file() else 'missing'}".encode())
+            _ONNX_SHA256[key] = h.hexdigest()
+    return _ONNX_SHA256[key]
 
 
 def model_sha256(name: str) -> str:

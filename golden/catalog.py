@@ -29,7 +29,7 @@ import onnx
 
 from lockstep.decoder_io import DecoderIO
 
-from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, file_sha256, oracle_run,
+from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, onnx_sha256, oracle_run,
                       read_snapshot, write_snapshot)
 from .models.spec import PROMPT, VARIANTS
 from .oracle import ORACLE, retyped
@@ -148,7 +148,7 @@ class GoldenModel:
         prov = snap.get("provenance", {})
         if prov.get("oracle") != ORACLE["name"]:
             raise NotFromOracle(f"{self.name}: anchors came from {prov.get('oracle')!r}, not {ORACLE['name']}")
-        sha = file_sha256(self.model_path())
+        sha = onnx_sha256(self.model_path())
         if prov.get("model_sha256") != sha:
             raise ModelChanged(
                 f"model changed: regenerate ({self.name}: snapshot sha256 {str(prov.get('model_sha256'))[:12]}…, file "
@@ -226,16 +226,21 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
     else:
         oracle = target
         compared = "the model itself"
-    contrib = sorted({n.op_type for n in oracle.graph.node if n.domain not in ("", "ai.onnx")})
-    if contrib:
-        raise GoldenError(f"{name}: the oracle (onnx's reference evaluator) cannot run {contrib} "
-                          f"({'the twin' if twin else 'the model'} uses them): give an fp32 twin with standard ops (--twin)")
+    # ONNX Runtime's contrib ops run in the oracle through golden/contrib_oracle.py (float64 numpy, written
+    # from ONNX Runtime's documented semantics); a node nobody implements there needs a twin
+    from .contrib_oracle import OracleUnsupported, check_supported
+
+    try:
+        check_supported(oracle)
+    except OracleUnsupported as exc:
+        raise GoldenError(f"{name}: the oracle (onnx's reference evaluator) cannot run {'the twin' if twin else 'the model'}: "
+                          f"{exc}; give an fp32 twin it can run (--twin)") from None
     crosscheck = source.get("crosscheck", "float64")
-    provenance = {"model_sha256": file_sha256(model_path), "oracle_model": compared,
+    provenance = {"model_sha256": onnx_sha256(model_path), "oracle_model": compared,
                   "crosscheck": "none (asked with --no-crosscheck)" if crosscheck == "none"
                   else "lockstep ref-sim, float64, the oracle's model"}
     if twin is not None:
-        provenance["twin_sha256"] = file_sha256(twin)
+        provenance["twin_sha256"] = onnx_sha256(twin)
         _check_twin_shape(name, target, io, twin, oracle, oracle_card)
     extra = {"source": {k: v for k, v in source.items() if v is not None}}
     tokens = int(source.get("tokens", PREFIX_TOKENS))

@@ -8,8 +8,8 @@ Each entry of ``LOCKS`` is one export that lockstep locks as a golden model of i
 (built-in kind ``export``: every engine's locks, tripwire, capture identity and paging run on it),
 written exactly as a user writes theirs: ``lockstep.golden.catalog.add_model`` (``lockstep golden
 add``) with the model card from its ``genai_config.json``, the tokenizer beside it, the prompt the
-exports were made with, and, where the oracle cannot run the model itself, its fp32 twin (the same
-random-init weights exported in fp32; the twin check refuses a twin of other weights).
+exports were made with, and, for an fp16 export, its fp32 twin (the same random-init weights exported in
+fp32; the twin check refuses a twin of other weights).
 Afterwards ``lockstep golden regenerate`` keeps them current like any other snapshot.
 
 The exports themselves come from scripts/real_exports.py (the exporters are not dependencies of this
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,17 +31,20 @@ SNAPSHOTS = EXPORTS / "snapshots"
 
 # name -> (export, fp32 twin or None: the oracle runs the export itself)
 LOCKS: dict[str, tuple[str, str | None]] = {
-    # Optimum, fp32: standard ONNX ops, the oracle runs the export itself
+    # fp32: the oracle runs the export itself (ONNX Runtime's contrib ops through golden/contrib_oracle.py)
     **{f"optimum-{a}-fp32": (f"optimum/{a}-fp32", None)
        for a in ("gemma", "gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")},
-    # Optimum's fp16 and --optimize O2 (ORT contrib ops): their fp32 export is the twin
+    "optimum-llama-o2": ("optimum/llama-O2", None),
+    **{f"genai-{a}-fp32-cpu": (f"genai/{a}-fp32-cpu", None)
+       for a in ("gemma", "gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")},
+    # fp16: locked against the fp32 export of the same weights (the twin check proves it is)
     "optimum-llama-fp16": ("optimum/llama-fp16", "optimum/llama-fp32"),
-    "optimum-llama-o2": ("optimum/llama-O2", "optimum/llama-fp32"),
-    # GenAI's builder (GroupQueryAttention, SkipSimplifiedLayerNormalization: contrib ops), shared
-    # past/present buffers: Optimum's fp32 export of the same weights is the twin
-    **{f"genai-{a}-fp32-cpu": (f"genai/{a}-fp32-cpu", f"optimum/{a}-fp32")
-       for a in ("gemma", "gemma3", "llama", "phi3", "qwen2", "qwen3")},
-    "genai-llama-fp16-cuda": ("genai/llama-fp16-cuda", "optimum/llama-fp32"),
+    "genai-llama-fp16-cuda": ("genai/llama-fp16-cuda", "genai/llama-fp32-cpu"),
+    "genai-gemma2-fp16-cuda": ("genai/gemma2-fp16-cuda", "genai/gemma2-fp32-cpu"),
+    # int4 (MatMulNBits): the oracle runs the export itself, dequantizing exactly (an fp32 export of the
+    # unquantized weights computes another function: the twin check refuses it)
+    "genai-llama-int4-cpu": ("genai/llama-int4-cpu", None),
+    "genai-llama-int4-cuda": ("genai/llama-int4-cuda", None),
 }
 
 
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             print(f"{name}: refused: {exc}")
             continue
-        print(f"{name}: {path.relative_to(ROOT)} (oracle: {twin or 'itself'}) {time.perf_counter() - t:.1f} s")
+        print(f"{name}: {os.path.relpath(path, ROOT)} (oracle: {twin or 'itself'}) {time.perf_counter() - t:.1f} s")
     return 1 if failed else 0
 
 

@@ -5,6 +5,8 @@ non-decoders and inputs lockstep cannot feed are one-line errors."""
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 
@@ -88,10 +90,25 @@ def test_golden_add_then_pytest_golden_dir_locks_them(exports, tmp_path):
     assert main(["golden", "regenerate", "--dir", str(golden), "--dry-run"]) == 0
 
 
-def test_golden_add_refuses_contrib_ops_without_a_twin(exports, tmp_path, capsys):
-    assert main(["golden", "add", str(exports["genai"]), "--name", "g", "--prompt", "Hi", "--dir", str(tmp_path)]) == 2
+def test_golden_add_runs_contrib_ops_in_the_oracle(exports, tmp_path, capsys):
+    # contract (issue 30): GroupQueryAttention and SkipSimplifiedLayerNormalization run in the oracle
+    # (golden/contrib_oracle.py): an fp32 GenAI-convention model is its own oracle, no --twin
+    assert main(["golden", "add", str(exports["genai"]), "--name", "g", "--prompt", "Hi", "--dir", str(tmp_path)]) == 0
+    snap = json.loads((tmp_path / "g.json").read_text())
+    assert snap["provenance"]["oracle_model"] == "the model itself"
+
+
+def test_golden_add_refuses_an_op_the_oracle_lacks_without_a_twin(exports, tmp_path, capsys):
+    # contract: a node the oracle implements nowhere is one line naming it, asking for a twin
+    model = onnx.load(str(exports["genai"]))
+    node = next(n for n in model.graph.node if n.op_type == "Sigmoid")
+    node.op_type, node.domain = "FastGelu", "com.microsoft"
+    path = tmp_path / "fastgelu.onnx"
+    onnx.save(model, str(path))
+    assert main(["golden", "add", str(path), "--name", "g", "--prompt", "Hi", "--dir", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lockstep: error: g: the oracle (onnx's reference evaluator) cannot run") and "--twin" in err
+    assert err.startswith("lockstep: error: g: the oracle (onnx's reference evaluator) cannot run the model") and \
+        "FastGelu" in err and "--twin" in err
     assert err.count("\n") == 1, "one line"
 
 

@@ -131,3 +131,27 @@ def test_an_added_token_past_the_embedding_table_is_usable_until_a_prompt_produc
         text.encode("<|endoftext|>")
     with pytest.raises(TokenizerError, match="not this model's tokenizer"):
         Text.load(tok, 300)
+
+
+@pytest.mark.contract("golden.model_identity_covers_external_data")
+def test_a_models_identity_covers_its_external_data(tmp_path):
+    """Two builder exports with byte-identical model.onnx and other weights are different models to lockstep."""
+    # contract: GenAI's builder writes the graph to model.onnx and the weights to model.onnx.data; Llama and
+    # Phi-3's graphs came out byte-identical, and before the fix Phi-3's snapshot held Llama's anchors (the
+    # oracle's cache entry was keyed by model.onnx alone) and a changed .data was no "model changed"
+    from lockstep.golden.anchors import file_sha256, onnx_sha256
+    from lockstep.golden.locks import ModelChanged
+
+    llama, phi3 = _model("genai/llama-fp32-cpu"), _model("genai/phi3-fp32-cpu")
+    assert file_sha256(llama) == file_sha256(phi3), "result: the exporter's graphs are byte-identical"
+    assert onnx_sha256(llama) != onnx_sha256(phi3)
+    gm = next(m for m in export_models() if m.name == "genai-llama-fp32-cpu")
+    gm.check_provenance()
+    copy = tmp_path / "llama"
+    shutil.copytree(llama.parent, copy)
+    data = bytearray((copy / "model.onnx.data").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.onnx.data").write_bytes(bytes(data))
+    gm._path = copy / "model.onnx"
+    with pytest.raises(ModelChanged, match="model changed"):
+        gm.check_provenance()
