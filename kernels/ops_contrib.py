@@ -94,7 +94,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, work_dtype
+from ._contrib_util import assemble_cache, attention, dequantize_blocks, rotary, unpack_bits, work_dtype
+from ._elementwise_util import erf
 from ._latch import IndexCheck
 from ._linalg import matmul
 from ._op import OpKernel, Spec, const_memo, head_counts, normalize_axis
@@ -130,6 +131,44 @@ def _quick_gelu_compute(xp, node, x):
 
 
 OPS.append(OpKernel("QuickGelu", _quick_gelu_shapes, _quick_gelu_compute, domain=_MS, since=1))
+
+
+# -- FastGelu, BiasGelu (ORT's transformer optimizer: a Gelu after a MatMul's bias) -------------
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def _gelu_shapes(node, specs):
+    x, bias = _specs(specs, 2)[:2]
+    if np.dtype(x.dtype).kind != "f":
+        raise node.error(f"input must be a floating-point tensor, got {np.dtype(x.dtype).name}")
+    if bias is not None:
+        if bias.rank != 1 or x.rank < 1 or bias.shape[0] != x.shape[-1] or np.dtype(bias.dtype) != np.dtype(x.dtype):
+            raise node.error(f"bias must be 1-D {np.dtype(x.dtype).name} of the input's last dim "
+                             f"({x.shape[-1] if x.rank else 'none'}), got {np.dtype(bias.dtype).name}{list(bias.shape)}")
+    return [Spec(x.shape, x.dtype)]
+
+
+def _biased(x, bias, work):
+    z = x.astype(work)
+    return z if bias is None else z + bias.astype(work)
+
+
+def _fast_gelu_compute(xp, node, x, bias=None):
+    work = work_dtype(x.dtype)
+    z = _biased(x, bias, work)
+    c, a, half = work.type(_SQRT_2_OVER_PI), work.type(0.044715), work.type(0.5)
+    return (_cast(half * z * (1 + xp.tanh(c * (z + a * z * z * z))), x.dtype),)
+
+
+def _bias_gelu_compute(xp, node, a, b):
+    work = work_dtype(a.dtype)
+    z = _biased(a, b, work)
+    return (_cast(work.type(0.5) * z * (1 + erf(xp, z * work.type(1 / np.sqrt(2.0)))), a.dtype),)
+
+
+OPS.append(OpKernel("FastGelu", _gelu_shapes, _fast_gelu_compute, domain=_MS, since=1))
+OPS.append(OpKernel("BiasGelu", _gelu_shapes, _bias_gelu_compute, domain=_MS, since=1))
 
 
 # -- SimplifiedLayerNormalization --------------------------------------------------------------
@@ -215,6 +254,42 @@ def _skip_compute(xp, node, x, skip, gamma, bias=None):
 OPS.append(OpKernel("SkipSimplifiedLayerNormalization", _skip_shapes, _skip_compute, domain=_MS, since=1))
 
 
+# -- SkipLayerNormalization --------------------------------------------------------------------
+
+def _skip_ln_shapes(node, specs):
+    x, skip, gamma, beta, bias = _specs(specs, 5)[:5]
+    outs = _skip_shapes(node, [x, skip, gamma, bias])  # the same inputs and outputs, beta besides
+    if beta is not None and tuple(beta.shape) != (x.shape[-1],):
+        raise node.error(f"beta must have shape ({x.shape[-1]},), got {beta.shape}")
+    return outs
+
+
+def _skip_ln_compute(xp, node, x, skip, gamma, beta=None, bias=None):
+    eps = float(node.attr("epsilon", 1e-12))
+    work = work_dtype(x.dtype)
+    s = x.astype(work) + skip.astype(work)  # float16: summed and normalised in float32, as ORT does
+    if bias is not None:
+        s = s + bias.astype(work)
+    mean = xp.mean(s, axis=-1, keepdims=True)
+    var = xp.mean(s * s, axis=-1, keepdims=True) - mean * mean  # ORT's E[s^2] - E[s]^2
+    inv = 1 / xp.sqrt(var + work.type(eps))
+    y = (s - mean) * inv * gamma.astype(work)
+    if beta is not None:
+        y = y + beta.astype(work)
+    specs = node.out_specs
+    outs = [_cast(y, specs[0].dtype)]
+    if len(specs) > 1:
+        outs.append(_cast(mean, specs[1].dtype))
+    if len(specs) > 2:
+        outs.append(_cast(inv, specs[2].dtype))
+    if len(specs) > 3:
+        outs.append(_cast(s, specs[3].dtype))
+    return tuple(outs)
+
+
+OPS.append(OpKernel("SkipLayerNormalization", _skip_ln_shapes, _skip_ln_compute, domain=_MS, since=1))
+
+
 # -- MatMulNBits -------------------------------------------------------------------------------
 
 def _nbits_attrs(node):
@@ -268,6 +343,84 @@ def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
 
 
 OPS.append(OpKernel("MatMulNBits", _nbits_shapes, _nbits_compute, domain=_MS, since=1))
+
+
+# -- GatherBlockQuantized ----------------------------------------------------------------------
+
+def _gbq_attrs(node):
+    bits, bs = int(node.attr("bits", 4)), int(node.attr("block_size", 128))
+    if bits not in (2, 4, 8):
+        raise node.error(f"bits={bits} is not supported (2, 4 or 8)")
+    if bs < 16 or bs & (bs - 1):
+        raise node.error(f"block_size={bs} must be a power of 2 and at least 16")
+    return bits, bs
+
+
+def _gbq_dims(node, specs):
+    """(bits, block_size, K: the unpacked last dim, n_blocks)."""
+    data, idx, scales, zp = _specs(specs, 4)[:4]
+    bits, bs = _gbq_attrs(node)
+    if np.dtype(data.dtype) != np.uint8:
+        raise node.error(f"data of type {np.dtype(data.dtype).name} is not supported (uint8, packed along the last "
+                         "axis; int4/uint4, float8 and float4 data are not)")
+    r = data.rank
+    if r < 2:
+        raise node.error(f"data must have rank >= 2 (rows, ..., packed values), got shape {data.shape}")
+    ga = normalize_axis(node, int(node.attr("gather_axis", 0)), r)
+    qa = normalize_axis(node, int(node.attr("quantize_axis", 1)), r)
+    if ga != 0:
+        raise node.error(f"gather_axis={node.attr('gather_axis')} is not supported: uint8 data is gathered along "
+                         "axis 0 (as ORT requires)")
+    if qa != r - 1:
+        raise node.error(f"quantize_axis={node.attr('quantize_axis', 1)} is not supported: only the last axis "
+                         f"({r - 1}, the packed one)")
+    if np.dtype(idx.dtype) not in (np.int32, np.int64):
+        raise node.error(f"indices must be int32 or int64, got {np.dtype(idx.dtype).name}")
+    K = data.shape[-1] * (8 // bits)
+    nb = -(-K // bs)
+    lead = tuple(data.shape[:-1])
+    if np.dtype(scales.dtype).kind != "f" or tuple(scales.shape) != lead + (nb,):
+        raise node.error(f"scales must be float {list(lead + (nb,))} (data {list(data.shape)}, block_size {bs}), "
+                         f"got {np.dtype(scales.dtype).name}{list(scales.shape)}")
+    if zp is not None:
+        zw = -(-nb * bits // 8)
+        if np.dtype(zp.dtype) != np.uint8 or tuple(zp.shape) != lead + (zw,):
+            raise node.error(f"zero_points must be uint8 {list(lead + (zw,))} (packed as data), "
+                             f"got {np.dtype(zp.dtype).name}{list(zp.shape)}")
+    return bits, bs, K, nb
+
+
+def _gbq_shapes(node, specs):
+    data, idx, scales = specs[:3]
+    _bits, _bs, K, _nb = _gbq_dims(node, specs)
+    return [Spec(tuple(idx.shape) + tuple(data.shape[1:-1]) + (K,), scales.dtype)]
+
+
+def _gbq_compute(xp, node, data, indices, scales, zero_points=None):
+    bits, bs, K, nb = _gbq_dims(node, [None if a is None else Spec(a.shape, a.dtype)
+                                       for a in (data, indices, scales, zero_points)])
+    spec = node.out_specs[0]
+    rows = data.shape[0]
+    if rows == 0:  # every index is out of range: rows of zeros
+        return (xp.zeros(spec.shape, dtype=spec.dtype),)
+    work = work_dtype(scales.dtype)
+    i = indices.astype(xp.int64)
+    i = xp.where(i < 0, i + rows, i)
+    valid = (i >= 0) & (i < rows)  # ORT: an index outside [-rows, rows) gives zeros (no error)
+    i = xp.clip(i, 0, rows - 1)
+    q = unpack_bits(xp, xp.take(data, i, axis=0), bits).astype(work)  # only the gathered rows
+    s = xp.repeat(xp.take(scales, i, axis=0).astype(work), bs, axis=-1)[..., :K]
+    if zero_points is None:
+        z = work.type(1 << (bits - 1))
+    else:
+        z = unpack_bits(xp, xp.take(zero_points, i, axis=0), bits)[..., :nb].astype(work)
+        z = xp.repeat(z, bs, axis=-1)[..., :K]
+    w = (q - z) * s
+    keep = valid.reshape(valid.shape + (1,) * (w.ndim - valid.ndim))
+    return (_cast(xp.where(keep, w, work.type(0)), spec.dtype),)
+
+
+OPS.append(OpKernel("GatherBlockQuantized", _gbq_shapes, _gbq_compute, domain=_MS, since=1))
 
 
 # -- GroupQueryAttention -----------------------------------------------------------------------

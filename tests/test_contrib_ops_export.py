@@ -445,3 +445,151 @@ def test_attention_refuses_what_it_does_not_run(change, match, ort_refuses):
     if ort_refuses:
         with pytest.raises(Exception):
             _ORT.prepare(_model(node, feeds, outs))(feeds)
+
+
+# -- GatherBlockQuantized --------------------------------------------------------------------------
+
+def _pack(q, bits):
+    """uint8 values [..., n] -> packed [..., n * bits / 8], the first value in the lowest bits."""
+    per = 8 // bits
+    out = np.zeros(q.shape[:-1] + (q.shape[-1] // per,), np.uint8)
+    for i in range(per):
+        out |= (q[..., i::per] << (i * bits)).astype(np.uint8)
+    return out
+
+
+def _gbq_case(rng, *, shape, bits=4, block=32, zp=False, idx=((1, 3), (0, 2)), idx_dtype=np.int64, dt=np.float32,
+              attrs=None, default_attrs=False):
+    """shape: the unpacked table (rows, ..., K)."""
+    K = shape[-1]
+    nb = -(-K // block)
+    per = 8 // bits
+    q = rng.integers(0, 1 << bits, shape[:-1] + (-(-K // per) * per,)).astype(np.uint8)
+    f = {"data": _pack(q, bits), "idx": np.asarray(idx, idx_dtype),
+         "scales": rng.uniform(0.01, 0.2, shape[:-1] + (nb,)).astype(dt)}
+    if zp:
+        zw = -(-nb // per)
+        z = np.zeros(shape[:-1] + (zw * per,), np.uint8)
+        z[..., :nb] = rng.integers(0, 1 << bits, shape[:-1] + (nb,))
+        f["zp"] = _pack(z, bits)
+    kw = {} if default_attrs else dict(bits=bits, block_size=block, gather_axis=0, quantize_axis=len(shape) - 1)
+    kw.update(attrs or {})
+    node = helper.make_node("GatherBlockQuantized", list(f), ["y"], domain=_MS, **kw)
+    return node, f, [("y", _ELEM[np.dtype(dt)], np.asarray(idx).ndim + len(shape) - 1)]
+
+
+_GBQ_CASES = {
+    # GenAI's builder, int4: the tied embedding [vocab, hidden] as MatMulNBits' blocks, no zero points
+    "builder_int4": dict(shape=(320, 64), idx=[[1, 295, 264, 71]]),
+    "builder_int4_fp16": dict(shape=(320, 64), idx=[[7]], dt=np.float16),
+    "zero_points": dict(shape=(10, 64), zp=True),
+    "zero_points_odd_blocks": dict(shape=(10, 96), zp=True),  # 3 blocks: the zero points' last byte half used
+    "k_not_a_block_multiple": dict(shape=(10, 48)),
+    "bits8": dict(shape=(10, 64), bits=8, zp=True, dt=np.float16),
+    "bits2": dict(shape=(10, 64), bits=2, block=16, zp=True),
+    "int32_indices": dict(shape=(10, 64), idx=[4, 0, 9], idx_dtype=np.int32),
+    "negative_and_out_of_range": dict(shape=(10, 64), idx=[[-1, -10], [10, -11], [100, 3]]),
+    "rank3": dict(shape=(6, 3, 64), idx=[5, 1]),
+    "defaults": dict(shape=(8, 256), block=128, default_attrs=True),  # bits 4, block_size 128, axes 0 and 1
+    "negative_axes": dict(shape=(8, 64), attrs=dict(gather_axis=-2, quantize_axis=-1)),
+}
+
+
+@pytest.mark.parametrize("name", list(_GBQ_CASES))
+def test_gather_block_quantized(name):
+    # (ORT 1.31.1: an index outside [-rows, rows) gives a row of zeros, not an error)
+    case = _GBQ_CASES[name]
+    node, feeds, outs = _gbq_case(np.random.default_rng(50), **case)
+    _compare(_model(node, feeds, outs), feeds, dtype=case.get("dt", np.float32))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(attrs=dict(gather_axis=1, quantize_axis=0)), "gather_axis=1 is not supported"),
+    (dict(attrs=dict(bits=3)), "bits=3 is not supported"),
+    (dict(attrs=dict(block_size=24)), "block_size=24 must be a power of 2"),
+    (dict(block=16), r"scales must be float \[10, 4\]"),
+])
+def test_gather_block_quantized_refuses_what_it_does_not_run(change, match):
+    node, feeds, outs = _gbq_case(np.random.default_rng(51), shape=(10, 64), attrs=change.get("attrs"))
+    if "block" in change:
+        node = helper.make_node("GatherBlockQuantized", list(feeds), ["y"], domain=_MS, bits=4, block_size=16)
+    _refuses(node, feeds, outs, match)
+    with pytest.raises(Exception):  # ORT 1.31.1 refuses each of them as well
+        _ORT.prepare(_model(node, feeds, outs))(feeds)
+
+
+def test_gather_block_quantized_refuses_int4_data():
+    import ml_dtypes
+
+    feeds = {"data": np.zeros((4, 32), ml_dtypes.int4), "idx": np.array([1], np.int64),
+             "scales": np.ones((4, 1), np.float32)}
+    node = helper.make_node("GatherBlockQuantized", list(feeds), ["y"], domain=_MS, block_size=32)
+    inputs = [helper.make_tensor_value_info("data", TP.INT4, [4, 32]),
+              helper.make_tensor_value_info("idx", TP.INT64, [1]), helper.make_tensor_value_info("scales", TP.FLOAT, [4, 1])]
+    model = helper.make_model(helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, ["a", "b"])]),
+                              ir_version=10, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
+    with pytest.raises(OpError, match="data of type int4 is not supported"):
+        _REF.prepare(model)(feeds)
+
+
+# -- FastGelu, BiasGelu, SkipLayerNormalization ----------------------------------------------------
+
+@pytest.mark.parametrize("op,bias,dt", [
+    ("FastGelu", False, np.float32), ("FastGelu", True, np.float32), ("FastGelu", True, np.float16),
+    ("FastGelu", False, np.float16), ("BiasGelu", True, np.float32), ("BiasGelu", True, np.float16),
+])
+def test_gelu_variants(op, bias, dt):
+    rng = np.random.default_rng(60)
+    feeds = {"x": (rng.standard_normal((2, 3, 16)) * 3).astype(dt)}
+    if bias:
+        feeds["b"] = rng.standard_normal(16).astype(dt)
+    node = helper.make_node(op, list(feeds), ["y"], domain=_MS)
+    _compare(_model(node, feeds, [("y", _ELEM[np.dtype(dt)], 3)]), feeds, dtype=dt)
+
+
+def test_fast_gelu_double():
+    # result: ORT's double FastGelu agrees to ~1e-7 only (float32 constants); the reference computes in float64
+    x = (np.random.default_rng(61).standard_normal((4, 8)) * 3).astype(np.float64)
+    node = helper.make_node("FastGelu", ["x"], ["y"], domain=_MS)
+    _compare(_model(node, {"x": x}, [("y", TP.DOUBLE, 2)]), {"x": x}, tol=(1e-6, 1e-6))
+
+
+@pytest.mark.parametrize("op", ["FastGelu", "BiasGelu"])
+def test_gelu_variants_refuse_a_bias_that_is_not_1d(op):
+    # (ORT 1.31.1's float32 kernels: "Input 1 is expected to have 1 dimensions, got 2")
+    feeds = {"x": np.ones((2, 3, 8), np.float32), "b": np.ones((3, 8), np.float32)}
+    _refuses(helper.make_node(op, ["x", "b"], ["y"], domain=_MS), feeds, [("y", TP.FLOAT, 3)], "bias must be 1-D")
+
+
+@pytest.mark.parametrize("shape,skip_shape,beta,bias,outputs,dt", [
+    ((2, 3, 16), (2, 3, 16), True, True, ["y"], np.float32),
+    ((2, 3, 16), (2, 3, 16), True, True, ["y", "mean", "isv", "sum"], np.float32),
+    ((2, 3, 16), (1, 3, 16), False, False, ["y", "mean", "isv", "sum"], np.float32),
+    ((2, 3, 16), (3, 16), True, False, ["y", "", "", "sum"], np.float32),
+    ((5, 32), (5, 32), False, True, ["y", "mean", "isv"], np.float32),
+    ((2, 4, 16), (2, 4, 16), True, True, ["y", "mean", "isv", "sum"], np.float16),
+    ((2, 4, 16), (4, 16), False, True, ["y"], np.float16),
+])
+def test_skip_layer_norm(shape, skip_shape, beta, bias, outputs, dt):
+    rng = np.random.default_rng(62)
+    H = shape[-1]
+    feeds = {"x": (rng.standard_normal(shape) + 2).astype(dt), "s": rng.standard_normal(skip_shape).astype(dt),
+             "gamma": rng.standard_normal(H).astype(dt)}
+    ins = ["x", "s", "gamma", "", ""]
+    if beta:
+        feeds["beta"], ins[3] = rng.standard_normal(H).astype(dt), "beta"
+    if bias:
+        feeds["bias"], ins[4] = rng.standard_normal(H).astype(dt), "bias"
+    while not ins[-1]:
+        ins.pop()
+    elem = _ELEM[np.dtype(dt)]
+    types = {"y": elem, "mean": TP.FLOAT, "isv": TP.FLOAT, "sum": elem}
+    node = helper.make_node("SkipLayerNormalization", ins, outputs, domain=_MS, epsilon=1e-5)
+    _compare(_model(node, feeds, [(o, types[o], len(shape)) for o in outputs if o]), feeds, dtype=dt)
+
+
+def test_skip_layer_norm_refuses_a_bad_beta():
+    feeds = {"x": np.ones((2, 3, 8), np.float32), "s": np.ones((2, 3, 8), np.float32), "g": np.ones(8, np.float32),
+             "beta": np.ones(4, np.float32)}
+    node = helper.make_node("SkipLayerNormalization", list(feeds), ["y"], domain=_MS)
+    _refuses(node, feeds, [("y", TP.FLOAT, 3)], r"beta must have shape \(8,\)")
