@@ -2,7 +2,8 @@
 
 See ``protocol`` for what an engine is and ``registry`` for how one is registered (the entry-point
 group ``lockstep.engines``). The built-in engines: ``lockstep.reference_runtime.engine`` (ref-sim,
-ref-cuda) and ``lockstep.engines.ort`` (ort-cpu, ort-cuda); ``lockstep.engines.onnx_backend``
+ref-cuda), ``lockstep.engines.ort`` (ort-cpu, ort-cuda, ort-cuda-tf32) and ``lockstep.engines.ort_genai``
+(ort-genai, ort-genai-cuda: ONNX Runtime GenAI's Generator); ``lockstep.engines.onnx_backend``
 turns any ``onnx.backend.base.Backend`` into an engine.
 """
 
