@@ -153,6 +153,18 @@ def _named(path, exc: Exception) -> str:
     return msg if msg.startswith(str(path)) else f"{path}: {msg}"
 
 
+def _engine_failure(exc: BaseException) -> bool:
+    """An error of the engine's runtime, not of lockstep (whose bugs keep their traceback): ONNX
+    Runtime's own exception types, the RuntimeError its IO-binding run raises ("Error in execution:",
+    a status "[ONNXRuntimeError]": a device failure ort-cpu/ort-cuda re-raise), ORT GenAI's GenAIError."""
+    from lockstep.engines.ort_genai import GenAIError
+
+    if isinstance(exc, GenAIError) or type(exc).__module__.startswith(("onnxruntime.", "onnxruntime_genai")):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (text.startswith("Error in execution:") or "[ONNXRuntimeError]" in text)
+
+
 def _warn_bytes(tokenizer, vocab: int) -> None:
     """A model of more than 256 tokens read as UTF-8 bytes is almost never what was meant."""
     if tokenizer is None and vocab > 256:
@@ -202,6 +214,9 @@ def _decode(args: argparse.Namespace) -> int:
         model, _ = load_model(path)
         from lockstep.decoder_io import DecoderIO
         from lockstep.genai_config import card_for, tokenizer_for
+        from lockstep.model_source import mark_source
+
+        mark_source(model, path)  # an engine that runs the model's folder (ort-genai) finds its config there
 
         card = card_for(path, args.io)
         io = DecoderIO.of(model, card)
@@ -219,8 +234,12 @@ def _decode(args: argparse.Namespace) -> int:
     except (ModelError, ModelCardError, TokenizerError) as exc:
         raise CliError(_named(path, exc)) from None
     except (Unsupported, NotADecoder) as exc:
-        raise CliError(f"{path.name} on {engine.name}: {exc}") from None
+        raise CliError(f"{path.name} on {engine.name}: {str(exc).removeprefix(f'{engine.name}: ')}") from None
     except (CudaError, OpError) as exc:  # a device refusal (MemoryAllocation...) or a node's attributes
+        raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        if not _engine_failure(exc):
+            raise
         raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     try:
         result = greedy(session, prompt, args.tokens)
@@ -228,6 +247,10 @@ def _decode(args: argparse.Namespace) -> int:
         raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     except (ModelError, FeedError, StepError) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
+    except Exception as exc:
+        if not _engine_failure(exc):
+            raise
+        raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")
     print(f"prompt: {args.prompt!r}")
     print(f"output: {text.decode(result.tokens)!r}")
