@@ -102,7 +102,7 @@ def test_cuda_engine_refuses_dtypes_cupy_cannot_hold():
 
 
 def test_unknown_engine_name():
-    with pytest.raises(EngineLoadError, match=r"unknown engine 'trt'; registered: \['ort-cpu', 'ort-cuda', 'ort-cuda-tf32', 'ref-cuda', 'ref-sim'\]"):
+    with pytest.raises(EngineLoadError, match=r"unknown engine 'trt'; registered: \['ort-cpu', 'ort-cuda', 'ort-cuda-tf32', 'ort-genai', 'ort-genai-cuda', 'ref-cuda', 'ref-sim'\]"):
         load_engine("trt")
 
 
