@@ -120,7 +120,7 @@ def test_teacher_forced_logits_agree_with_ort_cpu(path, stepwise):
     ref = teacher_force(open_session(ort_cpu, model, io=io), context, stepwise=stepwise)
     assert got.shape == ref.shape == (len(context), io.vocab)
     diff = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
-    assert diff <= 1e-4, f"result: ort-genai's teacher-forced logits of {path} are ort-cpu's within 1e-4, got {diff:.3g}"
+    assert diff <= 1e-4, f"result: ort-genai's teacher-forced logits of {path} are ort-cpu's within 1e-4: {diff:.3g}"
 
 
 def _builder_snapshots() -> list[str]:
@@ -141,7 +141,8 @@ def _lock_params():
     out = []
     for name in _builder_snapshots():
         for e in ENGINES:
-            marks = [pytest.mark.xfail(reason=LOCK_FINDINGS[name, e], strict=True)] if (name, e) in LOCK_FINDINGS else []
+            finding = LOCK_FINDINGS.get((name, e))
+            marks = [pytest.mark.xfail(reason=finding, strict=True)] if finding else []
             out.append(pytest.param(name, e, marks=marks, id=f"{name}-{e}"))
     return out
 
@@ -247,7 +248,8 @@ def test_cuda_graphs_on_and_off_are_byte_identical(path):
     assert on.capture.captures >= 1 and on.capture.replays >= 1, on.capture
     assert off.capture.captures == 0 and off.capture.replays == 0, off.capture
     assert (div := first_divergence(on, off)) is None, f"result: capture on/off of {path} on ort-genai-cuda: {div}"
-    assert on.tokens == e["transformers_greedy_ids"], f"{path}: {on.tokens} vs transformers {e['transformers_greedy_ids']}"
+    want = e["transformers_greedy_ids"]
+    assert on.tokens == want, f"{path}: {on.tokens} vs transformers {want}"
 
 
 # -- what GenAI cannot run -------------------------------------------------------------------------
@@ -298,7 +300,8 @@ def test_without_onnxruntime_genai_the_engine_is_a_reasoned_skip(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # import raises ImportError
     for device in ("cpu", "cuda"):
         ok, why = GenAIEngine(device).available()
-        assert not ok and why.startswith("onnxruntime_genai is not installed (pip install 'lockstep-conformance[genai]'")
+        assert not ok
+        assert why.startswith("onnxruntime_genai is not installed (pip install 'lockstep-conformance[genai]'"), why
 
 
 def test_without_onnxruntime_genai_the_suite_counts_a_skip(tmp_path):
@@ -310,7 +313,8 @@ def test_without_onnxruntime_genai_the_suite_counts_a_skip(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("LOCKSTEP_REQUIRE_ENGINES", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "conformance/node_suite/test_square_products.py"),
-                           "--engines", "lockstep.engines.ort_genai:cpu_engine", "-q", "-rs", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "--engines", "lockstep.engines.ort_genai:cpu_engine", "-q", "-rs", "-p", "no:cacheprovider"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "1 skipped" in out and "ort-genai: onnxruntime_genai is not installed" in out, out[-3000:]
@@ -361,7 +365,8 @@ def test_the_cpu_build_of_genai_has_no_cuda_engine(monkeypatch):
     monkeypatch.setattr(ort_genai, "_requires", lambda dist, site: [])
     assert GenAIEngine("cpu").available()[0]
     ok, why = GenAIEngine("cuda").available()
-    assert not ok and why == "onnxruntime-genai 0.18.0 has no CUDA provider: ort-genai-cuda needs onnxruntime-genai-cuda"
+    assert not ok
+    assert why == "onnxruntime-genai 0.18.0 has no CUDA provider: ort-genai-cuda needs onnxruntime-genai-cuda", why
 
 
 # -- lockstep decode -------------------------------------------------------------------------------
