@@ -8,6 +8,7 @@ gets the report; shards merge; xdist workers are pinned to GPUs; regenerate --ch
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -107,7 +108,12 @@ def test_an_unavailable_engine_is_one_skip_per_test_function_counting_all_its_te
     ran = counts["ref-sim"]["passed"]
     assert ran >= 4 and counts["absent"] == {"passed": 0, "failed": 0, "xfailed": 0, "skipped": ran}, counts
     assert f"absent: {ran} test(s) skipped: its driver is not installed" in out, out[-3000:]
-    assert f"{ran - 2} deselected" in out, "contract: one skip kept per test function (node cases, products)"
+    # pytest's own line counts the items that ran: ref-sim's and one kept skip per test function of the absent
+    # engine (here one: test_node_case); the others are deselected (the substring match on "N deselected" this
+    # replaces passed only while the -m/-k total happened to end in ran - 2)
+    line = re.search(r"=+ (\d+) passed, (\d+) skipped, (\d+) deselected", out)
+    assert line and int(line.group(1)) == ran and int(line.group(2)) == 1, (
+        "contract: one skip kept per test function", out[-1500:])
 
 
 def test_a_usage_error_prints_no_report(tmp_path):
