@@ -194,7 +194,11 @@ def load_file(path: Path) -> onnx.ModelProto:
     st = path.stat()
     stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if stamp not in _LOADED:
-        _LOADED[stamp] = load_model(path)[0]
+        # the proto names its file (lockstep.model_source): an engine that runs a model folder (ORT GenAI:
+        # genai_config.json beside the model) finds it; other engines compute nothing different
+        from lockstep.model_source import mark_source
+
+        _LOADED[stamp] = mark_source(load_model(path)[0], path)
         while len(_LOADED) > _LOADED_SIZE:
             _LOADED.popitem(last=False)
     _LOADED.move_to_end(stamp)

@@ -72,11 +72,15 @@ class Entry:
 
 @functools.lru_cache(maxsize=None)  # every collected case is matched against every pattern
 def _regex(pattern: str) -> re.Pattern:
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z")
+    # a pattern without "[" is a node case's name (or a test function's bare key): its "*" stays out of a
+    # parametrized key's brackets, so "test_*" (every node case) never takes test_tripwire[model]
+    star = ".*" if "[" in pattern else r"[^\[]*"
+    return re.compile("".join(star if c == "*" else "." if c == "?" else re.escape(c) for c in pattern) + r"\Z")
 
 
 def match(key: str, pattern: str) -> bool:
-    """Glob match with ``*`` and ``?`` only: brackets in test keys (``test_x[model]``) are literal."""
+    """Glob match with ``*`` and ``?`` only: brackets in test keys (``test_x[model]``) are literal, and a
+    pattern without a bracket matches no bracketed key."""
     return bool(_regex(pattern).match(key))
 
 

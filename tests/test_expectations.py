@@ -242,3 +242,14 @@ def test_onnx_runtime_messages_are_recorded_and_summarised_per_operator(pytester
         "*NOT_IMPLEMENTED: Could not find an implementation for Relu(13) (and 1 other message(s))",  # its expanded case
         "*NOT_IMPLEMENTED: Could not find an implementation for Abs(13)",
     ])
+
+
+def test_a_bracketless_pattern_matches_node_cases_not_parametrized_keys():
+    # contract: "test_*" in an engine's expectations (every node case: ORT GenAI runs none) must not take the
+    # golden locks it does run (test_tripwire[genai-llama-fp32-cpu]); before, every such case read "newly runs"
+    from lockstep.expectations import filter_keys, match
+
+    assert match("test_abs", "test_*") and match("test_dft_inverse_x", "test_dft_inverse*")
+    assert not match("test_tripwire[genai-llama-fp32-cpu]", "test_*")
+    assert match("test_tripwire[genai-llama-fp32-cpu]", "test_tripwire[*]")
+    assert filter_keys({"test_abs", "test_tripwire[m]"}, "test_*") == ["test_abs"]
