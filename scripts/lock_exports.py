@@ -41,10 +41,18 @@ LOCKS: dict[str, tuple[str, str | None]] = {
     "optimum-llama-fp16": ("optimum/llama-fp16", "optimum/llama-fp32"),
     "genai-llama-fp16-cuda": ("genai/llama-fp16-cuda", "genai/llama-fp32-cpu"),
     "genai-gemma2-fp16-cuda": ("genai/gemma2-fp16-cuda", "genai/gemma2-fp32-cpu"),
+    "genai-gemma3-fp16-cuda": ("genai/gemma3-fp16-cuda", "genai/gemma3-fp32-cpu"),
+    "genai-llama-fp16-cpu": ("genai/llama-fp16-cpu", "genai/llama-fp32-cpu"),
+    # the builder's fp16 CPU graphs of Gemma 2 and 3 (MultiHeadAttention) drop the sliding window and Gemma 2's
+    # softcap: another function than their fp32 export (the twin check refuses it); the oracle runs the
+    # export itself upcast to fp32
+    "genai-gemma2-fp16-cpu": ("genai/gemma2-fp16-cpu", None),
+    "genai-gemma3-fp16-cpu": ("genai/gemma3-fp16-cpu", None),
     # int4 (MatMulNBits): the oracle runs the export itself, dequantizing exactly (an fp32 export of the
     # unquantized weights computes another function: the twin check refuses it)
     "genai-llama-int4-cpu": ("genai/llama-int4-cpu", None),
     "genai-llama-int4-cuda": ("genai/llama-int4-cuda", None),
+    **{f"genai-{a}-int4-{ep}": (f"genai/{a}-int4-{ep}", None) for a in ("gemma2", "gemma3") for ep in ("cpu", "cuda")},
 }
 
 
