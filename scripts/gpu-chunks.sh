@@ -4,7 +4,9 @@
 # the working tree included) is split into chunk folders .chunks/0, .chunks/1, ... (ignored by git):
 #   - onnxruntime-gpu (a CUDA 13.0 build for cp312, ~244 MiB; the H200 has torch's CUDA 13 and cuDNN
 #     libraries, see scripts/gpu-lane.sh), unless ORT=0;
+#   - onnxruntime-genai-cuda (cp312, ~17 MiB: ORT GenAI's CUDA build, the ort-genai-cuda engine), unless GENAI=0;
 #   - the SmolLM2-135M-Instruct GGUF (98 MiB, the trained golden model's source), unless SMOLLM2=0.
+# Chunks are CHUNK_MB (default 36) MiB: a call carries the working tree too (~23 MiB with golden/exports).
 # Then make one device call per folder, back to back while the machine is warm (30 s), each with
 #   carry: [".chunks/<i>"]   command: mkdir -p /tmp/parts && mv .chunks/<i>/* /tmp/parts/
 # and run the lane (carry .whl, after scripts/gpu-prepare.sh; this script runs second): the lane
@@ -22,12 +24,20 @@ if [ "${ORT:-1}" = 1 ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     -d "$tmp" "onnxruntime-gpu==$v"
   whl=$(ls "$tmp"/onnxruntime_gpu-*.whl)
-  (cd .chunks/parts && split -b 50M -d -a 2 "$whl" ort.p)
+  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$whl" ort.p)
   echo "ort $(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >> .chunks/MANIFEST
+fi
+if [ "${GENAI:-1}" = 1 ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    -d "$tmp" "onnxruntime-genai-cuda==${GENAI_VERSION:-0.18.0}"
+  whl=$(ls "$tmp"/onnxruntime_genai_cuda-*.whl)
+  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$whl" genai.p)
+  echo "genai $(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >> .chunks/MANIFEST
 fi
 if [ "${SMOLLM2:-1}" = 1 ]; then
   gguf=$(python3 -c "from lockstep.golden.smollm2 import locate_gguf; print(locate_gguf())")
-  (cd .chunks/parts && split -b 50M -d -a 2 "$gguf" gguf.p)
+  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$gguf" gguf.p)
   echo "gguf $(basename "$gguf") $(sha256sum "$gguf" | cut -d' ' -f1)" >> .chunks/MANIFEST
 fi
 i=0

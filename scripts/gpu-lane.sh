@@ -13,6 +13,7 @@
 #   ort-expect  ort-cuda's failing node cases as expectation entries to review (with ONNX Runtime CUDA)
 #   ort-divergence where ort-cuda first departs from ort-cpu in the findings' cases (with ONNX Runtime CUDA)
 #   smollm2-build  the SmolLM2 exports from the carried GGUF (with it)
+#   ort-genai   ORT GenAI (CUDA) on the builder's exports: ids, CUDA graphs on/off, locks (with its wheel)
 #   golden      golden token locks, tripwires, capture on/off identity and paging on every engine,
 #               the trained SmolLM2 exports included when their GGUF came along
 #   bench       scripts/bench_decode.py on the GPU (eager per-op sync / deferred / captured, ort-cpu,
@@ -69,6 +70,11 @@ if whl=$(assemble ort); then
     && export PYTHONPATH="/tmp/lockstep-site:/tmp/ortsite${PYTHONPATH#/tmp/lockstep-site}" \
               LD_LIBRARY_PATH="$N/cu13/lib:$N/cudnn/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && ORT_CUDA=1
 fi
+# ORT GenAI's CUDA build beside ONNX Runtime's (it loads the libonnxruntime of /tmp/ortsite)
+GENAI=0
+if [ "$ORT_CUDA" = 1 ] && whl=$(assemble genai); then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ortsite "$whl" && GENAI=1
+fi
 if gguf=$(assemble gguf); then
   export LOCKSTEP_SMOLLM2_GGUF=$gguf LOCKSTEP_CACHE_DIR=/tmp/lockstep-cache && SMOLLM2=1
 fi
@@ -79,7 +85,8 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cupy, onnx; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), '| onnx', onnx.__version__)"
   python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers(), o.__file__)"
-  echo "ort-cuda carried: $ORT_CUDA; smollm2 gguf carried: $SMOLLM2"
+  echo "ort-cuda carried: $ORT_CUDA; ort-genai-cuda carried: $GENAI; smollm2 gguf carried: $SMOLLM2"
+  [ "$GENAI" = 1 ] && python3 -c "import onnxruntime_genai as g; print('onnxruntime-genai', g.__version__, g.__file__)"
 } > "$out/device.txt" 2>&1
 
 rows=()
@@ -121,7 +128,10 @@ if [ "$ORT_CUDA" = 1 ]; then
     test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded test_attention_4d_fp16 test_max_int16
 fi
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
-step golden        timeout 420 python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
+step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
+# ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
+# the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
+[ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4
 step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
 step profile       timeout 240 bash -c "for m in small-fp32-standard-kv64 small-fp32-standard; do python3 scripts/profile_decode.py --device cupy --model \$m --by-op --steps 16 --top 30; done; python3 scripts/profile_decode.py --device cupy --capture on --steps 32 --top 25; python3 scripts/step_parts.py --device cupy --capture on; python3 scripts/step_parts.py --device cupy --capture off --steps 16; python3 scripts/host_costs.py"
