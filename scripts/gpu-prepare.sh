@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (with network) before a GPU lane call: puts into .whl/ (ignored by git, carried with
 # `carry: [".whl"]`) what the H200 lacks: this tree's lockstep wheel, and the pure-Python wheels
-# the H200 image does not have (syrupy, platformdirs, gguf). scripts/gpu-lane.sh installs them into
+# the H200 image does not have (syrupy, platformdirs, gguf, tokenizers: the real exports' tokenizer.json). scripts/gpu-lane.sh installs them into
 # a private target and refuses to run if the wheel is not this tree's. Run scripts/gpu-chunks.sh after
 # this one for ONNX Runtime's CUDA build and the SmolLM2 GGUF.
 set -euo pipefail
@@ -15,7 +15,7 @@ rm -rf build
 python3 -m pip wheel -q --no-deps -w .whl . 2>&1 | grep -v -i warning || true
 rm -rf build
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "syrupy>=4" "platformdirs>=3" "gguf>=0.10"
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "syrupy>=4" "platformdirs>=3" "gguf>=0.10" "tokenizers>=0.19"
 git rev-parse HEAD > .whl/COMMIT
 git diff --quiet HEAD -- . ':!docs' || echo "note: the tree has uncommitted changes; the wheel holds them" >&2
 ls -la .whl
