@@ -323,6 +323,10 @@ def test_group_query_attention_refuses_a_sliding_window_cache_that_would_evict()
 @pytest.mark.parametrize("alpha,dt", [(None, np.float32), (1.0, np.float32), (2.5, np.float64)])
 def test_quick_gelu(alpha, dt):
     # result: ONNX Runtime's CPU kernel (Optimum's --optimize O2 writes it for Llama's SiLU)
+    import onnxruntime
+
+    if np.dtype(dt) == np.float64 and not onnxruntime.__version__.startswith("1.31."):
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} has no float64 QuickGelu kernel (1.31 does)")
     x = (np.random.default_rng(9).standard_normal((2, 3, 8)) * 4).astype(dt)
     node = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft",
                             **({} if alpha is None else {"alpha": alpha}))

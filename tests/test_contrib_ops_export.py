@@ -497,7 +497,13 @@ _GBQ_CASES = {
 
 @pytest.mark.parametrize("name", list(_GBQ_CASES))
 def test_gather_block_quantized(name):
-    # (ORT 1.31.1: an index outside [-rows, rows) gives a row of zeros, not an error)
+    # (ORT 1.31.1: an index outside [-rows, rows) gives a row of zeros, not an error; ORT 1.30 (the H200's
+    # preinstalled CPU build) raises instead: that case describes 1.31, the version the ort extra pins)
+    import onnxruntime
+
+    if name == "negative_and_out_of_range" and not onnxruntime.__version__.startswith("1.31."):
+        pytest.skip(f"onnxruntime {onnxruntime.__version__}: out-of-range GatherBlockQuantized indices are "
+                    "described for 1.31 (zeros); other versions raise")
     case = _GBQ_CASES[name]
     node, feeds, outs = _gbq_case(np.random.default_rng(50), **case)
     _compare(_model(node, feeds, outs), feeds, dtype=case.get("dt", np.float32))

@@ -214,6 +214,8 @@ def _ort_unsupported(msg: str) -> str:
         return "opset newer than this engine accepts"
     if "could not find an implementation" in low or "not_implemented" in low:
         return "operator or type not implemented"
+    if "cannot use the graph capture feature" in low:  # ORT 1.31: a node left on the CPU provider
+        return "ONNX Runtime's CUDA graphs need every node on the CUDA provider"
     return ""
 
 

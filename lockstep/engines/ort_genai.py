@@ -298,6 +298,11 @@ class GenAIDecoder:
 
         msg = _first_line(exc)
         what = f"{self.engine.name} (ORT GenAI {self.og.__version__})"
+        if "cannot use the graph capture feature" in msg.lower():  # an -e cpu export: nodes left on the CPU
+            from lockstep.engines.protocol import Unsupported
+
+            raise Unsupported(f"{what}: its CUDA graphs need every node on the CUDA provider (a model exported "
+                              f"for the CPU keeps nodes there): {msg}") from exc
         if _device_failure(msg):
             raise GenAIError(f"{what} fails to open the model on its device: {msg}") from exc
         raise ModelError(f"{what} refuses the model: {msg}") from exc
