@@ -72,6 +72,12 @@ class GoldenModel:
     def available(self) -> tuple[bool, str]:
         """Whether the model can be had here (a trained model needs its builder's dependencies)."""
         if self._builder is None:
+            if self.meta.get("tokenizer"):  # a real export's prompt goes through its tokenizer.json
+                try:
+                    import tokenizers  # noqa: F401
+                except ImportError:
+                    return False, (f"{self.name} reads its prompt through {self.meta['tokenizer']}: needs the "
+                                   "tokenizers package (pip install 'lockstep-conformance[models]')")
             return True, "present"
         module, _, fn = self._builder.partition(":")
         try:

@@ -377,13 +377,35 @@ def _expectations(config: pytest.Config) -> list:
     return st["expect"]
 
 
-def _keyword_selected(config: pytest.Config) -> bool:
-    """``-k`` picks some parameters of a function: the collected keys are then a part of that function's,
-    and an entry for a key left out is not stale (the complete run judges it)."""
-    return bool(config.getoption("keyword", ""))
+def _kept_by_keyword(config: pytest.Config):
+    """With ``-k``, a function is collected with only some of its parameters: an entry for a key ``-k``
+    left out is not stale (the complete run judges it). Returns None without ``-k``, else
+    ``kept(pattern, engine)``: whether ``-k`` would have selected that exact key (pytest's own
+    expression; a glob pattern, or an expression this cannot evaluate, is never judged under ``-k``)."""
+    kexpr = config.getoption("keyword", "")
+    if not kexpr:
+        return None
+    try:
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(kexpr)
+    except Exception:
+        return lambda pat, engine: False
+
+    def kept(pat: str, engine: str) -> bool:
+        if "*" in pat or "?" in pat:
+            return False
+        func, _, params = pat.partition("[")
+        names = [f"{func}[{engine}-{params}".lower() if params else func.lower(), func.lower()]
+        try:
+            return bool(expr.evaluate(lambda ident, **kw: not kw and any(ident.lower() in n for n in names)))
+        except Exception:
+            return False
+
+    return kept
 
 
-def _stale_entries(entries: list, collected: set[str], universe: set[str]) -> str:
+def _stale_entries(entries: list, collected: set[str], universe: set[str], kept=None) -> str:
     """What is stale among the selected engines' entries: a pattern of a test function's key whose
     function was collected but matches none of its keys, or a node-case pattern matching no node
     case (``universe``: every case, empty when the node suite was not collected). '' when none."""
@@ -392,6 +414,8 @@ def _stale_entries(entries: list, collected: set[str], universe: set[str]) -> st
     for e in entries:
         for pat in e.patterns:
             if "[" in pat:  # a test function's key: judged when that function was collected
+                if kept is not None and not kept(pat, e.engine):
+                    continue
                 if pat.split("[")[0] in functions and not expectations.filter_keys(collected, pat):
                     stale.append((e, pat))
             elif universe and not expectations.filter_keys(universe, pat):
@@ -425,8 +449,6 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     if st.get("stale_checked"):
         return
     st["stale_checked"] = True
-    if _keyword_selected(config):
-        return
     engines = sorted(_engines(config))
     keys, node_cases = set(), False
     for nodeid in ids:
@@ -443,7 +465,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
         from lockstep.reference_runtime.node_cases import load_cases
 
         universe = {c.name for c in load_cases()}
-    stale = _stale_entries(entries, keys, universe)
+    stale = _stale_entries(entries, keys, universe, _kept_by_keyword(config))
     if stale:
         pytest.exit(stale, returncode=pytest.ExitCode.USAGE_ERROR)
 
@@ -471,8 +493,8 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
         universe = set()
     # a pytest-xdist worker leaves the judgement to the controller (pytest_xdist_node_collection_finished):
     # a usage error raised on a worker is an INTERNALERROR there
-    if getattr(config, "workerinput", None) is None and not _keyword_selected(config):
-        stale = _stale_entries(entries, {k for _, k in keys.values()}, universe)
+    if getattr(config, "workerinput", None) is None:
+        stale = _stale_entries(entries, {k for _, k in keys.values()}, universe, _kept_by_keyword(config))
         if stale:
             raise pytest.UsageError(stale)
     unsupported = st.setdefault("expected_unsupported", {})
