@@ -197,6 +197,8 @@ def load_file(path: Path) -> onnx.ModelProto:
     from lockstep.reference_runtime.model import load_model
 
     path = Path(path)
+    if not path.is_file():  # the loader's own named error for a missing file
+        return load_model(path)[0]
     st = path.stat()
     stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if stamp not in _LOADED:
@@ -399,13 +401,11 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
               card: dict[str, str] | None = None, crosscheck: bool = True,
               progress: Callable[[str], None] | None = None) -> Path:
     """Record a snapshot for a user's model in ``directory`` (see the module docstring)."""
-    from lockstep.reference_runtime.model import load_model
-
     from .text import Text
 
     directory = Path(directory)
     model_path = Path(model_path).resolve()
-    target = load_model(model_path)[0]
+    target = load_file(model_path)  # read only (shared with the CLI's look at the model)
     io = DecoderIO.of(target, card)
     text = Text.load(Path(tokenizer) if tokenizer else None, io.vocab)
     ids = text.encode(prompt)

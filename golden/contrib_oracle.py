@@ -655,34 +655,24 @@ def contrib_ops() -> dict[tuple[str, str], type[OpRun]]:
 _OTHER_DOMAINS = ("ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
 
 
-def _graphs(g: onnx.GraphProto):
-    yield g
-    for n in g.node:
-        for att in n.attribute:
-            if att.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(att.g)
-            elif att.type == onnx.AttributeProto.GRAPHS:
-                for sub in att.graphs:
-                    yield from _graphs(sub)
-
-
 def check_supported(model: onnx.ModelProto) -> None:
     """Raise ``OracleUnsupported`` (one line, naming the op and the node) at the first node that
     neither onnx's reference evaluator nor ``CONTRIB_OPS`` implements."""
     ours = contrib_ops()
     opsets = {o.domain: o.version for o in model.opset_import}
     local = {(f.domain, f.name) for f in model.functions}
-    for g in _graphs(model.graph):
-        for n in g.node:
-            key = (n.domain, n.op_type)
-            if key in ours or key in local:
+    from lockstep.reference_runtime.inference import _nodes  # every node, subgraphs included (structure only)
+
+    for n in _nodes(model.graph):
+        key = (n.domain, n.op_type)
+        if key in ours or key in local:
+            continue
+        if n.domain in ("", "ai.onnx", *_OTHER_DOMAINS):
+            dom = "" if n.domain == "ai.onnx" else n.domain
+            version = opsets.get(n.domain, opsets.get(dom, 1))
+            if onnx.defs.has(n.op_type, version, dom):
                 continue
-            if n.domain in ("", "ai.onnx", *_OTHER_DOMAINS):
-                dom = "" if n.domain == "ai.onnx" else n.domain
-                version = opsets.get(n.domain, opsets.get(dom, 1))
-                if onnx.defs.has(n.op_type, version, dom):
-                    continue
-            raise OracleUnsupported(
-                f"the oracle has no implementation of {_node_name(n)} (onnx {onnx.__version__}'s reference "
-                f"evaluator and lockstep's contrib ops lack it): give an fp32 twin computing the same function "
-                f"(--twin)")
+        raise OracleUnsupported(
+            f"the oracle has no implementation of {_node_name(n)} (onnx {onnx.__version__}'s reference "
+            f"evaluator and lockstep's contrib ops lack it): give an fp32 twin computing the same function "
+            f"(--twin)")

@@ -342,10 +342,10 @@ def _golden_add(args: argparse.Namespace) -> int:
     try:
         card = card_for(args.model, args.io)
         tokenizer = args.tokenizer or tokenizer_for(args.model)
-        if tokenizer is None:
-            from lockstep.reference_runtime.model import load_model
+        if tokenizer is None:  # the cached load add_model reads again (catalog.load_file): one parse
+            from lockstep.golden.catalog import load_file
 
-            _warn_bytes(None, DecoderIO.of(load_model(args.model)[0], card).vocab)
+            _warn_bytes(None, DecoderIO.of(load_file(Path(args.model)), card).vocab)
         path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=tokenizer,
                          twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print)
     except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,

@@ -18,27 +18,20 @@ grep -qx '/.chunks/' .git/info/exclude 2>/dev/null || echo '/.chunks/' >> .git/i
 rm -rf .chunks && mkdir -p .chunks/parts
 tmp=$(mktemp -d)
 : > .chunks/MANIFEST
-if [ "${ORT:-1}" = 1 ]; then
-  v=${ORT_VERSION:-1.31.1}
+chunk() {  # kind file: split the file into chunk parts, its name and sha256 into the manifest
+  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$2" "$1.p")
+  echo "$1 $(basename "$2") $(sha256sum "$2" | cut -d' ' -f1)" >> .chunks/MANIFEST
+}
+wheel() {  # kind requirement glob: the cp312 manylinux wheel of the requirement, chunked
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$tmp" "onnxruntime-gpu==$v"
-  whl=$(ls "$tmp"/onnxruntime_gpu-*.whl)
-  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$whl" ort.p)
-  echo "ort $(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >> .chunks/MANIFEST
-fi
-if [ "${GENAI:-1}" = 1 ]; then
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$tmp" "onnxruntime-genai-cuda==${GENAI_VERSION:-0.18.0}"
-  whl=$(ls "$tmp"/onnxruntime_genai_cuda-*.whl)
-  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$whl" genai.p)
-  echo "genai $(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >> .chunks/MANIFEST
-fi
+    -d "$tmp" "$2"
+  chunk "$1" "$(ls "$tmp"/$3)"
+}
+[ "${ORT:-1}" = 1 ] && wheel ort "onnxruntime-gpu==${ORT_VERSION:-1.31.1}" 'onnxruntime_gpu-*.whl'
+[ "${GENAI:-1}" = 1 ] && wheel genai "onnxruntime-genai-cuda==${GENAI_VERSION:-0.18.0}" 'onnxruntime_genai_cuda-*.whl'
 if [ "${SMOLLM2:-1}" = 1 ]; then
-  gguf=$(python3 -c "from lockstep.golden.smollm2 import locate_gguf; print(locate_gguf())")
-  (cd .chunks/parts && split -b "${CHUNK_MB:-36}M" -d -a 2 "$gguf" gguf.p)
-  echo "gguf $(basename "$gguf") $(sha256sum "$gguf" | cut -d' ' -f1)" >> .chunks/MANIFEST
+  chunk gguf "$(python3 -c "from lockstep.golden.smollm2 import locate_gguf; print(locate_gguf())")"
 fi
 i=0
 for f in .chunks/parts/*; do mkdir -p ".chunks/$i"; mv "$f" ".chunks/$i/"; i=$((i + 1)); done

@@ -13,7 +13,6 @@ the model; an export it cannot run is a named error, never a traceback.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +54,7 @@ def _decode(path: str, engine: str, capture: bool) -> list[int]:
     model_path = ROOT / path / "model.onnx"
     eng = load_engine(engine)
     ok, why = eng.available()
-    if not ok:
-        required = os.environ.get("LOCKSTEP_REQUIRE_ENGINES", "").split(",")
-        if engine in required or "all" in required:
-            pytest.fail(f"engine {engine} is required by LOCKSTEP_REQUIRE_ENGINES but unavailable: {why}")
+    if not ok:  # a counted skip (the plugin refuses a run that selects a required engine it cannot load)
         pytest.skip(f"{engine}: {why}")
     model, _ = load_model(model_path)
     io = DecoderIO.of(model, card_for(model_path))
