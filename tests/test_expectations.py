@@ -253,3 +253,22 @@ def test_a_bracketless_pattern_matches_node_cases_not_parametrized_keys():
     assert not match("test_tripwire[genai-llama-fp32-cpu]", "test_*")
     assert match("test_tripwire[genai-llama-fp32-cpu]", "test_tripwire[*]")
     assert filter_keys({"test_abs", "test_tripwire[m]"}, "test_*") == ["test_abs"]
+
+
+def test_under_k_an_entry_for_a_deselected_key_is_not_stale():
+    # contract: `-k genai-` collects some parameters of test_capture_on_off_byte_identity; an exact entry for a
+    # parameter -k left out is not judged (before: "entries matching no case" ended the run), one -k kept is
+    from types import SimpleNamespace
+
+    from lockstep.expectations import Entry
+    from lockstep.pytest_plugin import _kept_by_keyword, _stale_entries
+
+    kept = _kept_by_keyword(SimpleNamespace(getoption=lambda name, default=None: "genai-"))
+    collected = {"test_capture_on_off_byte_identity[genai-llama-fp32-cpu]"}
+    left_out = Entry(engine="ort-cuda", patterns=["test_capture_on_off_byte_identity[tiny-fp32-standard]"],
+                     kind="unsupported", reason="x")
+    wrong = Entry(engine="ort-cuda", patterns=["test_capture_on_off_byte_identity[genai-no-such]"],
+                  kind="unsupported", reason="x")
+    assert _stale_entries([left_out], collected, set(), kept) == ""
+    assert "genai-no-such" in _stale_entries([wrong], collected, set(), kept)
+    assert "tiny-fp32-standard" in _stale_entries([left_out], collected, set(), None), "without -k it is stale"
