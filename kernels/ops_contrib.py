@@ -73,10 +73,17 @@ GroupQueryAttention
       ``j <= p_b + s`` (``causal=1``), and ``j > p_b + s - local_window_size`` when the window is
       positive.  Scores are ``scale * q.k`` (default ``1/sqrt(D)``), soft-capped as
       ``softcap * tanh(x / softcap)`` when ``softcap > 0``.  A row with no key gives zeros.
-    * ``sliding_window_cache=1`` (Gemma 2's local layers from GenAI's builder): accepted for a static
-      cache that holds every position (``T <= P``), where nothing is evicted and the op computes what
-      ``local_window_size`` alone does (ORT 1.31.1 gives bit-identical logits with and without the
-      attribute there); a window-sized buffer that would evict is refused.
+    * ``sliding_window_cache=1`` (Gemma 2/3's local layers from GenAI's builder): the past/present
+      buffers are window-sized, of capacity ``C`` (axis 2 of past_key, at least the window ``W``),
+      and the op evicts as ONNX Runtime's schema documents (Windowed KV Cache): with ``t_b`` the
+      positions processed (``seqlens_k[b] + 1``), ``G = C - W + 1`` and ``L(t) = t`` up to ``C``,
+      else ``t - G * ceil((t - C) / G)``, rows ``[0, L(p_b))`` of the past hold positions
+      ``p_b - L(p_b) .. p_b - 1`` and rows ``[0, L(t_b))`` of the present hold ``t_b - L(t_b) ..
+      t_b - 1`` (rows past ``L`` are unspecified in ORT, zero here). Any step length is accepted
+      (``S > C`` too); ``total_sequence_length`` is only the batch's largest ``t_b`` (it may exceed
+      ``C``). The resident range comes from device data (``seqlens_k``), so a captured step stays
+      valid as the window moves. A buffer under the window (``C < W``) or none is refused; ORT's
+      CUDA provider accepts only ``C == W`` (its CPU provider any ``C >= W``).
     * ``q_norm_weight``/``k_norm_weight`` (in ONNX Runtime 1.31.1's schema; Gemma 3 from GenAI's
       builder for CUDA): a per-head RMS norm of Q and K over the head size,
       ``x / sqrt(mean(x^2) + qk_norm_epsilon) * weight`` (epsilon defaults to 1e-6), before rotary,
@@ -498,19 +505,19 @@ def _gqa_dims(node, specs):
     T = int(np.asarray(tsl.value).reshape(-1)[0])
     if T < 1:
         raise node.error(f"total_sequence_length must be positive, got {T}")
-    if T == P + S:
+    if int(node.attr("sliding_window_cache", 0)):
+        window = int(node.attr("local_window_size", -1))
+        if pk is None or P < window:  # ORT: INVALID_ARGUMENT ("KV cache capacity (0) must be at least ...")
+            raise node.error(f"sliding_window_cache=1: the KV cache capacity ({P}, axis 2 of past_key) must be at "
+                             f"least local_window_size ({window})")
+        L = P  # a window-sized buffer of capacity P, evicting (total_sequence_length may exceed it)
+    elif T == P + S:
         L = T  # growing cache: present = past ++ new
     elif T <= P:
         L = P  # shared-buffer cache of capacity P
     else:
         raise node.error(f"total_sequence_length={T} must equal past_sequence_length + sequence_length "
                          f"({P} + {S}) for a growing cache, or be at most past_sequence_length for a static cache")
-    if int(node.attr("sliding_window_cache", 0)) and not (pk is not None and T <= P):
-        # a window-sized buffer ORT evicts from; a buffer that holds every position (T <= P) needs no
-        # eviction and computes what local_window_size alone does (ORT 1.31: bit-identical logits)
-        raise node.error(f"sliding_window_cache=1 with total_sequence_length={T} and a past buffer of {P} positions: "
-                         "only a shared buffer that holds every position (total <= capacity) is supported, not "
-                         "eviction from a window-sized buffer")
     if S > 1 and S != T and B != 1:
         raise node.error("batch_size must be 1 when sequence_length > 1 and past context is given")
     rd = 0
@@ -548,6 +555,8 @@ def _gqa_workspace(node, specs):
     the cache repeated over the query heads."""
     B, S, D, _P, _T, L, _rd = _gqa_dims(node, specs)
     nq = int(node.attr("num_heads"))
+    if int(node.attr("sliding_window_cache", 0)):
+        L += S  # the resident rows and the step's keys side by side
     return (4 * B * nq * S * L + 4 * B * nq * L * D) * 8
 
 
@@ -599,18 +608,23 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
             Q = Q.astype(dt).astype(work)
             K = K.astype(dt).astype(work)
 
-    present_k = assemble_cache(xp, K, past_k.astype(work) if past_k is not None else None, past_len, L)
-    present_v = assemble_cache(xp, V, past_v.astype(work) if past_v is not None else None, past_len, L)
-
     i = past_len.reshape(B, 1, 1, 1) + xp.arange(S, dtype=xp.int64).reshape(1, 1, S, 1)
-    j = xp.arange(L, dtype=xp.int64).reshape(1, 1, 1, L)
-    allowed = j < total.reshape(B, 1, 1, 1)
-    if causal:
-        allowed = allowed & (j <= i)
-        if window > 0:
-            allowed = allowed & (j > i - window)
     scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / float(np.sqrt(D))
-    out = attention(xp, Q, present_k, present_v, allowed, scale=scale, softcap=softcap)
+    if int(node.attr("sliding_window_cache", 0)):
+        keys_k, keys_v, j, valid, present_k, present_v = _window_cache(
+            xp, K, V, past_k.astype(work), past_v.astype(work), past_len, total, window)
+        allowed = valid & (j < total.reshape(B, 1, 1, 1)) & (j <= i) & (j > i - window)
+        out = attention(xp, Q, keys_k, keys_v, allowed, scale=scale, softcap=softcap)
+    else:
+        present_k = assemble_cache(xp, K, past_k.astype(work) if past_k is not None else None, past_len, L)
+        present_v = assemble_cache(xp, V, past_v.astype(work) if past_v is not None else None, past_len, L)
+        j = xp.arange(L, dtype=xp.int64).reshape(1, 1, 1, L)
+        allowed = j < total.reshape(B, 1, 1, 1)
+        if causal:
+            allowed = allowed & (j <= i)
+            if window > 0:
+                allowed = allowed & (j > i - window)
+        out = attention(xp, Q, present_k, present_v, allowed, scale=scale, softcap=softcap)
     out = out.transpose(0, 2, 1, 3).reshape(B, S, nq * D)
     specs = node.out_specs
     res = [_cast(out, specs[0].dtype)]
@@ -621,10 +635,47 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
     return tuple(res)
 
 
+def _resident(xp, t, capacity: int, window: int):
+    """Rows a window-sized cache of ``capacity`` holds after ``t`` positions (int64 [B]): ``t`` up to
+    the capacity, then ``t - G * ceil((t - C) / G)`` with ``G = C - W + 1`` (ORT's schema)."""
+    g = capacity - window + 1
+    over = xp.maximum(t - capacity, 0)
+    return xp.where(t <= capacity, t, t - g * ((over + g - 1) // g))
+
+
+def _window_cache(xp, K, V, past_k, past_v, past_len, total, window: int):
+    """A step over a window-sized cache (``sliding_window_cache=1``): the keys the step may read,
+    the resident past rows then the S new ones ([B, H, C + S, D]), their absolute positions and
+    validity ([B, 1, 1, C + S]), and the present buffers ([B, H, C, D]: rows [0, L(t)) the most
+    recent positions in order, zero beyond). Every index comes from device data (no read-back)."""
+    B, H, S, D = K.shape
+    C = past_k.shape[2]
+    held = _resident(xp, past_len, C, window).reshape(B, 1)  # rows [0, held) hold p - held .. p - 1
+    p = past_len.reshape(B, 1)
+    j = xp.arange(C + S, dtype=xp.int64).reshape(1, C + S)
+    key_pos = xp.where(j < C, p - held + j, p + j - C)
+    valid = (j >= C) | (j < held)
+    keys_k = xp.concatenate((past_k, K), axis=2)
+    keys_v = xp.concatenate((past_v, V), axis=2)
+    t = total.reshape(B, 1)
+    keep = _resident(xp, total, C, window).reshape(B, 1)
+    r = xp.arange(C, dtype=xp.int64).reshape(1, C)
+    pos = t - keep + r  # the position present row r holds
+    src = xp.clip(xp.where(pos >= p, C + pos - p, pos - p + held), 0, C + S - 1)
+    idx = xp.broadcast_to(src.reshape(B, 1, C, 1), (B, H, C, D))
+    filled = (r < keep).reshape(B, 1, C, 1)
+    zero = K.dtype.type(0)
+    present_k = xp.where(filled, xp.take_along_axis(keys_k, idx, axis=2), zero)
+    present_v = xp.where(filled, xp.take_along_axis(keys_v, idx, axis=2), zero)
+    return (keys_k, keys_v, key_pos.reshape(B, 1, 1, C + S), valid.reshape(B, 1, 1, C + S), present_k, present_v)
+
+
 def _gqa_check(node, specs):
     """seqlens_k (checked into the error latch, as ORT refuses them): in [0, present length), at
     least S - 1 after the first prompt (no negative past), and with rotary then below the cache rows."""
     _B, S, _D, _P, T, L, rd = _gqa_dims(node, specs)
+    if int(node.attr("sliding_window_cache", 0)):  # positions are absolute, the buffer holds a window of them
+        return [IndexCheck(5, 0 if S == T else S - 1, min(T, specs[7].shape[0]) if rd else T)]
     if S == T:
         return [IndexCheck(5, 0, L)]
     return [IndexCheck(5, S - 1, min(L, specs[7].shape[0]) if rd else L)]

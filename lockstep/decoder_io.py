@@ -31,6 +31,12 @@ found and how to say it explicitly: a model card (``<model>.lockstep.toml`` next
 ``genai_config.json`` beside the model (ONNX Runtime GenAI's builder writes it) is read as the
 lowest layer of the card (``lockstep.genai_config``): names, head size, shared-buffer capacity.
 
+Window-sized caches: a past read by a ``GroupQueryAttention`` with ``sliding_window_cache=1``
+(Gemma 2/3's local layers from GenAI's builder, ``past_sliding_length``) holds a window, not the
+context: its buffer has the rows its past input declares, or ``local_window_size`` when the axis
+is symbolic (the one capacity ONNX Runtime's CUDA provider accepts), whatever the other layers'
+capacity (``window_capacity``, ``capacity_of``); the op evicts inside it, so it bounds no position.
+
 Decoding is batch 1: a model whose batch axis is fixed to another size is refused.
 
 Declared shapes are checked when the roles are read: a dimension declared negative on any role's
@@ -94,6 +100,25 @@ class ModelCardError(ValueError):
 class ContextLimitExceeded(StepError):
     """A decode would pass the model's last position (its KV capacity or its position tables);
     raised before the step runs, naming the limit and where it comes from."""
+
+
+def _window_pasts(g: onnx.GraphProto, pasts: set[str], past_of: dict[str, str]) -> dict[str, int]:
+    """Past inputs read as a window-sized cache -- past_key/past_value (inputs 3, 4) or present outputs
+    (1, 2) of a ``GroupQueryAttention`` with ``sliding_window_cache=1`` -- each with its
+    ``local_window_size``. A past read by two such nodes with different windows is ``NotADecoder``."""
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type != "GroupQueryAttention" or not any(a.name == "sliding_window_cache" and a.i for a in n.attribute):
+            continue
+        window = next((int(a.i) for a in n.attribute if a.name == "local_window_size"), -1)
+        names = [x for x in n.input[3:5] if x in pasts] + [past_of[x] for x in n.output[1:3] if x in past_of]
+        for name in names:
+            if window < 1:
+                raise NotADecoder(f"GroupQueryAttention node {n.name!r}: sliding_window_cache=1 needs a positive "
+                                  f"local_window_size, got {window}")
+            if out.setdefault(name, window) != window:
+                raise NotADecoder(f"{name} is read as a window-sized cache of {out[name]} and of {window} rows")
+    return out
 
 
 def _table_rows(g: onnx.GraphProto) -> dict[str, int]:
@@ -235,6 +260,7 @@ class DecoderIO:
     convention: str = "lockstep"
     max_positions: int = 0          # positions the model's tables cover, or 0 when none is found
     limit_source: str = ""          # what bounds max_positions (position_limit)
+    window_capacity: dict[str, int] = field(default_factory=dict)  # past name -> rows of a window-sized cache
 
     @property
     def n_layers(self) -> int:
@@ -244,23 +270,34 @@ class DecoderIO:
     def kv_layout(self) -> str:
         return "BNSH" if self.seq_axis == 2 else "BSNH"
 
-    def cache_shape(self, length: int | None = None) -> list[int]:
-        """One past input's shape holding ``length`` positions (default: the capacity, 0 when growing)."""
-        n = self.capacity if length is None else length
+    def capacity_of(self, past: str | None = None) -> int:
+        """Rows of ``past``'s buffer: its window for a window-sized cache, else the capacity (0 when growing)."""
+        return self.window_capacity.get(past, self.capacity) if past is not None else self.capacity
+
+    def cache_shape(self, length: int | None = None, past: str | None = None) -> list[int]:
+        """One past input's shape holding ``length`` positions (default: ``past``'s rows,
+        ``capacity_of``; the capacity, 0 when growing, when no past is named)."""
+        n = self.capacity_of(past) if length is None else length
         return [1, self.kv_heads, n, self.head_dim] if self.seq_axis == 2 else [1, n, self.kv_heads, self.head_dim]
 
     def cache_bytes(self, length: int | None = None) -> int:
-        """Bytes of every layer's key and value cache holding ``length`` positions (Python ints: a
-        declared shape may pass int64)."""
-        return math.prod(self.cache_shape(length)) * np.dtype(self.kv_dtype).itemsize * len(self.pasts)
+        """Bytes of every layer's key and value cache, each holding ``length`` positions or, by default,
+        its own rows (at least one: a growing cache's first position) (Python ints: a declared shape
+        may pass int64)."""
+        rows = [length if length is not None else self.capacity_of(p) or 1 for p in self.pasts]
+        return sum(math.prod(self.cache_shape(n)) for n in rows) * np.dtype(self.kv_dtype).itemsize
 
-    def empty_cache(self, budget: int | None = None) -> np.ndarray:
-        """One past input's initial value (zeros of the capacity, or no positions when growing),
-        after checking that every layer's cache fits ``budget`` bytes (default: the host budget,
-        ``lockstep.host_memory.host_budget``): ``KVCacheTooLarge`` otherwise, before allocating."""
+    def empty_cache(self, past: str | None = None, budget: int | None = None) -> np.ndarray:
+        """``past``'s initial value (zeros of its rows, ``capacity_of``, or no positions when growing;
+        without ``past``, a buffer of the capacity), after checking that every layer's cache fits
+        ``budget`` bytes (default: the host budget, ``lockstep.host_memory.host_budget``):
+        ``KVCacheTooLarge`` otherwise, before allocating. Name the past: a window-sized layer's
+        buffer is not the others' size."""
+        if past is not None and past not in self.present_of:
+            raise KeyError(f"{past!r} is not a past input of this decoder ({', '.join(self.pasts)})")
         # a growing cache starts empty, but one position of it must fit too (2**62 declared heads do not)
         shape = self.cache_shape(self.capacity or 1)
-        need = self.cache_bytes(self.capacity or 1)
+        need = self.cache_bytes()
         from lockstep.host_memory import fmt_bytes, host_budget
 
         limit = host_budget() if budget is None else None
@@ -272,7 +309,7 @@ class DecoderIO:
                 f"the KV cache the model declares does not fit in host memory: {len(self.pasts)} past inputs "
                 f"({self.pasts[0]}, ...) of shape {shape} {np.dtype(self.kv_dtype).name} take "
                 f"{fmt_bytes(need)}, over the budget of {fmt_bytes(cap)} ({why}); {held}")
-        return np.zeros(self.cache_shape(), self.kv_dtype)
+        return np.zeros(self.cache_shape(past=past), self.kv_dtype)
 
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
@@ -318,12 +355,12 @@ class DecoderIO:
         itself when there is nothing to bind (a growing cache, or dims already fixed)."""
         if not self.capacity:
             return model
-        kv = {*self.pasts, *self.present_of.values()}
+        rows = {n: self.capacity_of(p) for p in self.pasts for n in (p, self.present_of[p])}
         todo = []
         for vi in [*model.graph.input, *model.graph.output]:
             dims = vi.type.tensor_type.shape.dim
-            if vi.name in kv and len(dims) == 4:
-                want = {self.seq_axis: self.capacity, 3: self.head_dim}
+            if vi.name in rows and len(dims) == 4:
+                want = {self.seq_axis: rows[vi.name], 3: self.head_dim}
             elif vi.name == self.attention_mask and len(dims) == 2:
                 want = {1: self.capacity}
             else:
@@ -425,10 +462,17 @@ class DecoderIO:
             if bad:
                 axis, v = bad[0]
                 raise fail(f"{vi.name} {d}: axis {axis} is declared {v} (a dimension is a size >= 0 or a symbol)")
-        seq_axis, capacity, heads, head_dim = cls._layout(ordered[0], card, fail)
-        for vi in ordered[1:]:
-            if cls._layout(vi, card, fail) != (seq_axis, capacity, heads, head_dim):
-                raise fail(f"past inputs disagree on their layout ({ordered[0].name} vs {vi.name})")
+        windows = _window_pasts(g, {v.name for v in ordered}, {presents[k].name: pasts[k].name for k in pasts})
+        layouts = {vi.name: cls._layout(vi, card, fail, windows.get(vi.name, 0)) for vi in ordered}
+        full = [vi for vi in ordered if vi.name not in windows] or ordered[:1]
+        seq_axis, capacity, heads, head_dim = layouts[full[0].name]
+        for vi in ordered:
+            got = layouts[vi.name]
+            if got[0] != seq_axis or got[2:] != (heads, head_dim) or (vi.name not in windows and got[1] != capacity):
+                raise fail(f"past inputs disagree on their layout ({full[0].name} vs {vi.name})")
+        window_capacity = {n: layouts[n][1] for n in windows}
+        if full[0].name in windows:  # every layer windowed: the context's capacity is the card's, if any
+            capacity = int(card["kv_capacity"]) if "kv_capacity" in card else 0
         for vi in inputs:
             if vi.name in (input_ids, mask, positions):
                 d = _dims(vi)
@@ -453,11 +497,13 @@ class DecoderIO:
                    kv_dtype=np_dtype(ordered[0].type.tensor_type.elem_type), capacity=capacity, vocab=ldims[-1],
                    logits_dtype=np_dtype(by_out[logits].type.tensor_type.elem_type), seq_axis=seq_axis,
                    attention_mask=mask, position_ids=positions, extras=extras, feed_dtypes=feed_dtypes,
-                   convention=convention, max_positions=max_positions, limit_source=limit_source)
+                   convention=convention, max_positions=max_positions, limit_source=limit_source,
+                   window_capacity=window_capacity)
 
     @staticmethod
-    def _layout(vi: onnx.ValueInfoProto, card: Mapping[str, str], fail) -> tuple[int, int, int, int]:
-        """(sequence axis, capacity or 0, kv heads, head size) of a past input."""
+    def _layout(vi: onnx.ValueInfoProto, card: Mapping[str, str], fail, window: int = 0) -> tuple[int, int, int, int]:
+        """(sequence axis, capacity or 0, kv heads, head size) of a past input; ``window``: the
+        past is a window-sized cache of that window (its capacity: the declared rows, else the window)."""
         d = _dims(vi)
         if len(d) != 4:
             raise fail(f"{vi.name} must be rank 4 [batch, kv heads, sequence, head size] (or BSNH), got {d}")
@@ -489,6 +535,11 @@ class DecoderIO:
             raise NotADecoder(f"{vi.name}: batch axis fixed to {d[0]}; lockstep decodes batch 1 "
                               "(re-export with a symbolic or unit batch axis)")
         capacity = d[axis] if isinstance(d[axis], int) else 0
+        if window:  # a window-sized cache: the context's capacity (kv_capacity) is not its size
+            if capacity and capacity < window:
+                raise fail(f"{vi.name} {d}: a window-sized cache (sliding_window_cache=1) of {capacity} rows "
+                           f"holds less than its window ({window})")
+            return axis, capacity or window, heads, d[3]
         if "kv_capacity" in card:  # a shared past/present buffer of this many positions
             want = int(card["kv_capacity"])
             if capacity and capacity != want:

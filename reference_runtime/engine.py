@@ -213,14 +213,13 @@ class RefDecoder:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
         place by every step; a growing one starts empty and is replaced by each step's present."""
         if self.capacity and self.cache:
-            zeros = self.io.empty_cache()
-            for t in self.cache.values():
-                self.rt.write(t, zeros)  # the same buffers: a captured step graph stays valid
+            for p, t in self.cache.items():
+                self.rt.write(t, self.io.empty_cache(p))  # the same buffers: a captured step graph stays valid
         else:
             for t in self.cache.values():
                 self.rt.free(t)
-            empty = self.io.empty_cache()
-            self.cache = {p: self.rt.upload(empty, name=p) for p in self.pasts}
+            # each layer its own rows: a window-sized cache (sliding_window_cache=1) is not the others' size
+            self.cache = {p: self.rt.upload(self.io.empty_cache(p), name=p) for p in self.pasts}
         # a fixed-capacity step binds each present to its own past buffer: the same dict every step
         self._bind = {self.present_of[p]: t for p, t in self.cache.items()} if self.capacity else None
         self.position = 0

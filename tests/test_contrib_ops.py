@@ -311,12 +311,57 @@ def test_group_query_attention_refuses_empty_inputs(case):
         _REF.prepare(_model(node, feeds, outs))(feeds)
 
 
-def test_group_query_attention_refuses_a_sliding_window_cache_that_would_evict():
-    # contract: sliding_window_cache=1 is run only where nothing is evicted (total <= the buffer's positions);
-    # a growing cache (ORT: "KV cache capacity (0) must be at least local_window_size") is refused, named
-    node, feeds, outs = _gqa_case(np.random.default_rng(8), B=1, S=1, nq=2, nkv=1, D=16, P=6, T=7,
+def _resident(t, capacity, window):
+    # ONNX Runtime's schema (Windowed KV Cache): L(T) = T up to C, then T - G * ceil((T - C) / G), G = C - W + 1
+    g = capacity - window + 1
+    return t if t <= capacity else t - g * -(-(t - capacity) // g)
+
+
+@pytest.mark.parametrize("C,W,steps,rot", [
+    (3, 3, [2, 1, 1, 1, 1], 16),     # C == W (what ORT's CUDA provider requires): G = 1, one row a step
+    (5, 3, [4, 1, 1, 1, 1, 1], 0),  # slack: G = 3 positions evicted at once
+    (4, 4, [9, 1, 1], 16),          # a prompt longer than the buffer (S > C)
+    (6, 3, [2, 3, 4, 1], 16),       # multi-token chunks crossing evictions
+])
+def test_group_query_attention_window_sized_cache_evicts_as_onnxruntime_does(C, W, steps, rot):
+    """sliding_window_cache=1 with a window-sized buffer (Gemma 2/3's local layers, the builder's
+    ``past_sliding_length``): step after step, present fed back as past, equal to ONNX Runtime's CPU
+    kernel on the output and on the resident rows [0, L(t)) of the present."""
+    # result: ONNX Runtime's CPU provider is the reference (before this kernel evicted, it refused the case)
+    rng = np.random.default_rng(C * 100 + W)
+    nq, nkv, D = 4, 2, 16
+    horizon = sum(steps)
+    cos = sin = None
+    if rot:
+        ang = rng.uniform(0, 2 * np.pi, (horizon + 4, rot // 2))
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pk = pv = np.zeros((1, nkv, C, D), np.float32)
+    t = 0
+    for i, S in enumerate(steps):
+        t += S
+        # the scalar is the shared buffer's mask length (GenAI's builder: Shape(attention_mask)), above C
+        node, feeds, outs = _gqa_case(rng, B=1, S=S, nq=nq, nkv=nkv, D=D, P=C, T=horizon, seqlens=[t - 1], rot=rot,
+                                      attrs=dict(local_window_size=W, sliding_window_cache=1, softcap=4.0))
+        feeds.update(pk=pk, pv=pv)
+        if rot:
+            feeds.update(cos=cos, sin=sin)
+        model = _model(node, feeds, outs)
+        got, want = _REF.prepare(model)(feeds), _ORT.prepare(model)(feeds)
+        keep = _resident(t, C, W)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5, err_msg=f"step {i}: output")
+        for k in (1, 2):
+            assert got[k].shape == (1, nkv, C, D)
+            np.testing.assert_allclose(got[k][:, :, :keep], want[k][:, :, :keep], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {i}: present {k}, resident rows [0, {keep})")
+        pk, pv = got[1], got[2]
+
+
+def test_group_query_attention_refuses_a_window_cache_under_the_window():
+    # contract: sliding_window_cache=1 with a buffer of fewer rows than local_window_size (or none) is
+    # refused, naming both (ONNX Runtime: "KV cache capacity (0) must be at least local_window_size")
+    node, feeds, outs = _gqa_case(np.random.default_rng(8), B=1, S=1, nq=2, nkv=1, D=16, P=2, T=7,
                                   attrs=dict(local_window_size=3, sliding_window_cache=1))
-    with pytest.raises(OpError, match="sliding_window_cache=1 with total_sequence_length=7 and a past buffer of 6"):
+    with pytest.raises(OpError, match=r"KV cache capacity \(2, axis 2 of past_key\) must be at least local_window_size \(3\)"):
         _REF.prepare(_model(node, feeds, outs))(feeds)
 
 

@@ -65,11 +65,9 @@ def _decode(path: str, engine: str, capture: bool) -> list[int]:
     return greedy(session, e["prompt_ids"], len(e["transformers_greedy_ids"])).tokens
 
 
-# (export, engine) -> a lockstep limitation an engine shows, measured on the H200 (2026-12-03, ORT 1.31.1 CUDA)
-ENGINE_FINDINGS = {
-    ("genai/gemma2-fp16-cuda", "ort-cuda"): "GroupQueryAttention (CUDA): sliding_window_cache=1 requires the KV cache "
-    "capacity (128) to equal local_window_size (8): lockstep gives sliding layers the full shared buffer",
-}
+# (export, engine) -> a lockstep limitation an engine shows, measured on the H200 (none left: the Gemma 2/3 CUDA
+# graphs' window-sized caches, refused by ORT's CUDA provider until lockstep gave them, are in the test below)
+ENGINE_FINDINGS: dict[tuple[str, str], str] = {}
 
 
 def _params(paths):
@@ -163,6 +161,66 @@ def test_the_shared_buffer_shapes_are_bound_for_the_runtime():
     # the original is untouched (a session's model is the user's)
     orig = {vi.name: vi for vi in model.graph.input}
     assert not orig[io.pasts[0]].type.tensor_type.shape.dim[io.seq_axis].HasField("dim_value")
+
+
+@pytest.mark.contract("decoder_io.a_sliding_layer_gets_a_window_sized_cache")
+@pytest.mark.parametrize("engine", ["ref-sim", "ort-cpu"])
+def test_a_sliding_layer_gets_a_window_sized_cache(engine):
+    """A past read by GroupQueryAttention with sliding_window_cache=1 gets a buffer of the window's rows,
+    not the shared buffer's capacity; the other layers keep the capacity."""
+    # contract: the builder's Gemma 2/3 graphs declare the local layers' past as 'past_sliding_length' and mark
+    # their attention sliding_window_cache=1 (local_window_size 8); ONNX Runtime GenAI gives them a window-sized
+    # buffer and ORT's CUDA provider accepts only that ("KV cache capacity (128) to equal local_window_size (8)":
+    # before, lockstep gave every layer the 128 rows, measured on the H200 2026-12-03)
+    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
+    cfg = describe(path)
+    window, local = cfg.raw["model"]["decoder"]["sliding_window"]["window_size"], cfg.raw["model"]["decoder"][
+        "sliding_window"]["layers"]
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    assert io.capacity == cfg.max_length
+    want = {io.pasts[2 * layer + i]: window for layer in local for i in (0, 1)}
+    assert io.window_capacity == want
+    for p in io.pasts:
+        rows = window if p in want else io.capacity
+        assert io.empty_cache(p).shape[io.seq_axis] == rows == io.capacity_of(p), p
+    fixed = {vi.name: vi for vi in [*io.fixed_model(model).graph.input, *io.fixed_model(model).graph.output]}
+    for p in want:
+        for name in (p, io.present_of[p]):
+            assert fixed[name].type.tensor_type.shape.dim[io.seq_axis].dim_value == window, name
+    eng = load_engine(engine)
+    session = open_session(eng, model, io=io)
+    # result: the decode past the window (a 9-token prompt, window 8: eviction from the first step) equals
+    # transformers' ids on a window-sized buffer
+    e = EXPORTS["genai/gemma2-fp32-cpu"]
+    assert greedy(session, e["prompt_ids"], len(e["transformers_greedy_ids"])).tokens == e["transformers_greedy_ids"]
+
+
+def test_a_window_sized_cache_declared_fixed_is_taken_at_its_size_and_refused_under_the_window():
+    # contract: a window cache whose rows the graph declares keeps them (ORT's CPU provider accepts any C >= W);
+    # fewer rows than the window is NotADecoder naming the input, before anything runs
+    import onnx
+
+    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    for rows, ok in ((12, True), (5, False)):
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        for vi in [*m.graph.input, *m.graph.output]:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 4 and dims[2].dim_param in ("past_sliding_length", "total_sliding_length"):
+                dims[2].Clear()
+                dims[2].dim_value = rows
+        if ok:
+            io = DecoderIO.of(m, card_for(path))
+            assert io.window_capacity == {"past_key_values.0.key": rows, "past_key_values.0.value": rows}
+            assert io.capacity == 128
+        else:
+            with pytest.raises(NotADecoder, match=r"past_key_values\.0\.key .*window-sized cache .* of 5 rows holds "
+                                                  r"less than its window \(8\)"):
+                DecoderIO.of(m, card_for(path))
+    with pytest.raises(KeyError, match="'logits' is not a past input"):
+        DecoderIO.of(model, card_for(path)).empty_cache("logits")
 
 
 @pytest.mark.capture

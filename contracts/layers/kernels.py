@@ -312,4 +312,12 @@ MUTANTS = [
         breaks="auto_pad SAME_LOWER puts the odd extra pad at the beginning, SAME_UPPER at the end",
         tests=_NODE, select=_node("same_lower", "same_upper"),
     ),
+    Mutant(
+        "kernels", "window_cache_evicts_one_row_at_a_time", _K + "ops_contrib",
+        old="    g = capacity - window + 1\n    over = xp.maximum(t - capacity, 0)",
+        new="    g = 1\n    over = xp.maximum(t - capacity, 0)",
+        breaks="a window-sized cache (GroupQueryAttention sliding_window_cache=1) of capacity C and window W "
+               "evicts G = C - W + 1 positions at once, as ONNX Runtime's schema documents",
+        tests=("tests/test_contrib_ops.py",), select="window_sized_cache",
+    ),
 ]

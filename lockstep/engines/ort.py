@@ -257,21 +257,21 @@ class OrtDecoder:
         self.reset()
 
     def reset(self) -> None:
-        zeros = self.io.empty_cache()
+        zeros = {p: self.io.empty_cache(p) for p in self.pasts}  # a window-sized layer has its own rows
         new = self.ort.OrtValue.ortvalue_from_numpy
         if not self.fixed:
-            self.cache = {p: new(zeros, self.device, 0) for p in self.pasts}
+            self.cache = {p: new(zeros[p], self.device, 0) for p in self.pasts}
         elif not hasattr(self, "_sets"):
             # one host array per value: on the CPU provider an OrtValue may wrap the numpy memory,
             # and buffers that are written must not alias
-            self._sets = [{p: new(zeros.copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
+            self._sets = [{p: new(zeros[p].copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
             # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
             self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
         else:
             for kv in self._sets:
-                for v in kv.values():
-                    v.update_inplace(zeros)  # same addresses: captured graphs stay valid
+                for p, v in kv.items():
+                    v.update_inplace(zeros[p])  # same addresses: captured graphs stay valid
         self._current = 0  # the buffer set holding the cache
         self.position = 0
 
