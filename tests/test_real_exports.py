@@ -196,6 +196,43 @@ def test_a_sliding_layer_gets_a_window_sized_cache(engine):
     assert greedy(session, e["prompt_ids"], len(e["transformers_greedy_ids"])).tokens == e["transformers_greedy_ids"]
 
 
+@pytest.mark.contract("engines.ort_writes_a_window_cache_in_place")
+@pytest.mark.parametrize("fixed", [False, True])
+def test_onnx_runtime_writes_a_window_sized_cache_in_place(fixed):
+    """ONNX Runtime's session binds a window-sized cache's present to its own past buffer (in place), in the
+    plain and the fixed-binding (CUDA graph) paths; the full layers keep their own scheme."""
+    # contract: ORT 1.31.1's CUDA provider refuses anything else ("sliding_window_cache=1 requires past_key/
+    # present_key and past_value/present_value to share the same buffer", H200 2026-12-04); checked here on
+    # the CPU provider, where the binding logic is the same
+    from lockstep.engines.ort import OrtDecoder
+
+    eng = load_engine("ort-cpu")
+    ok, why = eng.available()
+    if not ok:
+        pytest.skip(f"ort-cpu: {why}")
+    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    dec = OrtDecoder(model, eng, fixed_bindings=fixed, io=io)
+    window = sorted(io.window_capacity)
+    assert window, "the export has a window-sized layer"
+
+    def buffers():
+        sets = dec._sets if fixed else [dec.cache]
+        return [[s[p].data_ptr() for p in window] for s in sets]
+
+    e = EXPORTS["genai/gemma2-fp32-cpu"]
+    dec.reset()
+    before = buffers()
+    tokens = [int(np.argmax(dec.forward(e["prompt_ids"])[-1]))]
+    while len(tokens) < len(e["transformers_greedy_ids"]):
+        tokens.append(int(np.argmax(dec.forward([tokens[-1]])[-1])))
+    assert buffers() == before, "contract: the window caches stay in their buffers"
+    if fixed:
+        assert before[0] == before[1], "contract: one buffer for both ping-pong directions"
+    assert tokens == e["transformers_greedy_ids"], "result: transformers' ids through the in-place window cache"
+
+
 def test_a_window_sized_cache_declared_fixed_is_taken_at_its_size_and_refused_under_the_window():
     # contract: a window cache whose rows the graph declares keeps them (ORT's CPU provider accepts any C >= W);
     # fewer rows than the window is NotADecoder naming the input, before anything runs

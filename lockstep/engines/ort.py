@@ -231,7 +231,12 @@ class OrtDecoder:
     ``cuda_graphs=True`` (ort-cuda only) the session is created with ``enable_cuda_graph`` and
     the one-token steps run under two graph annotations (``gpu_graph_id`` 1 and 2, one per
     ping-pong direction); other widths (prefill, verify) run with ``gpu_graph_id=-1`` (no graph).
-    The binding logic is the same on the CPU provider, where CI checks it against the plain path."""
+    The binding logic is the same on the CPU provider, where CI checks it against the plain path.
+
+    A window-sized cache (``DecoderIO.window_capacity``: GroupQueryAttention ``sliding_window_cache=1``)
+    is read and written in place, its present bound to its own past OrtValue, in every mode: ONNX
+    Runtime's CUDA provider requires it ("sliding_window_cache=1 requires past_key/present_key ... to
+    share the same buffer", measured on the H200 with 1.31.1); the op evicts inside the buffer."""
 
     def __init__(self, model: onnx.ModelProto, engine, *, fixed_bindings: bool = False, cuda_graphs: bool = False,
                  io: DecoderIO | None = None):
@@ -265,6 +270,8 @@ class OrtDecoder:
             # one host array per value: on the CPU provider an OrtValue may wrap the numpy memory,
             # and buffers that are written must not alias
             self._sets = [{p: new(zeros[p].copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
+            for p in self.io.window_capacity:  # in place: one buffer in both directions
+                self._sets[1][p] = self._sets[0][p]
             # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
             self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
@@ -288,10 +295,13 @@ class OrtDecoder:
             binding.bind_ortvalue_input(p, value)
         binding.bind_output(self.io.logits, "cpu")
         for p in self.pasts:
-            binding.bind_output(self.present_of[p], self.device)
+            if p in self.io.window_capacity:  # a window-sized cache is written in place
+                binding.bind_ortvalue_output(self.present_of[p], self.cache[p])
+            else:
+                binding.bind_output(self.present_of[p], self.device)
         self._run(binding)
         outs = binding.get_outputs()
-        self.cache = {p: outs[1 + i] for i, p in enumerate(self.pasts)}
+        self.cache = {p: self.cache[p] if p in self.io.window_capacity else outs[1 + i] for i, p in enumerate(self.pasts)}
         self.position += n
         return np.asarray(outs[0].numpy()[0])
 
