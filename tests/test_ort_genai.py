@@ -243,8 +243,16 @@ def test_the_cpu_engine_has_no_capture_and_says_so():
         open_session(GenAIEngine("cpu"), model, capture=True, io=io)
 
 
+# ORT's CUDA graphs replay a window-sized GroupQueryAttention cache wrong (docs/ort-cuda-findings.md F4): GenAI's
+# own graphs on the builder's Gemma 2/3 CUDA exports leave its eager decode, as ort-cuda's do
+_WINDOW_GRAPH = ("ONNX Runtime 1.31.1's CUDA graphs replay GroupQueryAttention sliding_window_cache=1 differently "
+                 "from its eager run (F4): ORT GenAI 0.18.0's enable_cuda_graph diverges at the first replay")
+
+
 @pytest.mark.capture
-@pytest.mark.parametrize("path", ["genai/llama-fp16-cuda", "genai/llama-int4-cuda"])
+@pytest.mark.parametrize("path", ["genai/llama-fp16-cuda", "genai/llama-int4-cuda", *[
+    pytest.param(f"genai/{a}-{p}-cuda", marks=pytest.mark.xfail(reason=_WINDOW_GRAPH, strict=True))
+    for a in ("gemma2", "gemma3") for p in ("fp16", "int4")]])
 def test_cuda_graphs_on_and_off_are_byte_identical(path):
     # result (GPU lane): GenAI's CUDA graphs (enable_cuda_graph, shared buffer) change no byte of the decode of
     # the builder's -e cuda exports (an -e cpu export keeps nodes on the CPU: Unsupported, the next test)
