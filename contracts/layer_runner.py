@@ -144,7 +144,7 @@ def _baseline_targets(mutants: list[Mutant]) -> dict[tuple, Mutant]:
     for m in mutants:
         groups.setdefault((m.tests, m.marks, m.extra), []).append(m)
     out: dict[tuple, Mutant] = {}
-    for key, ms in groups.items():
+    for _key, ms in groups.items():
         selects = sorted({m.select for m in ms}, key=str)
         select = None if None in selects else " or ".join(f"({k})" for k in selects) if len(selects) > 1 else selects[0]
         rep = dataclasses.replace(ms[0], select=select)

@@ -2,7 +2,7 @@
 
 Each scenario drives a fresh device through a short program and records one observation per step:
 ``ok``, ``ok:<value>`` or ``raise:<ExceptionClass>``. The expected observations are written from
-``shared/notes/cuda-semantics.md`` (rows marked in ``ROW``) and from the runtime contracts; the
+``docs/cuda-semantics.md`` (rows marked in ``ROW``) and from the runtime contracts; the
 simulated device must produce exactly them in CI, and on the H200 the CUDA device must produce the
 same (``python -m lockstep.contracts.parity --device cupy``). Scenarios that poison the context
 (``POISONS``) run in a child process on a real GPU.
@@ -67,7 +67,7 @@ def _ready(dev: Device, s, n=4, value=1.0) -> ArrayRef:
     return x
 
 
-# ---- rows of cuda-semantics.md -------------------------------------------------------------
+# ---- rows of docs/cuda-semantics.md --------------------------------------------------------
 
 def scenario_capture_stream_sync(dev, rec):
     s = dev.stream()
@@ -340,7 +340,7 @@ SCENARIOS: dict[str, Callable[[Device, Recorder], None]] = {
 # copy_unmapped_at_call is not expected to poison; it runs isolated until the H200 has confirmed that.
 POISONS = {"use_after_unmap", "illegal_address_sticky", "copy_unmapped_at_call"}
 
-# Which row of cuda-semantics.md (or which runtime contract) a scenario stands for.
+# Which row of docs/cuda-semantics.md (or which runtime contract) a scenario stands for.
 ROW = {
     "capture_stream_sync": "stream.synchronize() during capture",
     "capture_device_sync": "deviceSynchronize() during capture",

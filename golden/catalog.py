@@ -28,9 +28,18 @@ import numpy as np
 import onnx
 
 from lockstep.decoder_io import DecoderIO
+from lockstep.errors import LockstepError
 
-from .anchors import (MODEL_DIR, PREFIX_TOKENS, anchors_from_oracle, compute_anchors, onnx_sha256, oracle_run,
-                      read_snapshot, write_snapshot)
+from .anchors import (
+    MODEL_DIR,
+    PREFIX_TOKENS,
+    anchors_from_oracle,
+    compute_anchors,
+    onnx_sha256,
+    oracle_run,
+    read_snapshot,
+    write_snapshot,
+)
 from .models.spec import PROMPT, VARIANTS
 from .oracle import ORACLE, retyped
 
@@ -54,7 +63,7 @@ TRAINED = {
 }
 
 
-class GoldenError(ValueError):
+class GoldenError(LockstepError, ValueError):
     """A golden model or snapshot cannot be used as asked; the message says what and how to fix it."""
 
 
@@ -194,7 +203,7 @@ def load_file(path: Path) -> onnx.ModelProto:
     unchanged (its size and modification time): every test of a session opens it, and SmolLM2's
     540 MB took ~10 s a time. The same object each time: read it, never change it (copy it first:
     ``onnx.ModelProto().CopyFrom``). The ``_LOADED_SIZE`` most recently used are kept."""
-    from lockstep.reference_runtime.model import load_model
+    from lockstep.loading import load_model
 
     path = Path(path)
     if not path.is_file():  # the loader's own named error for a missing file

@@ -661,7 +661,7 @@ def check_supported(model: onnx.ModelProto) -> None:
     ours = contrib_ops()
     opsets = {o.domain: o.version for o in model.opset_import}
     local = {(f.domain, f.name) for f in model.functions}
-    from lockstep.reference_runtime.inference import _nodes  # every node, subgraphs included (structure only)
+    from lockstep.inference import _nodes  # every node, subgraphs included (structure only)
 
     for n in _nodes(model.graph):
         key = (n.domain, n.op_type)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lockstep.errors import LockstepError
+
 __all__ = ["Text", "TokenizerError"]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LockstepError, ValueError):
     """A tokenizer cannot be loaded or does not fit the model."""
 
 

@@ -39,6 +39,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from lockstep.errors import LockstepError
+
 __all__ = [
     "Spec", "NodeInfo", "OpKernel", "Unary", "Binary", "Variadic", "broadcast", "OpError",
     "normalize_axis", "dtype_name",
@@ -60,7 +62,7 @@ def dtype_name(dtype: Any) -> str:
 _validate: Any = None  # _attr_check.validate, once imported
 
 
-class OpError(ValueError):
+class OpError(LockstepError, ValueError):
     """A node's inputs or attributes are invalid for its operator; names the node."""
 
 

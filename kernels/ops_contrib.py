@@ -8,7 +8,7 @@ SimplifiedLayerNormalization
     ``Y`` has the dtype of ``scale`` (ORT's type V).  ORT itself registers this op in the ai.onnx
     domain (``""``), where ONNX Runtime GenAI's builder writes it; ``onnx.checker`` has no schema
     for it there, so the loader checks such nodes against ONNX Runtime's own schema
-    (``reference_runtime/ort_schemas.py``). Registered in both domains (ONNX Runtime 1.31 has it
+    (``lockstep/ort_schemas.py``). Registered in both domains (ONNX Runtime 1.31 has it
     only in the default one).
 QuickGelu
     ``Y = X * sigmoid(alpha * X)`` (``alpha`` defaults to 1.702), computed in float32 (float64 for
@@ -216,7 +216,7 @@ def _sln_compute(xp, node, x, scale):
 
 OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain=_MS, since=1))
 # ONNX Runtime registers it in the default domain too, where GenAI's builder writes it (the loader checks
-# such nodes against ONNX Runtime's schema: reference_runtime/ort_schemas.py)
+# such nodes against ONNX Runtime's schema: lockstep/ort_schemas.py)
 OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain="", since=1))
 
 

@@ -2,7 +2,7 @@
 
 Each body writes in place and never reads a device value on the host, so all are capture-safe
 except ``matmul_cublas`` (cuBLAS, refused by CuPy during capture; kept to model that row of
-cuda-semantics.md, not for use by the executor).
+docs/cuda-semantics.md, not for use by the executor).
 """
 
 from __future__ import annotations

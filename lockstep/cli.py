@@ -7,6 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from lockstep.errors import LockstepError
+
 
 def _device(name: str) -> str:
     """A device name that exists and can be built here, or a one-line error."""
@@ -74,10 +76,9 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     the selected engines, with a report. Runs from any directory."""
     import time
     from pathlib import Path
+    from pathlib import Path as _P
 
     import pytest
-
-    from pathlib import Path as _P
 
     if not _P(args.report_dir).resolve().parent.is_dir():
         raise CliError(f"--report-dir {args.report_dir}: its parent folder does not exist")
@@ -134,7 +135,7 @@ def _workers(jobs: str, passthrough: list[str]) -> list[str]:
     return ["-n", jobs, "--dist", "worksteal"]
 
 
-class CliError(Exception):
+class CliError(LockstepError):
     """A usage problem: printed as one ``lockstep: error: ...`` line, exit status 2."""
 
 
@@ -178,14 +179,14 @@ def _decode(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lockstep.decoder_io import ModelCardError, NotADecoder, StepError
-    from lockstep.kernels._op import OpError
-    from lockstep.reference_runtime.errors import CudaError
     from lockstep.decoding import greedy, open_session
     from lockstep.engines import EngineLoadError, Unsupported, load_engine
+    from lockstep.errors import FeedError
     from lockstep.golden.catalog import builtin_models, export_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
-    from lockstep.reference_runtime.executor import FeedError
-    from lockstep.reference_runtime.model import ModelError, load_model
+    from lockstep.kernels._op import OpError
+    from lockstep.loading import ModelError, load_model
+    from lockstep.reference_runtime.errors import CudaError
 
     if args.tokens < 1:
         raise CliError(f"--tokens {args.tokens}: generate at least one token")
@@ -334,7 +335,7 @@ def _golden_add(args: argparse.Namespace) -> int:
     from lockstep.golden.anchors import OracleDisagreement
     from lockstep.golden.catalog import GoldenError, add_model
     from lockstep.golden.text import TokenizerError
-    from lockstep.reference_runtime.model import ModelError
+    from lockstep.loading import ModelError
 
     if not args.name or "/" in args.name or args.name.startswith("."):
         raise CliError(f"--name {args.name!r}: a plain name (it becomes <dir>/<name>.json)")
@@ -513,13 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"lockstep: error: {line}", file=sys.stderr)
         return 2
-    except Exception as exc:
+    except LockstepError as exc:
         # lockstep's named errors (a bad model, feed, attribute, index, a device refusal...) reaching
-        # here from any command: their message is the user's answer, one line, class named
-        from lockstep.named_errors import named_errors
-
-        if not isinstance(exc, named_errors()):
-            raise
+        # here from any command: their message is the user's answer, one line, class named; anything
+        # else is a bug and keeps its traceback
         line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"lockstep: error: {type(exc).__name__}: {line}", file=sys.stderr)
         return 2

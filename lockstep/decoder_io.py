@@ -64,6 +64,8 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
+from lockstep.errors import LockstepError
+
 __all__ = ["DecoderIO", "NotADecoder", "KVCacheTooLarge", "ModelCardError", "StepError", "ContextLimitExceeded",
            "read_card", "parse_io_option", "card_path_for", "position_limit", "ROLES"]
 
@@ -78,7 +80,7 @@ _CARD_EXAMPLE = ('[io]\ninput_ids = "..."\nattention_mask = "..."  # or ""\nposi
                  'logits = "..."\npast = "...{layer}...{kind}"\npresent = "...{layer}...{kind}"\nkv_layout = "BNSH"')
 
 
-class NotADecoder(ValueError):
+class NotADecoder(LockstepError, ValueError):
     """The model's inputs and outputs are not those of a decoder lockstep can drive (or are
     ambiguous); the message lists what was found and how to say it with a model card."""
 
@@ -89,11 +91,11 @@ class KVCacheTooLarge(NotADecoder):
     allocated, naming the inputs, the declared shape, the bytes and the budget."""
 
 
-class StepError(ValueError):
+class StepError(LockstepError, ValueError):
     """A decode step the model cannot take: no tokens, or (``ContextLimitExceeded``) past its limit."""
 
 
-class ModelCardError(ValueError):
+class ModelCardError(LockstepError, ValueError):
     """A model card (TOML or ``--io``) is malformed or names what the model does not have."""
 
 
@@ -383,7 +385,7 @@ class DecoderIO:
     @classmethod
     def of(cls, model: onnx.ModelProto, card: Mapping[str, str] | None = None) -> "DecoderIO":
         """The roles of ``model``'s inputs and outputs, from the graph (and ``card`` where given)."""
-        from lockstep.reference_runtime.model import np_dtype
+        from lockstep.loading import np_dtype
 
         card = dict(card or {})
         g = model.graph

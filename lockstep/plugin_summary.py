@@ -173,7 +173,7 @@ def _short_summary_with_messages(tr, config) -> None:
     if not kinds:
         return
     tr.write_sep("=", "short test summary info")
-    for c, stat in kinds:
+    for _c, stat in kinds:
         for rep in tr.stats[stat]:
             word = "FAILED" if stat == "failed" else "ERROR"
             where = config.cwd_relative_nodeid(rep.nodeid)

@@ -36,7 +36,7 @@ class ReportError(ValueError):
 def summarize(outcomes: dict[str, dict]) -> dict:
     per_engine: dict[str, Counter] = defaultdict(Counter)
     gaps: dict[str, Counter] = defaultdict(Counter)  # op -> engine -> non-passing node cases
-    for nodeid, o in outcomes.items():
+    for _nodeid, o in outcomes.items():
         engine = o.get("engine") or NO_ENGINE
         status = o.get("outcome", "passed")
         per_engine[engine][status] += int(o.get("stands_for", 1))  # an unavailable engine's one skip for many

@@ -47,7 +47,7 @@ from lockstep.kernels._host import Seq
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .executor import Executor, Run, _Value
-from .model import UnsupportedModel, np_dtype
+from lockstep.loading import UnsupportedModel, np_dtype
 from .runtime import Tensor
 
 __all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]

@@ -27,7 +27,7 @@ from lockstep.decoding import DecoderIO
 from lockstep.engines.protocol import CaptureStats, RunFn
 
 from .config import RuntimeConfig
-from .model import UnsupportedModel
+from lockstep.loading import UnsupportedModel
 
 __all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine", "sim_raw_engine"]
 
@@ -145,7 +145,7 @@ def sim_raw_engine() -> RefEngine:
 def _dtypes(model: onnx.ModelProto) -> set[str]:
     """Names of the element types of the model's device tensors (numpy's, or ONNX's where numpy has
     none); string tensors live on the host (``host_values``) and are not named."""
-    from .model import np_dtype
+    from lockstep.loading import np_dtype
 
     types: set[int] = set()
     g = model.graph

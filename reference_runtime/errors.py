@@ -12,6 +12,8 @@ rebuilt (a new process on a real GPU).
 
 from __future__ import annotations
 
+from lockstep.errors import LockstepError
+
 __all__ = [
     "CudaError",
     "InvalidValue",
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 
-class CudaError(RuntimeError):
+class CudaError(LockstepError, RuntimeError):
     """Base of every error a lockstep device or runtime raises for a failed device operation."""
 
     cuda_name = "cudaErrorUnknown"
@@ -135,7 +137,7 @@ class StreamCaptureInvalidated(CudaError):
     status = 901
 
 
-class CaptureD2HRefused(RuntimeError):
+class CaptureD2HRefused(LockstepError, RuntimeError):
     """A device-to-host read was asked for during capture; refused before CUDA, capture stays valid.
 
     Mirrors CuPy's own ``RuntimeError('the current stream is capturing, so D2H transfers are
@@ -166,20 +168,20 @@ class HostReadInCapture(CaptureD2HRefused):
         self.file, self.line, self.source = file, line, source
 
 
-class CaptureOnLegacyStream(RuntimeError):
+class CaptureOnLegacyStream(LockstepError, RuntimeError):
     """Capture was begun on the legacy default stream; CuPy refuses it before calling CUDA
     (measured on the H200: a plain ``RuntimeError``, not a CUDA status)."""
 
     cuda_name = "cupy:CaptureOnLegacyStream"
 
 
-class CublasDuringCapture(NotImplementedError):
+class CublasDuringCapture(LockstepError, NotImplementedError):
     """A cuBLAS-backed call was made during capture; CuPy refuses it before calling cuBLAS."""
 
     cuda_name = "cupy:cuBLASDuringCapture"
 
 
-class CaptureUnmodelled(NotImplementedError):
+class CaptureUnmodelled(LockstepError, NotImplementedError):
     """The simulated device was asked for a capture-time operation whose CUDA outcome it does not model."""
 
     cuda_name = "lockstep:unmodelled"
@@ -196,7 +198,7 @@ class StreamOrderRace(CudaError):
     status = -1
 
 
-class SyncDebugError(RuntimeError):
+class SyncDebugError(LockstepError, RuntimeError):
     """Sync-debug mode ``error`` (``RuntimeConfig.sync_debug``): a synchronising primitive was called
     while a capture was open, or a real stream drain happened on the deferred eager path outside the
     known barriers. Raised before the call reaches the device, so an open capture stays valid.

@@ -41,18 +41,16 @@ from lockstep.kernels._small import run as run_small
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 from onnx import helper
 
+from lockstep.errors import FeedError
+from lockstep.loading import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
+
 from .errors import IllegalState
 from .host_values import check_feed, fetch, host_valued, place_feed, run_host_step
-from .model import ModelError, UnsupportedModel, check_opsets, load_model, np_dtype, tensor_to_numpy
 from .plan import PlanCache
 from .runtime import Relaunch, Runtime, Tensor
 from .symbols import Symbol, symbolic_shapes
 
 __all__ = ["Executor", "Run", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
-
-
-class FeedError(ValueError):
-    """A feed is missing, unknown, or of the wrong dtype or shape; names the input."""
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from lockstep.kernels._kernel import Kernel, is_host_error
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .errors import IllegalState
-from .model import np_dtype
+from lockstep.loading import np_dtype
 
 __all__ = ["HostContext", "check_feed", "place_feed", "fetch", "run_host_step", "is_string_type", "host_valued"]
 
@@ -70,11 +70,11 @@ def check_feed(name: str, tp: onnx.TypeProto, value: Any, error: type) -> Any:
         if not isinstance(value, np.ndarray):
             raise error(f"input {name!r}: expected a numpy array for {_describe(tp)}, got {type(value).__name__}")
         want = np_dtype(tp.tensor_type.elem_type)
-        if want == object and value.dtype.kind == "U":
+        if want == np.dtype(object) and value.dtype.kind == "U":
             value = value.astype(object)
         if value.dtype != want:
             raise error(f"input {name!r}: dtype {value.dtype} given, {want} declared")
-        if want == object and not all(isinstance(s, str) for s in value.flat):
+        if want == np.dtype(object) and not all(isinstance(s, str) for s in value.flat):
             raise error(f"input {name!r}: a string tensor holds only str elements")
         return value
     raise error(f"input {name!r}: values of type {kind} are not supported")
@@ -186,7 +186,8 @@ def _host_compute(kernel, ctx: HostContext, info: NodeInfo, values: list[Any]) -
 def run_host_step(rt, run, step, values: list[Any], persist: "dict | None", temps: list) -> None:
     """Run one node on the host (a host kernel, or a device kernel given strings) and enter its
     outputs in the run's table; a tensor output that is bound or persisted is copied into its buffer."""
-    from .executor import FeedError, _Value
+    from lockstep.errors import FeedError
+    from .executor import _Value
 
     info = step.info
     if rt.is_capturing:  # a host node is a seam (capture_plan): it reads and writes host memory

@@ -30,7 +30,7 @@ import onnx.numpy_helper
 
 from lockstep.engines.protocol import Unsupported
 
-from .model import ModelError
+from lockstep.loading import ModelError
 
 __all__ = ["NodeCase", "load_cases", "run_case", "Outcome", "assert_similar"]
 

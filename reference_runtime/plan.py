@@ -161,7 +161,8 @@ class StepPlan:
 
     def execute(self, ex: "Executor", run: "Run") -> None:
         """Run every node of ``run`` (started with this plan's feed buffers) through the plan."""
-        from .executor import FeedError, _Value
+        from lockstep.errors import FeedError
+        from .executor import _Value
 
         rt = ex.runtime
         env, bind, temps = run.env, run.bind, run.temps

@@ -52,7 +52,7 @@ from .symbols import Symbol
 
 __all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES", "RetainedPastBudget"]
 
-# What a kernel may raise while being recorded (cuda-semantics.md): the capture cannot hold it. A
+# What a kernel may raise while being recorded (docs/cuda-semantics.md): the capture cannot hold it. A
 # sync-debug refusal (mode error: a synchronising call inside the capture) is one too.
 RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsupported, StreamCaptureInvalidated,
                       SyncDebugError)

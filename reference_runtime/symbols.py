@@ -61,7 +61,7 @@ def symbolic_shapes(model: onnx.ModelProto, *, checked: bool = False
     """Symbols by name and each value's dims. onnx's inference runs contained (``inference.infer``):
     a model it crashes on, or that makes it run away, is a ``ModelError``. ``checked``: the model
     passed ``load_model``'s checks (``check_for_inference`` need not run again)."""
-    from .inference import infer
+    from lockstep.inference import infer
 
     inferred = infer(model, checked=checked)
     g = inferred.graph

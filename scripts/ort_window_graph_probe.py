@@ -30,7 +30,6 @@ EXPORT = ROOT / "golden" / "exports" / "genai" / "gemma2-fp16-cuda" / "model.onn
 
 
 def _node_model(window_cache: bool, C: int, nq: int, nkv: int, D: int, rows: int):
-    import onnx
     from onnx import TensorProto as TP, helper
 
     attrs = dict(num_heads=nq, kv_num_heads=nkv, do_rotary=1, local_window_size=8 if window_cache else -1)
@@ -111,7 +110,7 @@ def part_a(steps: int) -> None:
                 keep = min(t, C)
                 got.append((o[:, -1].astype(np.float32), pk.numpy()[:, :, :keep].astype(np.float32)))
             results[graph] = got
-        label = f"window C=W=8" if window_cache else f"full buffer C={rows}"
+        label = "window C=W=8" if window_cache else f"full buffer C={rows}"
         for step in range(steps + 1):
             (oe, pe), (og, pg) = results[False][step], results[True][step]
             print(f"{label:<26} {step:>4} {float(np.abs(oe - og).max()):>14.6g} {float(np.abs(pe - pg).max()):>18.6g}")
@@ -122,7 +121,7 @@ def part_b(steps: int) -> None:
     from lockstep.decoding import first_divergence, greedy, open_session
     from lockstep.engines.registry import load_engine
     from lockstep.genai_config import card_for
-    from lockstep.reference_runtime.model import load_model
+    from lockstep.loading import load_model
 
     model, _ = load_model(EXPORT)
     io = DecoderIO.of(model, card_for(EXPORT))
@@ -142,7 +141,7 @@ def part_c(steps: int) -> None:
     from lockstep.engines.registry import load_engine
     from lockstep.genai_config import card_for
     from lockstep.model_source import mark_source
-    from lockstep.reference_runtime.model import load_model
+    from lockstep.loading import load_model
 
     model, _ = load_model(EXPORT)
     mark_source(model, EXPORT)

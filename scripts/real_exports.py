@@ -790,7 +790,7 @@ def _ort_greedy(path, prompt_ids, n_new, kv_heads, head_dim, window, sliding_cac
     cur = np.array([seq], dtype=np.int64)
     first_logits = None
     new = []
-    for step in range(n_new):
+    for _step in range(n_new):
         plen = len(seq) - cur.shape[1]
         feed = {}
         for name, i in ins.items():

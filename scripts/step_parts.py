@@ -228,9 +228,9 @@ def _main(argv, undo: list) -> int:
           f"({args.steps // 2} plain, {args.steps - args.steps // 2} instrumented) x {args.repeats} repeats, medians")
     print(f"# step wall: {1e6 * statistics.median(plain):.1f} us plain, {1e6 * statistics.median(timed):.1f} us "
           f"instrumented; timer overhead ~{1e6 * ov:.2f} us per wrapped call")
-    print(f"# runtime counters per step: " + ", ".join(f"{k} {v:g}" for k, v in (counts0 or {}).items() if v))
-    print(f"| part | calls/step | us/step | what |")
-    print(f"|---|---:|---:|---|")
+    print("# runtime counters per step: " + ", ".join(f"{k} {v:g}" for k, v in (counts0 or {}).items() if v))
+    print("| part | calls/step | us/step | what |")
+    print("|---|---:|---:|---|")
     rows = sorted(parts, key=lambda k: -statistics.median(parts[k]))
     total = 0.0
     groups = {"python": 0.0, "device": 0.0, "wait": 0.0}

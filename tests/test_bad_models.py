@@ -11,9 +11,10 @@ import os
 
 import numpy as np
 import pytest
-from lockstep.reference_runtime import Runtime, RuntimeConfig, inference
+from lockstep import inference
+from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.executor import Executor, FeedError
-from lockstep.reference_runtime.model import ModelError, UnsupportedModel, load_model
+from lockstep.loading import ModelError, UnsupportedModel, load_model
 from lockstep.reference_runtime.symbols import symbolic_shapes
 from onnx import TensorProto, helper
 

@@ -89,7 +89,7 @@ def _gqa_qk_norm(rng, *, B, S, nq, nkv, D, P, T, dt, rot, eps=1e-6, seqlens=None
                                                      "qn", "kn"], outs, domain=_MS, **kw)
     kw.pop("qk_norm_epsilon")
     nodes = []
-    for x, n, w in (("q", nq, "qn"), ("k", nkv, "kn")):
+    for x, _n, w in (("q", nq, "qn"), ("k", nkv, "kn")):
         nodes += [helper.make_node("Reshape", [x, f"{x}_heads"], [f"{x}4"]),
                   helper.make_node("SimplifiedLayerNormalization", [f"{x}4", f"{w}_init"], [f"{x}4n"], axis=-1,
                                    epsilon=eps),
@@ -443,7 +443,7 @@ def test_attention_refuses_what_it_does_not_run(change, match, ort_refuses):
         node = helper.make_node("Attention", ["x", "w", "b", "m"], ["y"], domain=_MS, num_heads=2)
     _refuses(node, feeds, outs, match)
     if ort_refuses:
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - ORT raises its own exception types
             _ORT.prepare(_model(node, feeds, outs))(feeds)
 
 
@@ -520,7 +520,7 @@ def test_gather_block_quantized_refuses_what_it_does_not_run(change, match):
     if "block" in change:
         node = helper.make_node("GatherBlockQuantized", list(feeds), ["y"], domain=_MS, bits=4, block_size=16)
     _refuses(node, feeds, outs, match)
-    with pytest.raises(Exception):  # ORT 1.31.1 refuses each of them as well
+    with pytest.raises(Exception):  # noqa: B017 - ORT 1.31.1 refuses each of them as well, with its own types
         _ORT.prepare(_model(node, feeds, outs))(feeds)
 
 

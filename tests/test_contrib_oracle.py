@@ -41,7 +41,7 @@ from lockstep.decoder_io import DecoderIO
 from lockstep.genai_config import card_for
 from lockstep.golden.contrib_oracle import CONTRIB_OPS, OracleUnsupported, _resident, check_supported
 from lockstep.golden.oracle import _evaluator, _feeds, greedy_oracle, oracle_logits, retyped
-from lockstep.reference_runtime.model import load_model
+from lockstep.loading import load_model
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -451,7 +451,7 @@ def test_group_query_attention_qk_norm_is_the_decomposed_rms_norm():
                           qk_norm_epsilon=eps, **attrs)], feeds, outs)
     fused.graph.initializer.extend([onnx.numpy_helper.from_array(qw, "qw"), onnx.numpy_helper.from_array(kw, "kw")])
     nodes = []
-    for x, w, n in (("q", "qw", nh), ("k", "kw", nkv)):
+    for x, w, _n in (("q", "qw", nh), ("k", "kw", nkv)):
         nodes += [helper.make_node("Reshape", [x, f"{x}_s4"], [f"{x}4"]),
                   helper.make_node("SimplifiedLayerNormalization", [f"{x}4", w], [f"{x}n"], epsilon=eps),
                   helper.make_node("Reshape", [f"{x}n", f"{x}_s3"], [f"{x}3"])]

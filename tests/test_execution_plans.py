@@ -108,7 +108,7 @@ def test_plans_off_by_configuration_and_environment():
 
 def test_planned_runs_keep_feed_checks():
     """Contract: a planned run still checks its feeds (a wrong dtype is a FeedError naming the input)."""
-    from lockstep.reference_runtime.executor import FeedError
+    from lockstep.errors import FeedError
 
     dec, _ = _decode("tiny-fp32-standard-kv64", True, tokens=4)
     feeds = {**dec.io.step_feeds([66], dec.position), **dec.cache}

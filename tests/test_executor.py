@@ -8,7 +8,7 @@ from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.executor import Executor, FeedError
 from lockstep.kernels._op import OpError
-from lockstep.reference_runtime.model import ModelError, UnsupportedModel
+from lockstep.loading import ModelError, UnsupportedModel
 from onnx import TensorProto, helper, numpy_helper
 
 

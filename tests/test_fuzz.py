@@ -47,7 +47,7 @@ def _blow_up(case, folder, stage):
 
 def _named(case, folder, stage):
     from lockstep.fuzz.targets import classify
-    from lockstep.reference_runtime.executor import FeedError
+    from lockstep.errors import FeedError
 
     try:
         raise FeedError("input 'x': dtype float64 given, float32 declared")

@@ -93,7 +93,9 @@ def test_variant_passes_checker_and_declares_io(models, name):
         t = vi.type.tensor_type
         return vi.name, t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim]
 
-    kv = lambda seq: ["batch", spec.n_kv_heads, seq, spec.head_dim]
+    def kv(seq):
+        return ["batch", spec.n_kv_heads, seq, spec.head_dim]
+
     want_in = [("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
                ("position_ids", onnx.TensorProto.INT64, ["batch", "seq"])]
     if spec.attention_mask:  # Optimum's order: the mask second, over every key so far

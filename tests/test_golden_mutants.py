@@ -41,7 +41,7 @@ class KvWrongSlot(RefDecoder):
 
     def forward(self, ids):
         out = super().forward(ids)
-        for name, t in list(self.cache.items()):
+        for _name, t in list(self.cache.items()):
             kv = self.rt.download(t)
             if kv.shape[2] >= 2:
                 kv[:, :, -2] = kv[:, :, -1]

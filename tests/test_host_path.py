@@ -12,7 +12,6 @@ from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.errors import DeviceAssert
 from lockstep.reference_runtime.executor import Executor, FeedError
-from lockstep.reference_runtime.segments import CaptureSession
 from onnx import TensorProto, helper, numpy_helper
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from lockstep.reference_runtime import DeviceAssert
 from lockstep.reference_runtime.executor import Executor
-from onnx import TensorProto, helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 F, I = np.float32, np.int64

@@ -118,7 +118,7 @@ def test_into_writes_computes_bytes_or_nothing(name, call):
         outs = _sentinel_outs(info.out_specs)
         took = kernel.into(np, info, outs, *arrays)
     assert took in (True, False)
-    for spec, out, w in zip(info.out_specs, outs, want):
+    for _spec, out, w in zip(info.out_specs, outs, want):
         if took:
             assert out.tobytes() == w.tobytes(), f"{name}: into's bytes differ from compute's"
         else:

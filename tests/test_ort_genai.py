@@ -38,7 +38,7 @@ from lockstep.engines import ort_genai
 from lockstep.engines.ort_genai import GenAIEngine
 from lockstep.genai_config import card_for
 from lockstep.model_source import SOURCE_KEY, mark_source, source_of
-from lockstep.reference_runtime.model import load_model
+from lockstep.loading import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTS_DIR = ROOT / "golden" / "exports"

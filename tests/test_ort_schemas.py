@@ -10,8 +10,8 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 from lockstep.engines.registry import load_engine
-from lockstep.reference_runtime import ort_schemas
-from lockstep.reference_runtime.model import ModelError, load_model
+from lockstep import ort_schemas
+from lockstep.loading import ModelError, load_model
 
 _ORT = load_engine("ort-cpu")
 _REF = load_engine("ref-sim")
@@ -31,7 +31,7 @@ def _sln_model(domain="", opset=22, inputs=("x", "scale"), outputs=("y",), **att
 @needs_ort
 def test_snapshot_is_the_installed_onnxruntimes_schemas():
     # result: the committed snapshot was taken from this ONNX Runtime (regenerate with
-    # `python -m lockstep.reference_runtime.ort_schemas --write` when it moves)
+    # `python -m lockstep.ort_schemas --write` when it moves)
     version, schemas = ort_schemas.from_onnxruntime()
     want = {(s.name, s.since_version): s for s in schemas}
     have = {(s.name, s.since_version): s for v in ort_schemas.default_domain_schemas().values() for s in v}

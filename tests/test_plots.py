@@ -53,7 +53,7 @@ def synthetic_report(*, golden: bool = True, n_ops: int = len(OPS)) -> dict:
                 band = bands[precision]
                 for mode in ("prefill", "stepwise"):
                     engine_margins, violations = [], []
-                    for pos, m in zip(positions, oracle):
+                    for _pos, m in zip(positions, oracle):
                         if m <= band:
                             engine_margins.append(None)  # a near-tie: not checked
                             continue

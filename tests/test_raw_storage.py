@@ -16,7 +16,7 @@ from lockstep.reference_runtime.backends.sim import RawSimDevice, SimDevice
 from lockstep.reference_runtime.engine import RefEngine, _dtypes, sim_engine, sim_raw_engine
 from lockstep.reference_runtime.errors import DeviceAssert
 from lockstep.reference_runtime.executor import Executor
-from lockstep.reference_runtime.model import UnsupportedModel
+from lockstep.loading import UnsupportedModel
 from lockstep.reference_runtime.runtime import Runtime
 from onnx import TensorProto, helper
 

@@ -23,7 +23,7 @@ from lockstep.decoding import greedy, open_session
 from lockstep.engines import Unsupported
 from lockstep.engines.registry import load_engine
 from lockstep.genai_config import card_for, describe, tokenizer_for
-from lockstep.reference_runtime.model import ModelError, load_model
+from lockstep.loading import ModelError, load_model
 
 ROOT = Path(__file__).resolve().parent.parent / "golden" / "exports"
 MANIFEST = json.loads((ROOT / "manifest.json").read_text())

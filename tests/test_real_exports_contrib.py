@@ -33,7 +33,7 @@ from lockstep.decoder_io import DecoderIO
 from lockstep.decoding import first_divergence, greedy, open_session
 from lockstep.engines.registry import load_engine
 from lockstep.genai_config import card_for
-from lockstep.reference_runtime.model import load_model
+from lockstep.loading import load_model
 
 ROOT = Path(__file__).resolve().parent.parent / "golden" / "exports"
 EXPORTS = {e["path"]: e for e in json.loads((ROOT / "manifest.json").read_text())["exports"]}

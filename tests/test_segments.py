@@ -111,7 +111,7 @@ def test_an_invalidated_recording_quarantines_its_segment_and_is_counted():
         if step.info.op_type == "Softmax" or step.info.name.endswith("o_proj"):
             if dec.rt.is_capturing and not queried:
                 queried.append(step.info.name)
-                dec.rt.compute.query()  # no error here; the capture is invalidated (cuda-semantics.md)
+                dec.rt.compute.query()  # no error here; the capture is invalidated (docs/cuda-semantics.md)
         return run_step(run, i, persist=persist, temps=temps)
 
     dec.ex.step = querying
@@ -320,7 +320,7 @@ def test_a_feed_of_another_dtype_is_refused_after_capture_as_eagerly():
     """Contract (``run`` has ``Executor.run``'s contract; a signature holds each feed's dtype): once
     a signature is captured, a feed of another dtype is another signature, checked like an eager
     run (FeedError), never written into the int64 buffer the graphs baked."""
-    from lockstep.reference_runtime.executor import FeedError
+    from lockstep.errors import FeedError
 
     ex = load_engine("ref-sim").decoder(_model("tiny-fp32-standard")).ex
     session = CaptureSession(ex)

@@ -395,7 +395,7 @@ def test_an_event_recorded_into_a_capture_queues_nothing_and_can_be_recorded_aga
 
 
 def test_a_dtod_copy_in_a_capture_is_a_graph_node_run_by_each_replay():
-    """Guarantee (cuda-semantics.md: memcpyAsync D2D is capturable): the copy is recorded, not
+    """Guarantee (docs/cuda-semantics.md: memcpyAsync D2D is capturable): the copy is recorded, not
     executed or queued; each replay copies the bytes its source holds at that replay, in stream
     order with the graph's kernels; the replayed copy's write is seen by the race checker."""
     dev = SimDevice()

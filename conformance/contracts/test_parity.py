@@ -1,6 +1,6 @@
 """Fidelity of the simulated device: the parity scenarios of ``contracts.parity``.
 
-On every device the observations must equal the expected ones written from cuda-semantics.md and
+On every device the observations must equal the expected ones written from docs/cuda-semantics.md and
 the runtime contracts; since the simulated device runs in CI and the CUDA device on the H200, the
 two are then equal to each other. On a GPU, scenarios that poison the context run in a child
 process.

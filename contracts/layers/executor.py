@@ -1,6 +1,6 @@
 """Source mutants of the executor layer: feed checks (host arrays and device tensors), load-time
 refusals, symbols and their provenance, host folding, IO binding, the memory budget before a
-launch and index checks into the latch (reference_runtime/executor.py, model.py, symbols.py)."""
+launch and index checks into the latch (reference_runtime/executor.py, symbols.py; lockstep/loading.py)."""
 
 from lockstep.contracts.mutation import Mutant
 

@@ -42,7 +42,7 @@ MUTANTS = [
         breaks="pending frees are not reaped (no event query reaches the stream) while a capture is open",
         tests=_T, select=_SEL,
         equivalent="what the guard avoids is querying events recorded before the capture, which relaxed-mode "
-                   "capture allows (only stream queries/synchronisation invalidate it, shared/notes/cuda-semantics.md); "
+                   "capture allows (only stream queries/synchronisation invalidate it, docs/cuda-semantics.md); "
                    "a buffer whose readers ran may be handed out inside the capture like any other allocation",
     ),
     Mutant(

@@ -1,6 +1,6 @@
 """Source mutants of the simulated device (backends/sim.py; _base.py through sim.py's calls) and its race checker (_hazards.py).
 
-Grouped by the guarantee families of sim.py's module docstring and ``shared/notes/cuda-semantics.md``:
+Grouped by the guarantee families of sim.py's module docstring and ``docs/cuda-semantics.md``:
 the asynchronous model (in-order streams, work executes only when a synchronisation needs it),
 events, copies (checked at the call), sticky errors, capture and replay, memory and its accounting,
 and the race checker's ordering rules (event wait, host synchronisation, a poll of a busy stream).

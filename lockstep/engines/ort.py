@@ -130,7 +130,7 @@ class OrtEngine:
             if what:
                 raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
             if _ort_refuses_model(exc):
-                from lockstep.reference_runtime.model import ModelError
+                from lockstep.loading import ModelError
 
                 first = (str(exc).splitlines() or [""])[0][:500]
                 raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
@@ -314,11 +314,11 @@ class OrtDecoder:
         except RuntimeError as exc:
             msg = " ".join(str(exc).split())
             if any(s in msg for s in ("Got invalid dimensions", "Invalid rank", "Unexpected input data type")):
-                from lockstep.reference_runtime.executor import FeedError
+                from lockstep.errors import FeedError
 
                 raise FeedError(f"ONNX Runtime refuses the step's feeds: {msg[:400]}") from exc
             if "Non-zero status code returned while running" in msg and not _device_failure(msg):
-                from lockstep.reference_runtime.model import ModelError
+                from lockstep.loading import ModelError
 
                 raise ModelError(f"ONNX Runtime fails on the model at a decode step: {msg[:400]}") from exc
             raise

@@ -294,7 +294,7 @@ class GenAIDecoder:
         self.reset()
 
     def _raise_open(self, exc: Exception):
-        from lockstep.reference_runtime.model import ModelError
+        from lockstep.loading import ModelError
 
         msg = _first_line(exc)
         what = f"{self.engine.name} (ORT GenAI {self.og.__version__})"
@@ -316,7 +316,7 @@ class GenAIDecoder:
         self.position = 0
 
     def _raise_step(self, exc: Exception, where: str):
-        from lockstep.reference_runtime.model import ModelError
+        from lockstep.loading import ModelError
 
         msg = _first_line(exc)
         what = f"ORT GenAI {self.og.__version__} fails {where}"
@@ -334,7 +334,7 @@ class GenAIDecoder:
         except Exception as exc:  # noqa: BLE001
             self._raise_step(exc, f"at a decode step (position {self.position}, {n} token(s))")
         if logits.ndim != 3 or logits.shape[0] != 1 or logits.shape[1] != n:
-            from lockstep.reference_runtime.model import ModelError
+            from lockstep.loading import ModelError
 
             raise ModelError(f"ORT GenAI {self.og.__version__} returned logits of shape {list(logits.shape)} for "
                              f"{n} token(s) at position {self.position} (expected [1, {n}, vocab])")

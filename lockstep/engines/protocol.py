@@ -44,13 +44,15 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from lockstep.errors import LockstepError
+
 __all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS",
            "DEFAULT_PRECISION", "precision_of"]
 
 RunFn = Callable[[dict[str, Any]], list[Any]]  # arrays; lists and None too for an engine's ``values``
 
 
-class Unsupported(NotImplementedError):
+class Unsupported(LockstepError, NotImplementedError):
     """The engine cannot run this model or capability; the message says why. Never a numerical
     failure: a counted skip with its reason where the engine's expectations expect it (``kind =
     "unsupported"``), else a failure (the suite fails closed: a case newly unsupported is a

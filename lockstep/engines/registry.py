@@ -25,6 +25,8 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+from lockstep.errors import LockstepError
+
 from .protocol import PRECISIONS
 
 __all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate"]
@@ -33,7 +35,7 @@ GROUP = "lockstep.engines"
 OWN_DISTRIBUTION = "lockstep-conformance"
 
 
-class EngineLoadError(RuntimeError):
+class EngineLoadError(LockstepError, RuntimeError):
     """An engine could not be found, imported, built or validated; the message names the entry point."""
 
 

@@ -5,7 +5,7 @@ an isolated worker on the reference runtime (simulated device), with ONNX Runtim
 - ``case.py``: a case and its folder form (the reproducer).
 - ``targets.py``: running a case in-process (reference runtime, ONNX Runtime, the CLI) and the
   outcome classes (``ok``, ``named``, ``crash``, ``hang``, ``memory``; the named errors are listed in
-  ``lockstep.named_errors``).
+  ``lockstep.errors.LockstepError``).
 - ``runner.py``: one forked worker per case and target, address-space limit, per-case timeout.
 - ``report.py``: ``fuzz()``, the tables, crash signatures, reproducers, ``replay()``.
 

@@ -98,7 +98,7 @@ class FuzzRun:
         return (f"fuzz: seed {self.seed}, cases {self.start}..{self.start + self.n - 1}: "
                 + ", ".join(f"{ref[k]} {k}" + (f" ({host} of them KernelHostError)" if k == "named" else "")
                             for k in CLASSES)
-                + (f"; ONNX Runtime: " + ", ".join(f"{ort[k]} {k}" for k in CLASSES) if ort else "")
+                + ("; ONNX Runtime: " + ", ".join(f"{ort[k]} {k}" for k in CLASSES) if ort else "")
                 + f"; {self.seconds:.1f} s, {rate:.1f} cases/s on {self.jobs} worker(s)")
 
     def signature_lines(self) -> list[str]:

@@ -25,6 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from lockstep.errors import LockstepError
+
 from .case import MODEL_FILE, Case
 
 __all__ = ["named_classes", "classify", "run_ref", "run_ort", "run_cli", "CLASSES"]
@@ -32,11 +34,8 @@ __all__ = ["named_classes", "classify", "run_ref", "run_ort", "run_cli", "CLASSE
 CLASSES = ("ok", "named", "crash", "hang", "memory")
 
 def named_classes() -> tuple[type, ...]:
-    """lockstep's named errors (``lockstep.named_errors``), and ``CliError``: a CLI case's refusal."""
-    from lockstep.cli import CliError
-    from lockstep.named_errors import named_errors
-
-    return (*named_errors(), CliError)
+    """lockstep's named errors: ``LockstepError`` (a CLI case's refusal, ``CliError``, is one)."""
+    return (LockstepError,)
 
 
 def _roots() -> list[str]:
@@ -112,9 +111,9 @@ def _feeds(case: Case) -> dict[Any, Any]:
 
 def run_ref(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str, Any]:
     """The reference runtime on the simulated device: load the file, prepare, run (or decode)."""
+    from lockstep.loading import load_model
     from lockstep.reference_runtime.config import RuntimeConfig
     from lockstep.reference_runtime.engine import RefEngine
-    from lockstep.reference_runtime.model import load_model
 
     try:
         stage("load")

@@ -28,7 +28,7 @@ in ``contracts.parity``):
   queued work still executes and the device stays usable.
 - Sticky errors: a fault is latched when the faulting work executes, every queue is discarded
   (the context is dead), and every later call raises it, naming the kernel that faulted.
-- Capture: the outcomes of cuda-semantics.md (synchronize/device-synchronize raise
+- Capture: the outcomes of docs/cuda-semantics.md (synchronize/device-synchronize raise
   ``StreamCaptureUnsupported`` and invalidate; a stream query invalidates silently; D2H and cuBLAS
   are refused without invalidating; kernels, D2D copies, event records and allocations are fine;
   the legacy stream cannot capture). Graphs bake addresses; a replay resolves them when it executes.

@@ -22,13 +22,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lockstep.engines.protocol import Unsupported
+from lockstep.errors import LockstepError
 
 from .ort_schemas import validate_default_domain
 
 __all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
 
 
-class ModelError(ValueError):
+class ModelError(LockstepError, ValueError):
     """The model is malformed, fails the checker, or references data it must not."""
 
 

@@ -9,7 +9,7 @@ required attributes, deprecation) and tells the loader which nodes to hide from 
 
 The schemas are a snapshot, ``ort_schemas.json``, taken from ONNX Runtime's Python bindings
 (``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema``) by
-``python -m lockstep.reference_runtime.ort_schemas --write``: loading a model never imports
+``python -m lockstep.ort_schemas --write``: loading a model never imports
 onnxruntime. ``tests/test_ort_schemas.py`` compares the snapshot with the installed ONNX Runtime.
 """
 
@@ -142,6 +142,6 @@ def _write() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        print("usage: python -m lockstep.reference_runtime.ort_schemas --write", file=sys.stderr)
+        print("usage: python -m lockstep.ort_schemas --write", file=sys.stderr)
         sys.exit(2)
     sys.exit(_write())

@@ -1,0 +1,22 @@
+"""The root of lockstep's named errors, and the ground floor's own.
+
+Every error lockstep raises on purpose -- a bad model, bad input, a refused device operation, an
+engine it cannot load, a golden snapshot it cannot use -- is a ``LockstepError`` (each keeps the
+builtin base its callers catch: ``ValueError``, ``RuntimeError``, ``NotImplementedError``). The CLI
+prints one as one line naming its class (anything else is a bug and keeps its traceback); the
+fuzzer counts one as ``named`` (anything else is a crash). Modules on every floor import the root
+from here; nothing here imports the rest of lockstep.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LockstepError", "FeedError"]
+
+
+class LockstepError(Exception):
+    """An error lockstep names: its message says what was wrong and where."""
+
+
+class FeedError(LockstepError, ValueError):
+    """A feed is missing, unknown, or of the wrong dtype or shape; names the input (any engine's
+    session: the reference runtime's executor, ONNX Runtime's refusal of a step's feeds)."""
