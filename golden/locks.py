@@ -58,7 +58,7 @@ class LockResult:
     engine_margins: list[float | None] = field(default_factory=list)  # None: a near-tie, not checked
 
     def plot_data(self, model: str, engine: str, precision: str) -> dict[str, Any]:
-        """What the report's golden plot needs (lockstep/plots.py)."""
+        """What the report's golden plot needs (conformance/plots.py)."""
         return {"model": model, "mode": self.mode, "engine": engine, "precision": precision, "band": self.band,
                 "positions": self.positions, "oracle_margins": self.oracle_margins,
                 "engine_margins": self.engine_margins, "violations": [v["pos"] for v in self.violations]}

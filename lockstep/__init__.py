@@ -2,9 +2,10 @@
 
 The packages the design card names live under this one namespace: ``lockstep.reference_runtime``
 (the reference CUDA runtime), ``lockstep.kernels``, ``lockstep.contracts``, ``lockstep.golden`` and
-``lockstep.conformance`` (the suite, run with ``pytest --pyargs lockstep.conformance``). This module
-itself holds the package's face: the ``lockstep`` command (``cli``), the pytest plugin
-(``pytest_plugin``), the engine protocol and registry (``engines``).
+``lockstep.conformance`` (the suite, run with ``pytest --pyargs lockstep.conformance``, with the
+``lockstep`` command, ``conformance.cli``, and the pytest plugin, ``conformance.pytest_plugin``). This
+folder itself is the ground floor: named errors (``errors``), ONNX loading (``loading``), decoder I/O,
+decoding, the engine protocol and registry (``engines``), paths.
 """
 
 from importlib.metadata import PackageNotFoundError

@@ -18,4 +18,4 @@ python3 -m pytest --pyargs lockstep.conformance -m "node_suite or golden or capt
   --engines "$(echo $engines | tr ' ' ',')" --lockstep-expectations none --lockstep-report-dir "$tmp" >/dev/null 2>&1 || true
 args=()
 for e in $engines; do args+=(--engine "$e"); done
-python3 -m lockstep.expectations --from-report "$tmp/report.json" --engine-field "${args[@]}"
+python3 -m lockstep.conformance.expectations --from-report "$tmp/report.json" --engine-field "${args[@]}"

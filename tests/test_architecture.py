@@ -56,18 +56,18 @@ def test_the_floors_point_one_way(tmp_path):
     # reference runtime and ONNX Runtime's engines are independent
     r = _lint(_layout(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 kept, 0 broken" in r.stdout, r.stdout
+    assert "3 kept, 0 broken" in r.stdout, r.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
     # contract: the check can fail: a ground-floor module importing the CLI inside a function is named
     tree = _layout(tmp_path)
     planted = tree / "lockstep" / "decoder_io.py"
-    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from lockstep import cli  # noqa: F401\n")
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from lockstep.conformance import cli  # noqa: F401\n")
     r = _lint(tree)
     assert r.returncode != 0, r.stdout
     assert "lockstep's floors point one way BROKEN" in r.stdout, r.stdout
-    assert "lockstep.decoder_io -> lockstep.cli" in r.stdout, r.stdout
+    assert "lockstep.decoder_io -> lockstep.conformance.cli" in r.stdout, r.stdout
 
 
 def test_ruff_passes():
@@ -75,3 +75,50 @@ def test_ruff_passes():
     r = subprocess.run([_tool("ruff"), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def _folder_edges(tree: Path) -> dict[tuple[str, str], list[str]]:
+    """(importer folder, imported folder) -> the module imports between two top-level folders of the
+    tree, every import counted (inside functions too), from grimp's graph of the laid-out tree."""
+    code = (
+        "import json, sys, grimp\n"
+        "g = grimp.build_graph('lockstep', cache_dir=None)\n"
+        "mapped = json.loads(sys.argv[1])\n"
+        "def folder(m):\n"
+        "    for pkg, f in sorted(mapped.items(), key=lambda kv: -len(kv[0])):\n"
+        "        if m == pkg or m.startswith(pkg + '.'):\n"
+        "            return f\n"
+        "out = {}\n"
+        "for m in g.modules - {'lockstep.__main__'}:  # an entry point (python -m lockstep), imported by none\n"
+        "    for i in g.find_modules_directly_imported_by(m):\n"
+        "        a, b = folder(m), folder(i)\n"
+        "        if a != b:\n"
+        "            out.setdefault(a + ' ' + b, []).append(m + ' -> ' + i)\n"
+        "print(json.dumps(out))\n")
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapped = cfg["tool"]["setuptools"]["package-dir"]
+    import json
+
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(mapped)], cwd=tree,
+                       env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {tuple(k.split(" ")): v for k, v in json.loads(r.stdout).items()}
+
+
+def test_no_two_top_level_folders_import_each_other(tmp_path):
+    # contract (issue 31's acceptance): between the top-level folders (lockstep/, reference_runtime/, kernels/,
+    # golden/, contracts/, conformance/) imports go one way only, counting imports inside functions
+    edges = _folder_edges(_layout(tmp_path))
+    assert edges, "result: the folders do import each other (the graph was read)"
+    both = {(a, b): (edges[(a, b)][:3], edges[(b, a)][:3]) for (a, b) in edges if (b, a) in edges and a < b}
+    assert not both, f"top-level folders importing each other both ways: {both}"
+
+
+def test_a_planted_cycle_between_folders_is_found(tmp_path):
+    # contract: the folder check can fail: the ground importing golden inside a function is a cycle
+    tree = _layout(tmp_path)
+    planted = tree / "lockstep" / "decoder_io.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from lockstep.golden import catalog  # noqa: F401\n")
+    edges = _folder_edges(tree)
+    assert ("lockstep", "golden") in edges and ("golden", "lockstep") in edges
+    assert "lockstep.decoder_io -> lockstep.golden.catalog" in edges[("lockstep", "golden")]

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 from lockstep.decoder_io import DecoderIO, ModelCardError, NotADecoder, parse_io_option
 from lockstep.decoding import greedy, open_session
 from lockstep.engines import load_engine

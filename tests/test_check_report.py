@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.report import render_markdown, summarize
+from lockstep.conformance.report import render_markdown, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,7 +115,7 @@ def test_an_xfail_that_passes_fails_the_run(tmp_path):
 def test_jobs_auto_runs_in_process_under_a_pytest_xdist_worker(monkeypatch):
     """Contract: `--jobs auto` starts workers, except where its own options choose, or where it
     runs inside a pytest-xdist worker (a test running `lockstep check`: the outer run has the CPUs)."""
-    from lockstep.cli import _workers
+    from lockstep.conformance.cli import _workers
 
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     steal = ["--dist", "worksteal"]  # an idle worker takes tests from a busy one

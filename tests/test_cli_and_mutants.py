@@ -11,7 +11,7 @@ from lockstep.contracts.mutants import MUTANTS, runtime_class
 from lockstep.contracts.parity import SCENARIOS
 from lockstep.reference_runtime.runtime import Runtime
 
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 
 
 def test_cli_parity_on_sim_matches(capsys):
@@ -222,7 +222,7 @@ def test_decode_past_the_device_memory_budget_is_one_line(tmp_path, monkeypatch)
 def test_a_named_error_from_any_command_is_one_line(monkeypatch, capsys):
     """The CLI's last resort: lockstep's named errors from any command print one line naming their
     class; anything else (a bug) keeps its traceback."""
-    from lockstep import cli
+    from lockstep.conformance import cli
     from lockstep.reference_runtime.errors import DeviceAssert
 
     def boom(args):

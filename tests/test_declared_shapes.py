@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 from lockstep.decoder_io import DecoderIO, KVCacheTooLarge, NotADecoder
 from lockstep.paths import package_path
 

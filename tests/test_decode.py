@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 from lockstep.decoding import greedy, teacher_force
 from lockstep.engines import Unsupported
 from lockstep.engines.registry import load_engine

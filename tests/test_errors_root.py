@@ -36,7 +36,7 @@ def test_a_named_error_is_a_lockstep_error(cls):
 def test_the_cli_prints_a_lockstep_error_as_one_line_and_lets_a_bug_keep_its_traceback(monkeypatch, capsys):
     # contract: a LockstepError from any command is one line naming its class, rc 2; another exception
     # propagates (a bug in lockstep keeps its traceback)
-    from lockstep import cli
+    from lockstep.conformance import cli
 
     def boom(exc):
         def run(_args):

@@ -1,4 +1,4 @@
-"""The expectation writers and their files (``lockstep/expectations.py``,
+"""The expectation writers and their files (``conformance/expectations.py``,
 ``python -m lockstep.reference_runtime.node_cases --emit-expectations``): reasons grouped by the
 operator a case is about, entries an engine's own file takes (and its variants sharing it), only the
 newly unsupported for appending, and variant factories of one plugin sharing one file in a run."""
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from lockstep import expectations
-from lockstep.expectations import emit, reason_class, rows_from_report
+from lockstep.conformance import expectations
+from lockstep.conformance.expectations import emit, reason_class, rows_from_report
 
 ORT_ABS = ("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for Abs(13) node with name "
            "'n0'")
@@ -247,7 +247,7 @@ def test_onnx_runtime_messages_are_recorded_and_summarised_per_operator(pytester
 def test_a_bracketless_pattern_matches_node_cases_not_parametrized_keys():
     # contract: "test_*" in an engine's expectations (every node case: ORT GenAI runs none) must not take the
     # golden locks it does run (test_tripwire[genai-llama-fp32-cpu]); before, every such case read "newly runs"
-    from lockstep.expectations import filter_keys, match
+    from lockstep.conformance.expectations import filter_keys, match
 
     assert match("test_abs", "test_*") and match("test_dft_inverse_x", "test_dft_inverse*")
     assert not match("test_tripwire[genai-llama-fp32-cpu]", "test_*")
@@ -260,8 +260,8 @@ def test_under_k_an_entry_for_a_deselected_key_is_not_stale():
     # parameter -k left out is not judged (before: "entries matching no case" ended the run), one -k kept is
     from types import SimpleNamespace
 
-    from lockstep.expectations import Entry
-    from lockstep.pytest_plugin import _kept_by_keyword, _stale_entries
+    from lockstep.conformance.expectations import Entry
+    from lockstep.conformance.pytest_plugin import _kept_by_keyword, _stale_entries
 
     kept = _kept_by_keyword(SimpleNamespace(getoption=lambda name, default=None: "genai-"))
     collected = {"test_capture_on_off_byte_identity[genai-llama-fp32-cpu]"}

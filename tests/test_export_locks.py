@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep import cli
+from lockstep.conformance import cli
 from lockstep.genai_config import card_for, tokenizer_for
 from lockstep.golden.catalog import EXPORT_SNAPSHOTS, EXPORTS_DIR, GoldenError, add_model, catalog, export_models
 from lockstep.golden.text import Text, TokenizerError

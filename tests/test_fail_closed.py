@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import lockstep.golden.anchors as anchors
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 from lockstep.kernels.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,7 +247,7 @@ def test_an_entry_keyed_to_a_case_generating_package_applies_only_with_its_versi
     of them (``when = { ml_dtypes = "==0.7.*" }``) applies with the installed version it names only."""
     import importlib
 
-    from lockstep.expectations import Entry, applies
+    from lockstep.conformance.expectations import Entry, applies
 
     got = importlib.import_module(dist).__version__
     assert applies(Entry("ref-sim", ["test_x"], "xfail", "why", {dist: f"=={got}"})), \

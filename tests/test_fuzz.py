@@ -1,4 +1,4 @@
-"""The fuzzer (``lockstep.fuzz``): its harness, and the fuzz run itself.
+"""The fuzzer (``lockstep.conformance.fuzz``): its harness, and the fuzz run itself.
 
 ``test_fuzz_run`` runs ``--fuzz-cases`` cases (default 300) of ``--fuzz-seed`` (default 15) on the
 reference runtime's simulated device, ONNX Runtime's outcome beside each, and fails listing every
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.fuzz import Case, fuzz, make_case
-from lockstep.fuzz.runner import Task, run_tasks
+from lockstep.conformance.fuzz import Case, fuzz, make_case
+from lockstep.conformance.fuzz.runner import Task, run_tasks
 
 pytestmark = pytest.mark.fuzz
 
@@ -46,7 +46,7 @@ def _blow_up(case, folder, stage):
 
 
 def _named(case, folder, stage):
-    from lockstep.fuzz.targets import classify
+    from lockstep.conformance.fuzz.targets import classify
     from lockstep.errors import FeedError
 
     try:
@@ -73,7 +73,7 @@ def test_runner_classes_each_planted_outcome_and_survives():
 
 
 def test_launch_failure_from_a_kernel_exception_is_a_crash():
-    from lockstep.fuzz.targets import classify
+    from lockstep.conformance.fuzz.targets import classify
     from lockstep.reference_runtime.errors import DeviceAssert, LaunchFailure
 
     lf = LaunchFailure("kernel 'RotaryEmbedding:rope0' on compute failed: IndexError('index 600 is out of bounds')")
@@ -121,8 +121,8 @@ def test_fuzz_run(request, tmp_path_factory, capsys):
 
 
 def test_replay_runs_a_reproducer_folder_on_both_engines(tmp_path):
-    from lockstep.fuzz import replay
-    from lockstep.fuzz.mutations import _golden_feeds, golden_sources
+    from lockstep.conformance.fuzz import replay
+    from lockstep.conformance.fuzz.mutations import _golden_feeds, golden_sources
 
     name, data = golden_sources()[0]
     Case(0, 0, "feed", "feed.unmutated", f"golden:{name}", model=data, feeds=_golden_feeds(name, [1, 2, 3])).write(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lockstep.golden.anchors as anchors
 import pytest
 
-from lockstep.cli import main
+from lockstep.conformance.cli import main
 
 
 def test_regenerate_refuses_an_engine_as_the_source(capsys):

@@ -402,7 +402,7 @@ GENAI_SPEC = "lockstep.engines.ort_genai:cpu_engine"
 
 
 def test_lockstep_decode_runs_a_builder_export_on_ort_genai(capfd):
-    from lockstep.cli import main
+    from lockstep.conformance.cli import main
 
     _engine("ort-genai")
     e = EXPORTS[LLAMA]
@@ -429,7 +429,7 @@ def _epsilon_broken(tmp_path) -> Path:
 
 @pytest.mark.parametrize("genai", ["ort-genai", "ort-cpu"])
 def test_runtime_errors_inside_lockstep_decode_are_one_line_naming_model_and_engine(tmp_path, capfd, genai):
-    from lockstep.cli import main
+    from lockstep.conformance.cli import main
 
     if genai == "ort-genai":
         _engine("ort-genai")
@@ -488,7 +488,7 @@ def test_an_engine_runtime_failure_in_lockstep_decode_is_one_line(capfd, factory
     # (a device failure ort-cpu/ort-cuda re-raise, an ORT status type outside the classified ones) are one
     # line naming model and engine, never a traceback
     pytest.importorskip("onnxruntime")
-    from lockstep.cli import main
+    from lockstep.conformance.cli import main
 
     path = EXPORTS_DIR / LLAMA / "model.onnx"
     assert main(["decode", str(path), "--prompt", "hi", "--tokens", "2", "--engine", f"{__name__}:{factory}"]) == 2
@@ -498,7 +498,7 @@ def test_an_engine_runtime_failure_in_lockstep_decode_is_one_line(capfd, factory
 
 
 def test_a_bug_in_lockstep_decode_keeps_its_traceback():
-    from lockstep.cli import main
+    from lockstep.conformance.cli import main
 
     path = EXPORTS_DIR / LLAMA / "model.onnx"
     with pytest.raises(KeyError, match="a bug of lockstep's own"):

@@ -1,4 +1,4 @@
-"""The report's plots (lockstep/plots.py): golden-lock margins per model and the op-by-engine
+"""The report's plots (conformance/plots.py): golden-lock margins per model and the op-by-engine
 scoreboard (PNG and HTML), from synthetic report dicts."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from lockstep import plots
+from lockstep.conformance import plots
 
 # one pytest-xdist worker runs this module (--dist loadgroup): its module fixtures are built once
 pytestmark = pytest.mark.xdist_group("test_plots")
@@ -220,7 +220,7 @@ def test_many_ops_split_into_panels_and_files(mpl, tmp_path, monkeypatch):
 
 
 def test_no_golden_entries_writes_no_golden_plot_and_says_so(mpl, tmp_path, caplog):
-    with caplog.at_level("INFO", logger="lockstep.plots"):
+    with caplog.at_level("INFO", logger="lockstep.conformance.plots"):
         files = plots.write_plots(synthetic_report(golden=False), tmp_path)
     assert [p.name for p in files] == ["scoreboard.png", "scoreboard.html"]
     assert not list(tmp_path.glob("golden-*"))

@@ -387,7 +387,7 @@ def _small_cases():
 def _ref_sim_xfails(names: set[str]) -> set[str]:
     """The cases among ``names`` that ref-sim's expectations make strict xfails with the installed
     versions (e.g. the casts whose expected values ml_dtypes 0.7 gets wrong)."""
-    from lockstep import expectations
+    from lockstep.conformance import expectations
     from lockstep.paths import package_path
 
     entries = expectations.load(package_path("lockstep.conformance.node_suite", "expectations.toml"))

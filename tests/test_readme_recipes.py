@@ -89,7 +89,7 @@ def test_the_plugin_recipe_fails_closed_then_one_command_makes_it_green(tmp_path
     under a command is in that command's output ("..." standing for anything)."""
     code, steps = _plugin_recipe()
     assert [cmd.split()[:3] for cmd, _ in steps] == [["lockstep", "check", "--engines"],
-                                                     ["python", "-m", "lockstep.expectations"],
+                                                     ["python", "-m", "lockstep.conformance.expectations"],
                                                      ["lockstep", "check", "--engines"]], steps
     (tmp_path / "myengine.py").write_text(code)
     # the console script beside this python (a venv) or beside the package (an install by --target, as on

@@ -160,14 +160,14 @@ MUTANTS = [
     ),
     # -- lockstep golden regenerate ----------------------------------------------------------------
     Mutant(
-        "golden", "check_writes_snapshots", "lockstep.cli",
+        "golden", "check_writes_snapshots", "lockstep.conformance.cli",
         old="if not (args.dry_run or args.check):",
         new="if not args.dry_run:",
         breaks="`lockstep golden regenerate --check` writes nothing",
         tests=("tests/test_fail_closed.py::test_regenerate_check_fails_on_drift_and_passes_when_clean",),
     ),
     Mutant(
-        "golden", "regenerate_exact_comparison", "lockstep.cli",
+        "golden", "regenerate_exact_comparison", "lockstep.conformance.cli",
         old="if old is not None and same_anchors(old, new):",
         new="if old is not None and old == new:",
         breaks="regenerate judges a snapshot unchanged with syrupy's tolerant comparison (oracle version informational)",

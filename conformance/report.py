@@ -5,7 +5,7 @@ Written by the pytest plugin at session end when ``--lockstep-report-dir`` is gi
 check`` gives it): ``report.json`` (machine-readable: summary, engines, environment, every test's
 outcome), ``report.md`` (the same as tables, with the failing tests and their first message line;
 also appended to ``$GITHUB_STEP_SUMMARY`` when that is set) and the PNG/HTML pictures
-(``lockstep/plots.py``). Only a run that happened writes one. ``merge`` combines the reports of
+(``conformance/plots.py``). Only a run that happened writes one. ``merge`` combines the reports of
 shards (``--lockstep-shard i/n`` on several machines) into one. Files are written atomically.
 """
 
@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .paths import atomic_write
+from lockstep.paths import atomic_write
 
 __all__ = ["summarize", "write_report", "render_markdown", "environment", "merge", "ReportError"]
 

@@ -360,7 +360,7 @@ def _golden_add(args: argparse.Namespace) -> int:
 
 def _report_merge(args: argparse.Namespace) -> int:
     """Merge the report.json of several shards into one report (md, json, pictures)."""
-    from lockstep.report import ReportError, merge
+    from lockstep.conformance.report import ReportError, merge
 
     try:
         paths = merge(args.reports, args.output)

@@ -26,7 +26,7 @@ engine's that declares the file, and of each engine that declares it when varian
 (two factories, two names) share one file. An entry that names an engine is that engine's alone (a
 variant's own difference), left out for the other engines sharing the file. A declared file that
 does not exist yet holds no entry: every case the engine cannot run fails (the run says how to
-write it). The writers (``python -m lockstep.expectations --from-report``, ``python -m
+write it). The writers (``python -m lockstep.conformance.expectations --from-report``, ``python -m
 lockstep.reference_runtime.node_cases --emit-expectations``) write entries without ``engine``;
 ``--engine-field`` adds it, for a file several engines share (lockstep's packaged one).
 
@@ -278,14 +278,14 @@ def rows_from_report(report: dict, engine: str, *, new_only: bool = False) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lockstep.expectations --from-report reports/report.json --engine NAME [--new]
+    """``python -m lockstep.conformance.expectations --from-report reports/report.json --engine NAME [--new]
     [--when onnxruntime==1.31.*] [--engine-field]``: TOML ``unsupported`` entries for what the engine
     could not run, for its own expectations file."""
     import argparse
     import json
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m lockstep.expectations", description=main.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m lockstep.conformance.expectations", description=main.__doc__.splitlines()[0])
     ap.add_argument("--from-report", required=True, help="a report.json written by --lockstep-report-dir "
                                                          "(lockstep check writes reports/report.json)")
     ap.add_argument("--engine", action="append", required=True, help="the engine's name (repeatable)")

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from lockstep import expectations
+from lockstep.conformance import expectations
 from lockstep.contracts.mutants import runtime_class
 from lockstep.engines.registry import EngineLoadError, load_engine, registered
 from lockstep.paths import package_path
@@ -55,7 +55,7 @@ MARKERS = (
     "capture: CUDA graph capture checks",
     "capture_guard: node cases captured on the simulated device with host reads refused (docs/capture-guard.md)",
     "paging: weight paging checks",
-    "fuzz: the fuzzer (lockstep.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
+    "fuzz: the fuzzer (lockstep.conformance.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
 )
 
 
@@ -904,7 +904,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             json.dump(st["outcomes"], f, indent=1)
     report_dir = session.config.getoption("--lockstep-report-dir")
     if report_dir:
-        from lockstep.report import write_report
+        from lockstep.conformance.report import write_report
 
         engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
         described = {}
@@ -931,6 +931,6 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if engines and _runs_lockstep_suite(config) and not any(isinstance(e, RefEngine) for e in engines.values()):
         n = st.get("self_tests_deselected")
         terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
-    from lockstep.plugin_summary import terminal_summary
+    from lockstep.conformance.plugin_summary import terminal_summary
 
     terminal_summary(terminalreporter, config, _state(config))

@@ -1,7 +1,7 @@
 """Plots of a conformance report: golden-lock margins per model and an op-by-engine scoreboard.
 
 ``write_plots(report, out_dir)`` writes both and returns every file written; ``report`` is the dict of
-``report.json`` (``lockstep.report``: ``{"summary", "engines", "tests": {nodeid: entry}}``) or a path
+``report.json`` (``lockstep.conformance.report``: ``{"summary", "engines", "tests": {nodeid: entry}}``) or a path
 to it. Files are written atomically (a temporary file in ``out_dir``, then ``os.replace``).
 matplotlib (the ``test`` extra) is imported only here, and drawn through its Agg canvas, never
 pyplot: the process's backend is left alone.
@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import atomic_write
+from lockstep.paths import atomic_write
 from typing import Any
 
 __all__ = ["CELL_STATUSES", "golden_plots", "op_cells", "scoreboard", "write_plots"]
@@ -77,7 +77,7 @@ def _matplotlib():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ImportError(f"lockstep.plots needs matplotlib (>=3.7): {INSTALL_HINT}") from exc
+        raise ImportError(f"lockstep.conformance.plots needs matplotlib (>=3.7): {INSTALL_HINT}") from exc
     return Figure, FigureCanvasAgg
 
 
@@ -193,7 +193,7 @@ def golden_plots(report: dict, out_dir) -> list[Path]:
     report = _load(report)
     models = _golden_models(report)
     if not models:
-        log.info("lockstep.plots: the report has no golden entries (no test entry with a 'golden' or "
+        log.info("lockstep.conformance.plots: the report has no golden entries (no test entry with a 'golden' or "
                     "'tripwire' key): no golden plot written")
         return []
     Figure, Canvas = _matplotlib()

@@ -16,7 +16,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from lockstep import expectations
+from lockstep.conformance import expectations
 from lockstep.paths import package_path
 
 UNSUPPORTED = "unsupported: "
@@ -82,7 +82,7 @@ def record_command(config, st: dict, engine: str) -> list[str]:
             target, field = _shown(shared), " --engine-field"
             where = f"the expectations file in use, {target}"
     lines = [f"  intended? record them in {where}:",
-             f"  python -m lockstep.expectations --from-report {report} --engine {engine} --new{field} >> {target}"]
+             f"  python -m lockstep.conformance.expectations --from-report {report} --engine {engine} --new{field} >> {target}"]
     if not report_dir:
         lines.insert(0, "  (this run wrote no report: rerun with --lockstep-report-dir reports, as `lockstep check` does)")
     return lines
@@ -166,7 +166,7 @@ def _unsupported_by_operator(tr, st: dict) -> None:
 def _short_summary_with_messages(tr, config) -> None:
     """pytest's FAILED/ERROR lines, each with its first message line in full: printed here, and
     taken out of pytest's own short summary (which follows and would trim or drop the message)."""
-    from lockstep.pytest_plugin import _first_line
+    from lockstep.conformance.pytest_plugin import _first_line
 
     chars = getattr(tr, "reportchars", "")
     kinds = [(c, stat) for c, stat in (("f", "failed"), ("E", "error")) if c in chars and tr.stats.get(stat)]

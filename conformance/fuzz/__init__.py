@@ -9,7 +9,7 @@ an isolated worker on the reference runtime (simulated device), with ONNX Runtim
 - ``runner.py``: one forked worker per case and target, address-space limit, per-case timeout.
 - ``report.py``: ``fuzz()``, the tables, crash signatures, reproducers, ``replay()``.
 
-Command: ``python -m lockstep.fuzz --cases N --seed S`` (``scripts/fuzz.py`` is the same); the
+Command: ``python -m lockstep.conformance.fuzz --cases N --seed S`` (``scripts/fuzz.py`` is the same); the
 test is ``tests/test_fuzz.py`` (marker ``fuzz``). See ``docs/fuzzing.md``.
 """
 

@@ -1,4 +1,4 @@
-"""``python -m lockstep.fuzz``: run N cases with a seed, print the class table (by mutation family,
+"""``python -m lockstep.conformance.fuzz``: run N cases with a seed, print the class table (by mutation family,
 ONNX Runtime's classes beside) and the distinct crash signatures, write a JSON report and a
 reproducer folder per crash, hang and memory case; ``--replay DIR`` runs one reproducer again.
 Exit status: 0 when no case crashed, hung or blew up memory, 1 otherwise, 2 for a usage error."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lockstep.fuzz", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lockstep.conformance.fuzz", description=__doc__)
     ap.add_argument("--cases", type=int, default=300, help="number of cases (default %(default)s)")
     ap.add_argument("--seed", type=int, default=15, help="seed (default %(default)s)")
     ap.add_argument("--start", type=int, default=0, help="first case index (default 0)")
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         return _replay(Path(args.replay), args.timeout, mem, not args.no_ort)
     if args.cases < 1 or args.start < 0 or args.jobs < 0 or args.timeout <= 0 or mem <= 0:
-        print("python -m lockstep.fuzz: error: --cases >= 1, --start >= 0, --jobs >= 0, --timeout and --mem-gib > 0",
+        print("python -m lockstep.conformance.fuzz: error: --cases >= 1, --start >= 0, --jobs >= 0, --timeout and --mem-gib > 0",
               file=sys.stderr)
         return 2
     from . import fuzz
@@ -68,7 +68,7 @@ def _replay(folder: Path, timeout: float, mem: int, ort: bool) -> int:
     from .case import Case
 
     if not (folder / "case.json").is_file():
-        print(f"python -m lockstep.fuzz: error: --replay {folder}: no case.json there", file=sys.stderr)
+        print(f"python -m lockstep.conformance.fuzz: error: --replay {folder}: no case.json there", file=sys.stderr)
         return 2
     case = Case.read(folder)
     print(f"case {case.index} of seed {case.seed}: {case.mutation} on {case.source} {json.dumps(case.detail, default=repr)}")

@@ -41,7 +41,8 @@ def named_classes() -> tuple[type, ...]:
 def _roots() -> list[str]:
     """Source folders of lockstep's packages (the fuzzer's own excluded): where a signature's frame is taken."""
     roots = []
-    for mod in ("lockstep", "lockstep.reference_runtime", "lockstep.kernels", "lockstep.golden", "lockstep.contracts"):
+    for mod in ("lockstep", "lockstep.reference_runtime", "lockstep.kernels", "lockstep.golden", "lockstep.contracts",
+                "lockstep.conformance"):
         try:
             roots.append(str(Path(importlib.import_module(mod).__file__).parent) + os.sep)
         except ImportError:
@@ -174,9 +175,9 @@ def run_ort(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str,
 
 
 def run_cli(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str, Any]:
-    """``lockstep.cli.main(argv)`` in this process, in the case's folder: an exit status (0 ok,
+    """``lockstep.conformance.cli.main(argv)`` in this process, in the case's folder: an exit status (0 ok,
     else named) or an exception escaping the command (a crash: the CLI promises one line)."""
-    from lockstep.cli import main
+    from lockstep.conformance.cli import main
 
     argv = [a.replace("{model}", str(folder / MODEL_FILE)).replace("{dir}", str(folder)) for a in case.argv or []]
     os.chdir(folder)

@@ -54,11 +54,11 @@ def preload() -> None:
     import onnx  # noqa: F401
     import onnx.shape_inference  # noqa: F401
 
-    import lockstep.cli  # noqa: F401
+    import lockstep.conformance.cli  # noqa: F401
     import lockstep.decoding  # noqa: F401
     import lockstep.reference_runtime.engine  # noqa: F401
     import lockstep.reference_runtime.executor  # noqa: F401
-    from lockstep.fuzz import targets
+    from lockstep.conformance.fuzz import targets
 
     targets.named_classes()
     try:
@@ -106,7 +106,7 @@ def _child(task: Task, folder: Path, w: int, mem_bytes: int, log: Path) -> None:
             data = data[os.write(w, data):]
     except BaseException as exc:  # noqa: BLE001 - escaped the target: memory, or the harness's own failure
         res = {"cls": "memory", "type": "MemoryError"} if isinstance(exc, MemoryError) else \
-            {"cls": "crash", "type": f"harness:{type(exc).__name__}", "where": "lockstep/fuzz"}
+            {"cls": "crash", "type": f"harness:{type(exc).__name__}", "where": "conformance/fuzz"}
         try:
             os.write(w, (json.dumps({"result": {**res, "message": str(exc)[:300]}}) + "\n").encode())
         except BaseException:  # noqa: BLE001

@@ -458,7 +458,7 @@ def _cli(rng) -> tuple[str, list[str], bytes | None, dict[str, bytes], dict]:
         elif kind == "decode_bad_tokens":
             argv[-1] = str(_choice(rng, [0, -5, 10**9]))
         elif kind == "decode_bad_engine":
-            argv += ["--engine", _choice(rng, ["nope", "os:getcwd", "lockstep.fuzz:absent", ":"])]
+            argv += ["--engine", _choice(rng, ["nope", "os:getcwd", "lockstep.conformance.fuzz:absent", ":"])]
         elif kind == "decode_nonutf8_prompt":
             argv[3] = "caf\udce9"  # what Python makes of the byte 0xE9 in argv (surrogateescape)
         elif kind == "decode_empty_prompt":
