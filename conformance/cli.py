@@ -23,7 +23,7 @@ def _device(name: str) -> str:
 
 
 def _mutants(args: argparse.Namespace) -> int:
-    from lockstep.contracts.layers import LAYERS, SOURCE_LAYERS, catalogue
+    from lockstep.contracts.layers import SOURCE_LAYERS, catalogue
     from lockstep.contracts.mutant_runner import run_mutants
     from lockstep.contracts.mutants import MUTANTS
 
@@ -31,10 +31,10 @@ def _mutants(args: argparse.Namespace) -> int:
         raise CliError(f"--jobs {args.jobs}: at least 1")
     layers = list(dict.fromkeys(la for item in args.layer or [] for la in item.split(",") if la))
     if "all" in layers:
-        layers = list(LAYERS)
-    unknown_layers = [la for la in layers if la not in LAYERS]
+        layers = list(SOURCE_LAYERS)
+    unknown_layers = [la for la in layers if la not in SOURCE_LAYERS]
     if unknown_layers:
-        raise CliError(f"--layer: unknown layer(s) {unknown_layers}; layers: all, {', '.join(LAYERS)}")
+        raise CliError(f"--layer: unknown layer(s) {unknown_layers}; layers: all, {', '.join(SOURCE_LAYERS)}")
     source = catalogue(SOURCE_LAYERS)
     if args.list:
         for name, cls in MUTANTS.items():

@@ -42,7 +42,6 @@ from lockstep.engines.registry import EngineLoadError, load_engine, registered
 from lockstep.paths import package_path
 from lockstep.reference_runtime import RuntimeConfig
 from lockstep.reference_runtime.backends import DEVICES, available_devices, make_device
-from lockstep.reference_runtime.engine import ENGINE_OF_DEVICE, RefEngine
 
 _STATE_KEY = pytest.StashKey[dict]()
 
@@ -152,9 +151,8 @@ def pytest_configure(config: pytest.Config) -> None:
     shard = _shard(config.getoption("--lockstep-shard"))
     engine_specs = _split(config.getoption("--engines"))
     # the devices the reference runtime's own tests (runtime contracts, parity) run on: --devices, or
-    # those of the reference engines named by --engines, or all when neither is given
-    default = list(DEVICES) if not engine_specs else [d for d, e in ENGINE_OF_DEVICE.items() if e in engine_specs]
-    selected = _names(config.getoption("--devices"), DEVICES, "--devices", default)
+    # those the engines named by --engines run on (their runtime_device, below), or all when neither is given
+    selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
     required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
     mutant = config.getoption("--lockstep-mutant")
     try:
@@ -184,6 +182,9 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_STATE_KEY]["engine_objs"] = _load(engine_specs or list(registered()))
         except EngineLoadError as exc:
             raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
+    if engine_specs and config.getoption("--devices") is None:
+        on = {_runtime_device(e) for e in config.stash[_STATE_KEY]["engine_objs"].values()}
+        selected = config.stash[_STATE_KEY]["selected"] = [d for d in DEVICES if d in on]
     _check_required(config, selected, required)
     config.stash[_STATE_KEY]["suite"] = suite
     if config.getoption("--golden-dir"):
@@ -195,6 +196,13 @@ def pytest_configure(config: pytest.Config) -> None:
             cache_dir()
         except CacheDirError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def _runtime_device(engine: Any) -> str | None:
+    """The reference-runtime device an engine runs on (the protocol's optional ``runtime_device``):
+    such an engine brings the runtime's own tests; any other engine is a runtime of its own."""
+    device = getattr(engine, "runtime_device", None)
+    return device if isinstance(device, str) and device else None
 
 
 def _check_required(config: pytest.Config, devices: list[str], required_devices: list[str]) -> None:
@@ -291,7 +299,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "golden_model_name" in names and not _own_fixture(metafunc, "golden_model_name"):
         metafunc.parametrize("golden_model_name", [m.name for m in _golden_models(metafunc.config)])
     if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):
-        refs = [n for n, e in _engines(metafunc.config).items() if isinstance(e, RefEngine)]
+        refs = [n for n, e in _engines(metafunc.config).items() if _runtime_device(e)]
         metafunc.parametrize("ref_engine_name", refs or [pytest.param(
             None, marks=pytest.mark.skip(reason="no reference-runtime engine selected (--engines): "
                                                 "this test checks the reference runtime's own machinery"))])
@@ -348,7 +356,7 @@ def engine(request: pytest.FixtureRequest, engine_name: str):
 
 
 @pytest.fixture
-def ref_engine(request: pytest.FixtureRequest, ref_engine_name: str) -> RefEngine:
+def ref_engine(request: pytest.FixtureRequest, ref_engine_name: str):
     """A selected reference-runtime engine (``ref-sim``, ``ref-cuda``), as ``engine`` otherwise."""
     return _usable(request, ref_engine_name)
 
@@ -618,7 +626,7 @@ def _deselect_self_tests(config: pytest.Config, items: list[pytest.Item]) -> Non
     (``--golden-dir``) keep their oracle check; ``--devices`` keeps the device-parametrized tests."""
     suite = package_path("lockstep.conformance").resolve()
     ours = [it for it in items if suite in Path(str(it.path)).resolve().parents]
-    if not ours or any(isinstance(e, RefEngine) for e in _engines(config).values()):
+    if not ours or any(_runtime_device(e) for e in _engines(config).values()):
         return
     devices_asked = config.getoption("--devices") is not None
     user_models = None
@@ -750,8 +758,10 @@ def pytest_runtest_makereport(item: pytest.Item, call):
             props.append(("contract", m.args[0]))
         params = getattr(getattr(item, "callspec", None), "params", {})
         who = params.get("engine_name") or params.get("ref_engine_name")
-        if not who and params.get("device_name"):
-            who = ENGINE_OF_DEVICE.get(params["device_name"], params["device_name"])
+        if not who and params.get("device_name"):  # the engine that runs on that device, if one is selected
+            engines = _state(item.config)["engine_objs"]
+            on = {_runtime_device(e): n for n, e in engines.items()} if isinstance(engines, dict) else {}
+            who = on.get(params["device_name"], params["device_name"])
         props.append(("engine", who or "-"))
         markers = sorted({mk.name for mk in item.iter_markers()} & _MARKER_NAMES)
         if markers:
@@ -928,7 +938,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
     engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
-    if engines and _runs_lockstep_suite(config) and not any(isinstance(e, RefEngine) for e in engines.values()):
+    if engines and _runs_lockstep_suite(config) and not any(_runtime_device(e) for e in engines.values()):
         n = st.get("self_tests_deselected")
         terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
     from lockstep.conformance.plugin_summary import terminal_summary

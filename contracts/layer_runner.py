@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .layers import LAYERS, SOURCE_LAYERS, catalogue
+from .layers import SOURCE_LAYERS, catalogue
 from .mutation import Mutant, StaleMutant, mutated_source, to_json
 
 __all__ = ["find_checkout", "run_layers", "select_mutants", "Outcome"]
@@ -55,9 +55,9 @@ def find_checkout(start: Path | None = None) -> Path:
 def select_mutants(layers: list[str] | None = None, names: list[str] | None = None,
                    ci_only: bool = False) -> list[Mutant]:
     cat = catalogue(SOURCE_LAYERS)
-    unknown_layers = [la for la in layers or [] if la not in LAYERS]
+    unknown_layers = [la for la in layers or [] if la not in SOURCE_LAYERS]
     if unknown_layers:
-        raise KeyError(f"unknown layer(s) {unknown_layers}; layers: {', '.join(LAYERS)}")
+        raise KeyError(f"unknown layer(s) {unknown_layers}; layers: {', '.join(SOURCE_LAYERS)}")
     if names:
         unknown = [n for n in names if n not in cat]
         if unknown:
@@ -205,7 +205,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
                out=sys.stdout,
                mutants: list[Mutant] | None = None) -> int:
     """Run the selected layers (``mutants`` overrides the catalogue: the runner's own tests)."""
-    layers = list(layers or LAYERS)
+    layers = list(layers or SOURCE_LAYERS)
     root = root or find_checkout()
     source_layers = [la for la in layers if la in SOURCE_LAYERS]
     if mutants is None:
@@ -260,7 +260,7 @@ def run_layers(layers: list[str] | None = None, names: list[str] | None = None, 
         s["killed"] += r.status == "killed"
         s["equivalent"] += r.status == "equivalent"
     print("\nlayer          killed  equivalent  mutants  score", file=out)
-    for layer in sorted(scores, key=lambda la: (LAYERS.index(la) if la in LAYERS else len(LAYERS), la)):
+    for layer in sorted(scores, key=lambda la: (SOURCE_LAYERS.index(la) if la in SOURCE_LAYERS else len(SOURCE_LAYERS), la)):
         if layer in scores:
             s = scores[layer]
             denom = s["total"] - s["equivalent"]

@@ -42,7 +42,7 @@ import numpy as np
 from lockstep.errors import LockstepError
 
 __all__ = [
-    "Spec", "NodeInfo", "OpKernel", "Unary", "Binary", "Variadic", "broadcast", "OpError",
+    "Spec", "NodeInfo", "OpKernel", "Unary", "Binary", "broadcast", "OpError",
     "normalize_axis", "dtype_name",
 ]
 
@@ -296,21 +296,5 @@ def Binary(op_type: str, fn: Callable[[Any, Any, Any], Any], *, out_dtype: Any =
 
     def compute(xp, node, a, b):
         return (fn(xp, a, b),)
-
-    return OpKernel(op_type, shapes, compute, **kw)
-
-
-def Variadic(op_type: str, fn: Callable[[Any, Any, Any], Any], **kw: Any) -> OpKernel:
-    """An elementwise fold over any number of broadcasting inputs (Sum, Max, Min, Mean)."""
-
-    def shapes(node, specs):
-        present = [s for s in specs if s is not None]
-        return [Spec(broadcast(node, *[s.shape for s in present]), present[0].dtype)]
-
-    def compute(xp, node, *xs):
-        acc = xs[0]
-        for x in xs[1:]:
-            acc = fn(xp, acc, x)
-        return (acc,)
 
     return OpKernel(op_type, shapes, compute, **kw)

@@ -54,6 +54,9 @@ class RefEngine:
         # (backends.sim.RawSimDevice): ref-cuda's dtype path, on numpy
         self.raw_storage = raw_storage
         self.name = ENGINE_OF_DEVICE[device] + ("-raw" if raw_storage else "")
+        # the protocol's optional capability: this engine runs on lockstep's reference runtime, on
+        # this device, so the runtime's own tests concern it and its capture counters are exact
+        self.runtime_device = device
         self.config = config if config is not None else RuntimeConfig.from_env()
         self._device: Any = None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.contracts.layer_runner import find_checkout, run_layers, select_mutants
-from lockstep.contracts.layers import LAYERS, SOURCE_LAYERS, catalogue
+from lockstep.contracts.layers import SOURCE_LAYERS, catalogue
 from lockstep.contracts.mutation import Mutant, StaleMutant, from_json, install, mutated_source, to_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_the_catalogue_is_whole():
         ms = [m for m in CAT.values() if m.layer == layer]
         assert ms, f"layer {layer} has no mutant"
         assert any(m.ci for m in ms), f"layer {layer} has no mutant in the CI subset"
-    assert LAYERS[0] == "runtime"
+    assert SOURCE_LAYERS[0] == "runtime"
     assert find_checkout(ROOT) == ROOT
 
 
@@ -164,3 +164,18 @@ def test_the_ci_subset_is_killed():
     out = io.StringIO()
     rc = run_layers(list(SOURCE_LAYERS), mutants=chosen, root=ROOT, timeout_s=300, out=out)
     assert rc == 0, out.getvalue()
+
+
+def test_the_docs_state_the_catalogue_and_the_engines_as_they_are():
+    # contract: the numbers the README and docs/mutation.md give are the catalogue's and the registry's
+    # (before: "243 source mutants" beside 285, "four built-in engines" beside five)
+    import re
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    mutation = (ROOT / "docs" / "mutation.md").read_text()
+    n = len(CAT)
+    assert f"adds {n} one-edit source mutants" in readme, re.findall(r"adds \d+ one-edit source mutants", readme)
+    assert f"`contracts/layers/<layer>.py`, {n})" in mutation
+    engines = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["lockstep.engines"]
+    assert f"lockstep's {len(engines)} built-in engines" in readme

@@ -24,7 +24,7 @@ weights are in ``FAMILIES``; every mutation is named ``family.kind`` in the tabl
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -596,8 +596,4 @@ def _declare_symbolic(data: bytes, detail: dict) -> bytes:
                 d.dim_param = f"fuzz_out{j}"
     return m.SerializeToString()
 
-
-def iter_cases(seed: int, n: int, start: int = 0) -> Iterator[Case]:
-    """Cases ``start`` .. ``start + n - 1`` of the run with ``seed``."""
-    return (make_case(seed, i) for i in range(start, start + n))
 

@@ -17,12 +17,11 @@ import importlib
 
 from lockstep.contracts.mutation import Mutant
 
-__all__ = ["LAYERS", "SOURCE_LAYERS", "catalogue", "layer_of"]
+__all__ = ["SOURCE_LAYERS", "catalogue"]
 
 # Order is the report's order.
 SOURCE_LAYERS = ("runtime", "sim", "executor", "capture_plan", "segments", "golden", "pager", "audit",
                  "sync_debug", "kernels")
-LAYERS = SOURCE_LAYERS  # "runtime" also runs the class-based catalogue
 
 
 def _layer_mutants(layer: str) -> list[Mutant]:
@@ -44,6 +43,3 @@ def catalogue(layers: tuple[str, ...] | list[str] = SOURCE_LAYERS) -> dict[str, 
             out[m.key] = m
     return out
 
-
-def layer_of(key: str) -> str:
-    return key.split(".", 1)[0]

@@ -30,6 +30,11 @@ Optional (each a separately declared capability; absent means the default below)
 - ``values: frozenset[str]``: the non-tensor values ``run`` takes and returns, of ``"sequence"``
   (a list of arrays) and ``"optional"`` (``None`` or the value). Absent: none; a node case with
   such an input or output is then reported ``unsupported`` without calling the engine.
+- ``runtime_device: str``: the lockstep reference-runtime device the engine runs on (``sim``,
+  ``cupy``: the reference engines). Such an engine brings the runtime's own tests (runtime contracts
+  and parity on that device, the capture-guard pass, the census) and its capture counters are exact
+  (one graph per captured segment). Absent: a runtime of your own; those tests are lockstep checking
+  itself, and a run of only such engines deselects them.
 
 A decode session (batch 1): ``reset()`` starts a fresh context; ``forward(ids)`` appends ``ids`` and
 returns their logits as an array ``[len(ids), vocab]`` (one call with the prompt is the prefill, one
