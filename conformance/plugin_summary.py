@@ -18,17 +18,18 @@ from pathlib import Path
 
 from lockstep.conformance import expectations
 from lockstep.paths import package_path
+from lockstep.conformance.plugin_state import SuiteState
 
 UNSUPPORTED = "unsupported: "
 
 
-def terminal_summary(terminalreporter, config, st: dict) -> None:
+def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
     tr = terminalreporter
-    if st["mutant"]:
-        tr.write_line(f"lockstep: runtime under test is the MUTANT {st['mutant']!r}", red=True)
-    if st.get("tripwires"):
+    if st.mutant:
+        tr.write_line(f"lockstep: runtime under test is the MUTANT {st.mutant!r}", red=True)
+    if st.tripwires:
         tr.section("lockstep: golden tripwires (first divergence from the recorded stream)")
-        for t in st["tripwires"]:
+        for t in st.tripwires:
             kind = "near-tie, not fatal" if t["near_tie"] else "FATAL"
             tr.write_line(
                 f"{t['engine']} {t['model']}: position {t['pos']}: recorded {t['recorded']}, engine {t['engine_token']}"
@@ -38,15 +39,15 @@ def terminal_summary(terminalreporter, config, st: dict) -> None:
     _newly_unsupported(tr, config, st)
     _newly_running(tr, st)
     _unsupported_by_operator(tr, st)
-    if st["skipped"]:
+    if st.skipped:
         tr.section("lockstep: unavailable devices, engines and models")
-        for (name, reason), n in sorted(st["skipped"].items()):
+        for (name, reason), n in sorted(st.skipped.items()):
             tr.write_line(f"{name}: {n} test(s) skipped: {reason}", yellow=True)
         tr.write_line(
             "LOCKSTEP_REQUIRE_DEVICES=cupy / LOCKSTEP_REQUIRE_ENGINES=ref-cuda,... / LOCKSTEP_REQUIRE_MODELS=... "
             "make an absent one a failure"
         )
-    if st.get("suite"):
+    if st.suite:
         _short_summary_with_messages(tr, config)
 
 
@@ -60,11 +61,11 @@ def _shown(path: Path) -> str:
     return shlex.quote(str(rel))
 
 
-def record_command(config, st: dict, engine: str) -> list[str]:
+def record_command(config, st: SuiteState, engine: str) -> list[str]:
     """How to record ``engine``'s newly unsupported tests of this run: lines to print."""
     report_dir = config.getoption("--lockstep-report-dir")
     report = _shown(Path(report_dir) / "report.json") if report_dir else "reports/report.json"
-    engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
+    engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
     own = getattr(engines.get(engine), "expectations", None)
     if own is not None:
         target, field = _shown(Path(os.fspath(own))), ""
@@ -88,13 +89,13 @@ def record_command(config, st: dict, engine: str) -> list[str]:
     return lines
 
 
-def _newly_unsupported(tr, config, st: dict) -> None:
-    rows = st.get("newly_unsupported") or []
+def _newly_unsupported(tr, config, st: SuiteState) -> None:
+    rows = st.newly_unsupported or []
     if not rows:
         return
     tr.section("lockstep: engine tests that newly cannot run (FAILED: record them or fix)")
     ops = {}
-    for o in st["outcomes"].values():
+    for o in st.outcomes.values():
         if o.get("newly_unsupported"):
             ops[(o.get("engine"), o["newly_unsupported"])] = o.get("op")
     by_engine: dict[str, list[str]] = {}
@@ -116,8 +117,8 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def _newly_running(tr, st: dict) -> None:
-    rows = st.get("newly_runs") or []
+def _newly_running(tr, st: SuiteState) -> None:
+    rows = st.newly_runs or []
     if not rows:
         return
     tr.section("lockstep: expected-unsupported cases that now run (delete their entries)")
@@ -129,11 +130,11 @@ def _newly_running(tr, st: dict) -> None:
                       green=True)
 
 
-def _unsupported_by_operator(tr, st: dict) -> None:
+def _unsupported_by_operator(tr, st: SuiteState) -> None:
     """Expected unsupported (skipped) cases per engine: grouped by the operator a node case is about
     (its most frequent reason shown), the other tests by reason."""
     groups: dict[str, dict[str, Counter]] = {}
-    for o in st["outcomes"].values():
+    for o in st.outcomes.values():
         reason = o.get("reason") or ""
         if o.get("outcome") != "skipped" or not reason.startswith(UNSUPPORTED):
             continue

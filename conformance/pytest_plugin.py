@@ -30,20 +30,20 @@ import json
 import os
 import sys
 import weakref
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lockstep.conformance import expectations
+from lockstep.conformance.plugin_state import SuiteState
 from lockstep.contracts.mutants import runtime_class
 from lockstep.engines.registry import EngineLoadError, load_engine, registered
 from lockstep.paths import package_path
 from lockstep.reference_runtime import RuntimeConfig
 from lockstep.reference_runtime.backends import DEVICES, available_devices, make_device
 
-_STATE_KEY = pytest.StashKey[dict]()
+_STATE_KEY = pytest.StashKey[SuiteState]()
 
 MARKERS = (
     "contract(name): a test of a named runtime-primitive guarantee; its docstring states the guarantee",
@@ -161,32 +161,23 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--lockstep-mutant: {exc}") from None
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.pluginmanager.register(_LastModifyItems(config), "lockstep-last-modifyitems")
-    config.stash[_STATE_KEY] = {
-        "selected": selected,
-        "required": required,
-        "engine_specs": engine_specs,
-        "required_engines": _split(os.environ.get("LOCKSTEP_REQUIRE_ENGINES")),
-        "engine_objs": None,  # name -> engine, loaded on first need (_engines)
-        "availability": None,
-        "mutant": mutant,
-        "skipped": Counter(),
-        "outcomes": {},
-        "shard": shard,
-    }
+    config.stash[_STATE_KEY] = SuiteState(
+        selected=selected, required=required, engine_specs=engine_specs,
+        required_engines=_split(os.environ.get("LOCKSTEP_REQUIRE_ENGINES")), mutant=mutant, shard=shard)
     # Engines named on the command line, or all registered ones when this run is lockstep's suite,
     # load now: a bad one is one usage error up front. Otherwise (a user's own tests that take the
     # `engine` fixture) they load when a test first needs one.
     suite = _runs_lockstep_suite(config)
     if engine_specs or suite:
         try:
-            config.stash[_STATE_KEY]["engine_objs"] = _load(engine_specs or list(registered()))
+            config.stash[_STATE_KEY].engine_objs = _load(engine_specs or list(registered()))
         except EngineLoadError as exc:
             raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
     if engine_specs and config.getoption("--devices") is None:
-        on = {_runtime_device(e) for e in config.stash[_STATE_KEY]["engine_objs"].values()}
-        selected = config.stash[_STATE_KEY]["selected"] = [d for d in DEVICES if d in on]
+        on = {_runtime_device(e) for e in config.stash[_STATE_KEY].engine_objs.values()}
+        selected = config.stash[_STATE_KEY].selected = [d for d in DEVICES if d in on]
     _check_required(config, selected, required)
-    config.stash[_STATE_KEY]["suite"] = suite
+    config.stash[_STATE_KEY].suite = suite
     if config.getoption("--golden-dir"):
         _golden_models(config)  # a missing or malformed folder: one usage error, no run, no report
     if suite:
@@ -217,9 +208,9 @@ def _check_required(config: pytest.Config, devices: list[str], required_devices:
             ok, why = available_devices()[name]
             if not ok:
                 problems.append(f"LOCKSTEP_REQUIRE_DEVICES: device {name} is unavailable here: {why}")
-    if st["required_engines"]:
+    if st.required_engines:
         engines = _engines(config)
-        for name in st["required_engines"]:
+        for name in st.required_engines:
             if name not in engines:
                 problems.append(f"LOCKSTEP_REQUIRE_ENGINES names {name}, which is not selected "
                                 f"(engines: {', '.join(engines)})")
@@ -231,15 +222,15 @@ def _check_required(config: pytest.Config, devices: list[str], required_devices:
         raise pytest.UsageError("; ".join(problems))
 
 
-def _state(config: pytest.Config) -> dict:
+def _state(config: pytest.Config) -> SuiteState:
     return config.stash[_STATE_KEY]
 
 
 def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
     st = _state(config)
-    if st["availability"] is None:
-        st["availability"] = available_devices()
-    return st["availability"]
+    if st.availability is None:
+        st.availability = available_devices()
+    return st.availability
 
 
 def _load(specs: list[str]) -> dict:
@@ -258,14 +249,14 @@ def _engines(config: pytest.Config) -> dict:
     process: at configuration when they are named or the run is lockstep's suite, else the first
     time a collected test needs one. A failure names the entry point or factory."""
     st = _state(config)
-    if st["engine_objs"] is None:
+    if st.engine_objs is None:
         try:
-            st["engine_objs"] = _load(st["engine_specs"] or list(registered()))
+            st.engine_objs = _load(st.engine_specs or list(registered()))
         except EngineLoadError as exc:
-            st["engine_objs"] = exc
-    if isinstance(st["engine_objs"], EngineLoadError):
-        raise pytest.UsageError(f"lockstep: {st['engine_objs']}")
-    return st["engine_objs"]
+            st.engine_objs = exc
+    if isinstance(st.engine_objs, EngineLoadError):
+        raise pytest.UsageError(f"lockstep: {st.engine_objs}")
+    return st.engine_objs
 
 
 def _runs_lockstep_suite(config: pytest.Config) -> bool:
@@ -291,7 +282,7 @@ def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
     if "device_name" in names and not _own_fixture(metafunc, "device_name"):
-        metafunc.parametrize("device_name", _state(metafunc.config)["selected"] or [pytest.param(
+        metafunc.parametrize("device_name", _state(metafunc.config).selected or [pytest.param(
             None, marks=pytest.mark.skip(reason="no reference-runtime device selected: --engines names no reference "
                                                 "engine (--devices=sim,cupy runs the runtime's own contract tests)"))])
     if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
@@ -307,14 +298,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _golden_models(config: pytest.Config) -> list:
     st = _state(config)
-    if st.get("golden") is None:
+    if st.golden is None:
         from lockstep.golden.catalog import GoldenError, catalog
 
         try:
-            st["golden"] = catalog(config.getoption("--golden-dir"))
+            st.golden = catalog(config.getoption("--golden-dir"))
         except GoldenError as exc:
             raise pytest.UsageError(str(exc)) from None
-    return st["golden"]
+    return st.golden
 
 
 @pytest.fixture
@@ -339,12 +330,12 @@ def _unavailable(kind: str, name: str, reason: str, required) -> None:
 
 def _usable(request: pytest.FixtureRequest, name: str):
     eng = _engines(request.config)[name]
-    checked = _state(request.config).setdefault("available", {})  # asked once per engine and session
+    checked = _state(request.config).available  # asked once per engine and session
     if name not in checked:
         checked[name] = eng.available()
     ok, reason = checked[name]
     if not ok:
-        _unavailable("engine", name, reason, _state(request.config)["required_engines"])
+        _unavailable("engine", name, reason, _state(request.config).required_engines)
     return eng
 
 
@@ -365,7 +356,7 @@ def _expectations(config: pytest.Config) -> list:
     """Every entry that applies here: the expectations file (``--lockstep-expectations``, default the
     packaged one) and each selected engine's own file."""
     st = _state(config)
-    if st.get("expect") is None:
+    if st.expect is None:
         given = config.getoption("--lockstep-expectations")
         path = Path(given) if given and given != "none" else (
             None if given == "none" else package_path("lockstep.conformance.node_suite", "expectations.toml"))
@@ -381,8 +372,8 @@ def _expectations(config: pytest.Config) -> list:
             raise pytest.UsageError(str(exc)) from None
         # variants of one plugin sharing a file load it once each: an entry naming one of them once
         unique = {(e.file, e.engine, tuple(e.patterns), e.kind, e.reason, tuple(e.when.items())): e for e in entries}
-        st["expect"] = [e for e in unique.values() if expectations.applies(e)]
-    return st["expect"]
+        st.expect = [e for e in unique.values() if expectations.applies(e)]
+    return st.expect
 
 
 def _kept_by_keyword(config: pytest.Config):
@@ -454,9 +445,9 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     ends the run before any test runs, as a usage error does without workers."""
     config = node.config
     st = _state(config)
-    if st.get("stale_checked"):
+    if st.stale_checked:
         return
-    st["stale_checked"] = True
+    st.stale_checked = True
     engines = sorted(_engines(config))
     keys, node_cases = set(), False
     for nodeid in ids:
@@ -505,7 +496,7 @@ def _apply_expectations(config: pytest.Config, items: list[pytest.Item]) -> None
         stale = _stale_entries(entries, {k for _, k in keys.values()}, universe, _kept_by_keyword(config))
         if stale:
             raise pytest.UsageError(stale)
-    unsupported = st.setdefault("expected_unsupported", {})
+    unsupported = st.expected_unsupported
     # The first entry (in file order) with a matching pattern applies. Most patterns are exact case
     # names: looked up in a dict; the glob ones are tried in order, only while they come first.
     exact: dict[tuple[str, str], int] = {}
@@ -587,7 +578,7 @@ def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    shard = _state(config)["shard"]
+    shard = _state(config).shard
     if shard is not None:  # deterministic: the same test id lands in the same shard on every machine
         import zlib
 
@@ -646,7 +637,7 @@ def _deselect_self_tests(config: pytest.Config, items: list[pytest.Item]) -> Non
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-        _state(config)["self_tests_deselected"] = len(drop)
+        _state(config).self_tests_deselected = len(drop)
 
 
 def _collapse_unavailable(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -656,14 +647,14 @@ def _collapse_unavailable(config: pytest.Config, items: list[pytest.Item]) -> No
     Skipping ref-cuda's and ort-cuda's 1,884 node cases one by one cost CI more than running
     ort-cpu's (13 ms a test under pytest-xdist). A required engine never gets here: an unavailable
     one ends the session at its start (``_check_required``)."""
-    engines = _state(config)["engine_objs"]
+    engines = _state(config).engine_objs
     if not isinstance(engines, dict):  # no test took lockstep's engines (they load when one does)
         return
     params_of = [(it, getattr(getattr(it, "callspec", None), "params", {}).get("engine_name")) for it in items]
     names = {name for _, name in params_of if name in engines}  # a test's own engine_name fixture: not ours
     if not names:
         return
-    checked = _state(config).setdefault("available", {})
+    checked = _state(config).available
     down = set()
     for name in names:
         if name not in checked:
@@ -710,7 +701,7 @@ def device_available(request: pytest.FixtureRequest, device_name: str) -> str:
     with its reason, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it."""
     ok, reason = _availability(request.config)[device_name]
     if not ok:
-        _unavailable("device", device_name, reason, _state(request.config)["required"])
+        _unavailable("device", device_name, reason, _state(request.config).required)
     return device_name
 
 
@@ -726,7 +717,7 @@ def make_runtime(request: pytest.FixtureRequest, device):
 
     The default configuration is ``RuntimeConfig()`` (deferral on), never the environment, so a
     test states the configuration it checks."""
-    cls = runtime_class(_state(request.config)["mutant"])
+    cls = runtime_class(_state(request.config).mutant)
     made: list[weakref.ref] = []  # weak: a test may drop a runtime on purpose
 
     def make(config: RuntimeConfig | None = None):
@@ -759,7 +750,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         params = getattr(getattr(item, "callspec", None), "params", {})
         who = params.get("engine_name") or params.get("ref_engine_name")
         if not who and params.get("device_name"):  # the engine that runs on that device, if one is selected
-            engines = _state(item.config)["engine_objs"]
+            engines = _state(item.config).engine_objs
             on = {_runtime_device(e): n for n, e in engines.items()} if isinstance(engines, dict) else {}
             who = on.get(params["device_name"], params["device_name"])
         props.append(("engine", who or "-"))
@@ -797,7 +788,7 @@ def _fail_closed(item: pytest.Item, report) -> None:
     if engine is None or report.when not in ("setup", "call"):
         return
     st = _state(item.config)
-    expected = st.get("expected_unsupported", {}).get(item.nodeid)
+    expected = st.expected_unsupported.get(item.nodeid)
     if report.skipped and not hasattr(report, "wasxfail"):
         why = _skip_reason(report)
         if why.startswith(UNSUPPORTED) and expected is None:
@@ -860,7 +851,7 @@ class _OutcomeRecorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         st = _state(self.config)
         props = dict(report.user_properties)
-        entry = st["outcomes"].setdefault(
+        entry = st.outcomes.setdefault(
             report.nodeid, {"outcome": "passed", "contract": props.get("contract"), "engine": props.get("engine"),
                             "ops": props.get("ops", [])}
         )
@@ -872,11 +863,11 @@ class _OutcomeRecorder:
                 if key in props and key not in entry:
                     entry[key] = json.loads(props[key])
                     if key == "tripwire":
-                        st.setdefault("tripwires", []).append(entry[key])
+                        st.tripwires.append(entry[key])
             for key in ("newly_runs", "newly_unsupported"):
                 if key in props:
                     entry[key] = props[key]
-                    st.setdefault(key, []).append((entry.get("engine"), props[key]))
+                    getattr(st, key).append((entry.get("engine"), props[key]))
         if report.failed:
             if entry["outcome"] != "failed":
                 entry["message"] = _first_line(report)
@@ -889,7 +880,7 @@ class _OutcomeRecorder:
             entry["reason"] = msg
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
-                st["skipped"][(name, reason)] += int(props.get("stands_for", 1))
+                st.skipped[(name, reason)] += int(props.get("stands_for", 1))
 
 
 def _first_line(report) -> str:
@@ -905,24 +896,24 @@ def _first_line(report) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st = _state(session.config)
-    st["exitstatus"] = int(exitstatus)
+    st.exitstatus = int(exitstatus)
     if getattr(session.config, "workerinput", None) is not None:
         return  # a pytest-xdist worker: the controller, which receives every report, writes the reports
     path = session.config.getoption("--lockstep-report")
     if path:
         with open(path, "w") as f:
-            json.dump(st["outcomes"], f, indent=1)
+            json.dump(st.outcomes, f, indent=1)
     report_dir = session.config.getoption("--lockstep-report-dir")
     if report_dir:
         from lockstep.conformance.report import write_report
 
-        engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
+        engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
         described = {}
         for name, eng in engines.items():
             describe = getattr(eng, "describe", None)
             described[name] = {"precision": dict(getattr(eng, "precision", None) or {}),
                                **(describe() if callable(describe) else {})}
-        st["report_paths"] = write_report(st["outcomes"], report_dir, described)
+        st.report_paths = write_report(st.outcomes, report_dir, described)
 
 
 @pytest.hookimpl(trylast=True)
@@ -932,14 +923,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if mod is not None and mod.CupyDevice.poisoned_any:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(_state(config).get("exitstatus", 1))
+        os._exit(_state(config).exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     st = _state(config)
-    engines = st["engine_objs"] if isinstance(st["engine_objs"], dict) else {}
+    engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
     if engines and _runs_lockstep_suite(config) and not any(_runtime_device(e) for e in engines.values()):
-        n = st.get("self_tests_deselected")
+        n = st.self_tests_deselected
         terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
     from lockstep.conformance.plugin_summary import terminal_summary
 
