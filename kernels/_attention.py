@@ -450,10 +450,10 @@ def _flex_compute(xp, node, q, k, v):
 
 
 ATTENTION_OPS = [
-    OpKernel("FlexAttention", _flex_shapes, _flex_compute, domain="ai.onnx.preview", since=1),
+    OpKernel("FlexAttention", _flex_shapes, _flex_compute, domain="ai.onnx.preview", since=1, capture="safe"),
     OpKernel("Attention", _attention_shapes, _attention_compute, since=23,
-             workspace=_attention_workspace, into=_attention_into),
+             workspace=_attention_workspace, into=_attention_into, capture="safe"),
     OpKernel("RotaryEmbedding", _rope_shapes, _rope_compute, since=23, index_checks=_rope_check,
-             into=_rope_into),
-    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check, into=_ts_into),
+             into=_rope_into, capture="safe"),
+    OpKernel("TensorScatter", _ts_shapes, _ts_compute, since=24, index_checks=_ts_check, into=_ts_into, capture="safe"),
 ]

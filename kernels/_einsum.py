@@ -178,4 +178,4 @@ def _einsum_compute(xp, node, *xs):
     return (y.astype(node.out_specs[0].dtype),)  # astype copies (ascontiguousarray would make 0-d 1-d)
 
 
-EINSUM_OPS = [OpKernel("Einsum", _einsum_shapes, _einsum_compute, since=12)]
+EINSUM_OPS = [OpKernel("Einsum", _einsum_shapes, _einsum_compute, since=12, capture="safe")]

@@ -3,8 +3,9 @@
 An ``OpKernel`` is one ONNX operator (or a version range of it). It declares:
 
 - ``op_type``, ``domain`` ("" is ai.onnx), ``since``/``until``: the opset versions it implements;
-- ``capture``: ``"safe"``, ``"unsupported"`` (with ``reason``), or ``"conditional"`` (with
-  ``reason``; the capture planner asks ``capture_ok(node, specs)``);
+- ``capture`` (required: a kernel that declares none is refused at import): ``"safe"`` (every
+  launch recordable in a CUDA graph, no host read, no sync), ``"unsupported"`` (with ``reason``), or
+  ``"conditional"`` (with ``reason``; the capture planner asks ``capture_ok(node, specs)``);
 - ``host_inputs``: input indices whose *values* shape inference needs on the host (Reshape's
   shape, Slice's starts): the executor reads them back, which makes the node a host seam;
 - ``shapes(node, specs) -> list[Spec]``: output shapes and dtypes from input specs and attributes;
@@ -212,7 +213,7 @@ class OpKernel:
     domain: str = ""
     since: int = 1
     until: int | None = None
-    capture: str = "safe"
+    capture: str = ""  # required (see the module docstring): no default claims capture safety
     reason: str = ""
     host_inputs: tuple[int, ...] = ()
     # Inputs holding indices, validated on the device into the runtime's error latch:
@@ -248,6 +249,9 @@ class OpKernel:
     def __post_init__(self) -> None:
         if self.small not in (None, "decode", "native", "raw"):
             raise ValueError(f"{self.op_type}: small must be decode/native/raw (or None), got {self.small!r}")
+        if not self.capture:
+            raise ValueError(f"{self.op_type}: a kernel declares its capture: capture='safe' (recordable, no host "
+                             "read or sync), or 'unsupported' / 'conditional' with a reason")
         if self.capture not in ("safe", "unsupported", "conditional"):
             raise ValueError(f"{self.op_type}: capture must be safe/unsupported/conditional, got {self.capture!r}")
         if self.capture != "safe" and not self.reason:

@@ -134,6 +134,6 @@ def _cc_compute(xp, node, x, w, bias=None, past=None):
 
 
 RECURRENT_OPS = [
-    OpKernel("LinearAttention", _la_shapes, _la_compute, since=27),
-    OpKernel("CausalConvWithState", _cc_shapes, _cc_compute, since=27),
+    OpKernel("LinearAttention", _la_shapes, _la_compute, since=27, capture="safe"),
+    OpKernel("CausalConvWithState", _cc_shapes, _cc_compute, since=27, capture="safe"),
 ]

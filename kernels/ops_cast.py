@@ -92,8 +92,8 @@ def _cast_into(xp, node, outs, x, *_):
 
 
 OPS += [
-    OpKernel("Cast", _cast_shapes, _cast_compute, into=_cast_into, small="native"),
-    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15, into=_cast_into, small="native"),
+    OpKernel("Cast", _cast_shapes, _cast_compute, into=_cast_into, small="native", capture="safe"),
+    OpKernel("CastLike", _castlike_shapes, _cast_compute, since=15, into=_cast_into, small="native", capture="safe"),
 ]
 
 
@@ -120,7 +120,7 @@ def _bitcast_compute(xp, node, x):
     return (wrap(xp, bits, dst) if is_small(dst) else bits.view(dst),)
 
 
-OPS.append(OpKernel("BitCast", _bitcast_shapes, _bitcast_compute, since=26, small="raw"))
+OPS.append(OpKernel("BitCast", _bitcast_shapes, _bitcast_compute, since=26, small="raw", capture="safe"))
 
 
 # ----------------------------------------------------------------------------- Quantize / Dequantize
@@ -269,8 +269,8 @@ def _dequantize_compute(xp, node, x, scale, zp=None):
 
 
 OPS += [
-    OpKernel("QuantizeLinear", _quantize_shapes, _quantize_compute, since=10, small="native"),
-    OpKernel("DequantizeLinear", _dequantize_shapes, _dequantize_compute, since=10, small="native"),
+    OpKernel("QuantizeLinear", _quantize_shapes, _quantize_compute, since=10, small="native", capture="safe"),
+    OpKernel("DequantizeLinear", _dequantize_shapes, _dequantize_compute, since=10, small="native", capture="safe"),
 ]
 
 
@@ -296,4 +296,4 @@ def _dql_compute(xp, node, x):
     return (y.astype(xp.uint8), scale.astype(xp.float32), zp.astype(xp.uint8))
 
 
-OPS.append(OpKernel("DynamicQuantizeLinear", _dql_shapes, _dql_compute, since=11))
+OPS.append(OpKernel("DynamicQuantizeLinear", _dql_shapes, _dql_compute, since=11, capture="safe"))

@@ -137,7 +137,7 @@ def _quick_gelu_compute(xp, node, x):
     return (_cast(xf / (1 + xp.exp(-work.type(alpha) * xf)), x.dtype),)
 
 
-OPS.append(OpKernel("QuickGelu", _quick_gelu_shapes, _quick_gelu_compute, domain=_MS, since=1))
+OPS.append(OpKernel("QuickGelu", _quick_gelu_shapes, _quick_gelu_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- FastGelu, BiasGelu (ORT's transformer optimizer: a Gelu after a MatMul's bias) -------------
@@ -174,8 +174,8 @@ def _bias_gelu_compute(xp, node, a, b):
     return (_cast(work.type(0.5) * z * (1 + erf(xp, z * work.type(1 / np.sqrt(2.0)))), a.dtype),)
 
 
-OPS.append(OpKernel("FastGelu", _gelu_shapes, _fast_gelu_compute, domain=_MS, since=1))
-OPS.append(OpKernel("BiasGelu", _gelu_shapes, _bias_gelu_compute, domain=_MS, since=1))
+OPS.append(OpKernel("FastGelu", _gelu_shapes, _fast_gelu_compute, domain=_MS, since=1, capture="safe"))
+OPS.append(OpKernel("BiasGelu", _gelu_shapes, _bias_gelu_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- SimplifiedLayerNormalization --------------------------------------------------------------
@@ -214,10 +214,10 @@ def _sln_compute(xp, node, x, scale):
     return (y, _cast(inv, specs[1].dtype)) if len(specs) > 1 else (y,)
 
 
-OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain=_MS, since=1))
+OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain=_MS, since=1, capture="safe"))
 # ONNX Runtime registers it in the default domain too, where GenAI's builder writes it (the loader checks
 # such nodes against ONNX Runtime's schema: lockstep/ort_schemas.py)
-OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain="", since=1))
+OPS.append(OpKernel("SimplifiedLayerNormalization", _sln_shapes, _sln_compute, domain="", since=1, capture="safe"))
 
 
 # -- SkipSimplifiedLayerNormalization ----------------------------------------------------------
@@ -258,7 +258,7 @@ def _skip_compute(xp, node, x, skip, gamma, bias=None):
     return tuple(outs)
 
 
-OPS.append(OpKernel("SkipSimplifiedLayerNormalization", _skip_shapes, _skip_compute, domain=_MS, since=1))
+OPS.append(OpKernel("SkipSimplifiedLayerNormalization", _skip_shapes, _skip_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- SkipLayerNormalization --------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _skip_ln_compute(xp, node, x, skip, gamma, beta=None, bias=None):
     return tuple(outs)
 
 
-OPS.append(OpKernel("SkipLayerNormalization", _skip_ln_shapes, _skip_ln_compute, domain=_MS, since=1))
+OPS.append(OpKernel("SkipLayerNormalization", _skip_ln_shapes, _skip_ln_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- MatMulNBits -------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("MatMulNBits", _nbits_shapes, _nbits_compute, domain=_MS, since=1))
+OPS.append(OpKernel("MatMulNBits", _nbits_shapes, _nbits_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- GatherBlockQuantized ----------------------------------------------------------------------
@@ -427,7 +427,7 @@ def _gbq_compute(xp, node, data, indices, scales, zero_points=None):
     return (_cast(xp.where(keep, w, work.type(0)), spec.dtype),)
 
 
-OPS.append(OpKernel("GatherBlockQuantized", _gbq_shapes, _gbq_compute, domain=_MS, since=1))
+OPS.append(OpKernel("GatherBlockQuantized", _gbq_shapes, _gbq_compute, domain=_MS, since=1, capture="safe"))
 
 
 # -- GroupQueryAttention -----------------------------------------------------------------------
@@ -683,4 +683,4 @@ def _gqa_check(node, specs):
 
 OPS.append(OpKernel("GroupQueryAttention", _gqa_shapes, _gqa_compute, domain=_MS, since=1, host_inputs=(6,),
                     optional=(1, 2, 3, 4),  # key/value empty: packed QKV; past_key/past_value empty: no past
-                    index_checks=_gqa_check, workspace=_gqa_workspace))
+                    index_checks=_gqa_check, workspace=_gqa_workspace, capture="safe"))

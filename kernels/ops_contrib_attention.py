@@ -187,7 +187,7 @@ def _rope_check(node, specs):
 
 
 OPS.append(OpKernel("RotaryEmbedding", _rope_shapes, _rope_compute, domain=_MS, since=1, index_checks=_rope_check,
-                    check=lambda node: _rope_attrs(node)))
+                    check=lambda node: _rope_attrs(node), capture="safe"))
 
 
 # -- shared: attention attributes and masks ----------------------------------------------------
@@ -368,7 +368,7 @@ def _mha_compute(xp, node, q, k=None, v=None, bias=None, kpm=None, ab=None, past
 
 
 OPS.append(OpKernel("MultiHeadAttention", _mha_shapes, _mha_compute, domain=_MS, since=1,
-                    check=lambda node: _attn_attrs(node), workspace=_mha_workspace))
+                    check=lambda node: _attn_attrs(node), workspace=_mha_workspace, capture="safe"))
 
 
 # -- Attention (BERT-style: the QKV projection fused in) -----------------------------------------
@@ -500,4 +500,4 @@ def _bert_compute(xp, node, x, w, b=None, mask=None, past=None, ab=None, psl=Non
 
 
 OPS.append(OpKernel("Attention", _bert_shapes, _bert_compute, domain=_MS, since=1,
-                    check=lambda node: _bert_attrs(node), workspace=_bert_workspace))
+                    check=lambda node: _bert_attrs(node), workspace=_bert_workspace, capture="safe"))

@@ -271,9 +271,9 @@ def _deform_compute(xp, node, x, w, offset, b=None, mask=None):
 
 
 OPS: list[OpKernel] = [
-    OpKernel("ConvInteger", _convint_shapes, _convint_compute, since=10, workspace=_conv_workspace),
+    OpKernel("ConvInteger", _convint_shapes, _convint_compute, since=10, workspace=_conv_workspace, capture="safe"),
     OpKernel("QLinearConv", _qconv_shapes, _qconv_compute, since=10,
-             workspace=lambda node, specs: _conv_workspace(node, specs, 3)),
+             workspace=lambda node, specs: _conv_workspace(node, specs, 3), capture="safe"),
     OpKernel("DeformConv", _deform_shapes, _deform_compute, since=19, check=_deform_check,
-             workspace=_deform_workspace),
+             workspace=_deform_workspace, capture="safe"),
 ]

@@ -88,7 +88,7 @@ def _binary(op_type: str, fn: Callable[..., Any], *, out_dtype: Any = None, same
             getattr(xp, name)(a, b, out=out)
         return True
 
-    return OpKernel(op_type, shapes, compute, since=since, until=until, into=into if name else None)
+    return OpKernel(op_type, shapes, compute, since=since, until=until, into=into if name else None, capture="safe")
 
 
 def _unary(op_type: str, fn: Callable[[Any, Any], Any] | str, *, out_dtype: Any = None, since: int = 1,
@@ -118,7 +118,7 @@ def _unary(op_type: str, fn: Callable[[Any, Any], Any] | str, *, out_dtype: Any 
         getattr(xp, name)(x, out=out)
         return True
 
-    return OpKernel(op_type, shapes, compute, since=since, into=into if name else None)
+    return OpKernel(op_type, shapes, compute, since=since, into=into if name else None, capture="safe")
 
 
 def _ufunc(name: str) -> Callable[..., Any]:
@@ -229,7 +229,7 @@ def _isinf_kernel() -> OpKernel:
     def compute(xp, node, x):
         return (_isinf(xp, node, x),)
 
-    return OpKernel("IsInf", shapes, compute, since=10)
+    return OpKernel("IsInf", shapes, compute, since=10, capture="safe")
 
 
 _F = "f"  # float-only math functions
@@ -294,7 +294,7 @@ def _where_into(xp, node, outs, c, x, y):
     return True
 
 
-OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9, into=_where_into))
+OPS.append(OpKernel("Where", _where_shapes, _where_compute, since=9, into=_where_into, capture="safe"))
 
 # --- variadic folds
 
@@ -323,7 +323,7 @@ def _variadic(op_type: str, fold: Callable[[Any, Any, Any], Any], *, mean: bool 
         acc = xp.broadcast_to(acc.astype(dt, copy=False), node.out_specs[0].shape)
         return (acc,)
 
-    return OpKernel(op_type, shapes, compute)
+    return OpKernel(op_type, shapes, compute, capture="safe")
 
 
 OPS += [
@@ -373,6 +373,6 @@ def _clip_compute_attrs(xp, node, x):
 
 
 OPS += [
-    OpKernel("Clip", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)], _clip_compute_attrs, since=1, until=10),
-    OpKernel("Clip", _clip_shapes, _clip_compute_inputs, since=11),
+    OpKernel("Clip", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)], _clip_compute_attrs, since=1, until=10, capture="safe"),
+    OpKernel("Clip", _clip_shapes, _clip_compute_inputs, since=11, capture="safe"),
 ]

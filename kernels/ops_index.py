@@ -69,7 +69,7 @@ def _gather_into(xp, node, outs, data, idx):
     return gather(xp, outs[0], data, idx, normalize_axis(node, node.attr("axis", 0), data.ndim))
 
 
-OPS.append(OpKernel("Gather", _gather_shapes, _gather, since=1, index_checks=_GATHER_CHECK, into=_gather_into))
+OPS.append(OpKernel("Gather", _gather_shapes, _gather, since=1, index_checks=_GATHER_CHECK, into=_gather_into, capture="safe"))
 
 
 def _check_elements_indices(node, data, idx, verb):
@@ -99,7 +99,7 @@ def _gather_elements(xp, node, data, idx):
 
 
 OPS.append(OpKernel("GatherElements", _gather_elements_shapes, _gather_elements, since=11,
-                    index_checks=_GATHER_CHECK))
+                    index_checks=_GATHER_CHECK, capture="safe"))
 
 
 def _gather_nd_dims(node, dshape, ishape):
@@ -147,7 +147,7 @@ def _gather_nd_check(node, specs):
     return [IndexCheck(1, tuple(-d for d in dims), tuple(dims))]
 
 
-OPS.append(OpKernel("GatherND", _gather_nd_shapes, _gather_nd, since=11, index_checks=_gather_nd_check))
+OPS.append(OpKernel("GatherND", _gather_nd_shapes, _gather_nd, since=11, index_checks=_gather_nd_check, capture="safe"))
 
 
 # -- Scatter family --------------------------------------------------------------------------------
@@ -179,10 +179,10 @@ def _scatter_elements(xp, node, data, idx, upd):
 
 
 OPS.append(OpKernel("ScatterElements", _scatter_elements_shapes, _scatter_elements, since=11,
-                    index_checks=_GATHER_CHECK))
+                    index_checks=_GATHER_CHECK, capture="safe"))
 # Scatter (opset 9-10, deprecated in 11) is ScatterElements without reductions.
 OPS.append(OpKernel("Scatter", _scatter_elements_shapes, _scatter_elements, since=9, until=10,
-                    index_checks=_GATHER_CHECK))
+                    index_checks=_GATHER_CHECK, capture="safe"))
 
 
 def _scatter_nd_shapes(node, specs):
@@ -222,7 +222,7 @@ def _scatter_nd_check(node, specs):
     return [IndexCheck(1, tuple(-d for d in dims), tuple(dims))]
 
 
-OPS.append(OpKernel("ScatterND", _scatter_nd_shapes, _scatter_nd, since=11, index_checks=_scatter_nd_check))
+OPS.append(OpKernel("ScatterND", _scatter_nd_shapes, _scatter_nd, since=11, index_checks=_scatter_nd_check, capture="safe"))
 
 
 # -- OneHot ----------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def _one_hot(xp, node, idx, _depth, vals):
     return (xp.where(mask, v[1], v[0]),)
 
 
-OPS.append(OpKernel("OneHot", _one_hot_shapes, _one_hot, since=9, host_inputs=(1,)))
+OPS.append(OpKernel("OneHot", _one_hot_shapes, _one_hot, since=9, host_inputs=(1,), capture="safe"))
 
 
 # -- TopK ------------------------------------------------------------------------------------------
@@ -295,8 +295,8 @@ def _topk(xp, node, x, _k=None):
     return (xp.take_along_axis(x, idx, axis=axis), idx)
 
 
-OPS.append(OpKernel("TopK", _topk_shapes, _topk, since=1, until=9))
-OPS.append(OpKernel("TopK", _topk_shapes, _topk, since=10, host_inputs=(1,)))
+OPS.append(OpKernel("TopK", _topk_shapes, _topk, since=1, until=9, capture="safe"))
+OPS.append(OpKernel("TopK", _topk_shapes, _topk, since=10, host_inputs=(1,), capture="safe"))
 
 
 # -- ArgMax / ArgMin -------------------------------------------------------------------------------
@@ -328,8 +328,8 @@ def _arg(fn_name):
     return compute
 
 
-OPS.append(OpKernel("ArgMax", _arg_shapes, _arg("argmax"), since=1))
-OPS.append(OpKernel("ArgMin", _arg_shapes, _arg("argmin"), since=1))
+OPS.append(OpKernel("ArgMax", _arg_shapes, _arg("argmax"), since=1, capture="safe"))
+OPS.append(OpKernel("ArgMin", _arg_shapes, _arg("argmin"), since=1, capture="safe"))
 
 
 # -- CumSum / CumProd ------------------------------------------------------------------------------
@@ -361,8 +361,8 @@ def _cum(fn_name, ident):
     return compute
 
 
-OPS.append(OpKernel("CumSum", _cum_shapes, _cum("cumsum", 0), since=11, host_inputs=(1,)))
-OPS.append(OpKernel("CumProd", _cum_shapes, _cum("cumprod", 1), since=26, host_inputs=(1,)))
+OPS.append(OpKernel("CumSum", _cum_shapes, _cum("cumsum", 0), since=11, host_inputs=(1,), capture="safe"))
+OPS.append(OpKernel("CumProd", _cum_shapes, _cum("cumprod", 1), since=26, host_inputs=(1,), capture="safe"))
 
 
 # -- ReverseSequence -------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ def _reverse_sequence_check(node, specs):
 
 
 OPS.append(OpKernel("ReverseSequence", _reverse_sequence_shapes, _reverse_sequence, since=10,
-                    index_checks=_reverse_sequence_check))
+                    index_checks=_reverse_sequence_check, capture="safe"))
 
 
 # -- data-dependent shapes: NonZero, Compress, Unique ---------------------------------------------

@@ -172,10 +172,10 @@ def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
 
 
 OPS: list[OpKernel] = [
-    OpKernel("MatMul", _matmul_shapes, _matmul_compute, since=1, into=_matmul_into),
-    OpKernel("Gemm", _gemm_shapes, _gemm_compute, since=1),
-    OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10),
-    OpKernel("QLinearMatMul", _qlinear_shapes, _qlinear_compute, since=10),
+    OpKernel("MatMul", _matmul_shapes, _matmul_compute, since=1, into=_matmul_into, capture="safe"),
+    OpKernel("Gemm", _gemm_shapes, _gemm_compute, since=1, capture="safe"),
+    OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10, capture="safe"),
+    OpKernel("QLinearMatMul", _qlinear_shapes, _qlinear_compute, since=10, capture="safe"),
     *EINSUM_OPS,
     *ATTENTION_OPS,
     *RECURRENT_OPS,

@@ -64,7 +64,7 @@ def _afe(xp, node, x, idx):
 
 
 OPS.append(OpKernel("ArrayFeatureExtractor", _afe_shapes, _afe, domain=ML, since=1,
-                    index_checks=lambda node, specs: [(1, specs[0].shape[-1] if specs[0].rank else 1)]))
+                    index_checks=lambda node, specs: [(1, specs[0].shape[-1] if specs[0].rank else 1)], capture="safe"))
 
 
 # -- Binarizer ------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def _binarizer(xp, node, x):
     return ((x > thr).astype(x.dtype),)
 
 
-OPS.append(OpKernel("Binarizer", _binarizer_shapes, _binarizer, domain=ML, since=1, check=_binarizer_check))
+OPS.append(OpKernel("Binarizer", _binarizer_shapes, _binarizer, domain=ML, since=1, check=_binarizer_check, capture="safe"))
 
 
 # -- TreeEnsemble ---------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ def _activation(op_type: str, fn, since: int, int_fn=None, into=None) -> OpKerne
             return (_cast(int_fn(xp, x, node), dt),)
         return (_cast(fn(xp, to_work(x), node), dt),)
 
-    return OpKernel(op_type, _same_spec, compute, since=since, into=into)
+    return OpKernel(op_type, _same_spec, compute, since=since, into=into, capture="safe")
 
 
 def _sigmoid_into(xp, node, outs, x):
@@ -149,7 +149,7 @@ def _prelu_compute(xp, node, x, slope):
     return (_cast(xp.where(x < 0, x * slope, x), dt),)
 
 
-OPS.append(OpKernel("PRelu", _prelu_shapes, _prelu_compute))
+OPS.append(OpKernel("PRelu", _prelu_shapes, _prelu_compute, capture="safe"))
 
 
 def _swiglu_shapes(node, specs):
@@ -166,7 +166,7 @@ def _swiglu_compute(xp, node, a, b):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("SwiGLU", _swiglu_shapes, _swiglu_compute, since=28))
+OPS.append(OpKernel("SwiGLU", _swiglu_shapes, _swiglu_compute, since=28, capture="safe"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def _softmax_family(op_type: str, fn) -> OpKernel:
             y = fn(xp, xw.reshape((rows, x.size // rows)), 1).reshape(x.shape)
         return (_cast(y, dt),)
 
-    return OpKernel(op_type, shapes, compute)
+    return OpKernel(op_type, shapes, compute, capture="safe")
 
 
 OPS.append(_softmax_family("Softmax", _softmax))
@@ -277,7 +277,7 @@ def _layer_norm_compute(xp, node, x, scale, b=None):
     return tuple(_cast(o, s.dtype) for o, s in zip((y, mean, inv), node.out_specs))
 
 
-OPS.append(OpKernel("LayerNormalization", _layer_norm_shapes, _layer_norm_compute, since=17))
+OPS.append(OpKernel("LayerNormalization", _layer_norm_shapes, _layer_norm_compute, since=17, capture="safe"))
 
 
 def _rms_norm_shapes(node, specs):
@@ -305,7 +305,7 @@ def _rms_norm_into(xp, node, outs, x, scale):
     return rms_norm_into(xp, outs[0], x, scale, axis, _f(node, "epsilon", 1e-5))
 
 
-OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23, into=_rms_norm_into))
+OPS.append(OpKernel("RMSNormalization", _rms_norm_shapes, _rms_norm_compute, since=23, into=_rms_norm_into, capture="safe"))
 
 
 def _channel(p, rank: int):
@@ -341,7 +341,7 @@ def _instance_norm_compute(xp, node, x, scale, b):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("InstanceNormalization", _instance_norm_shapes, _instance_norm_compute))
+OPS.append(OpKernel("InstanceNormalization", _instance_norm_shapes, _instance_norm_compute, capture="safe"))
 
 
 def _group_norm_shapes(node, specs):
@@ -380,7 +380,7 @@ def _group_norm_compute(xp, node, x, scale, b):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("GroupNormalization", _group_norm_shapes, _group_norm_compute, since=18))
+OPS.append(OpKernel("GroupNormalization", _group_norm_shapes, _group_norm_compute, since=18, capture="safe"))
 
 
 def _lp_norm_shapes(node, specs):
@@ -403,7 +403,7 @@ def _lp_norm_compute(xp, node, x):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("LpNormalization", _lp_norm_shapes, _lp_norm_compute))
+OPS.append(OpKernel("LpNormalization", _lp_norm_shapes, _lp_norm_compute, capture="safe"))
 
 
 def _mvn_axes(node, rank: int) -> tuple[int, ...]:
@@ -423,7 +423,7 @@ def _mvn_compute(xp, node, x):
     return (_cast(y, node.out_specs[0].dtype),)
 
 
-OPS.append(OpKernel("MeanVarianceNormalization", _mvn_shapes, _mvn_compute, since=9))
+OPS.append(OpKernel("MeanVarianceNormalization", _mvn_shapes, _mvn_compute, since=9, capture="safe"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +487,7 @@ def _bn_compute(xp, node, x, scale, b, mean, var):
     return tuple(_cast(o, s.dtype) for o, s in zip(outs, specs))
 
 
-OPS.append(OpKernel("BatchNormalization", _bn_shapes, _bn_compute))
+OPS.append(OpKernel("BatchNormalization", _bn_shapes, _bn_compute, capture="safe"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,7 +545,7 @@ def _dropout12_compute(xp, node, x, ratio=None, training_mode=None):
     return tuple(out)
 
 
-OPS.append(OpKernel("Dropout", _dropout_shapes, _dropout_identity, since=1, until=11))
+OPS.append(OpKernel("Dropout", _dropout_shapes, _dropout_identity, since=1, until=11, capture="safe"))
 def _dropout_inference(node, specs):
     """Capturable only in inference mode: training draws its mask on the host and uploads it."""
     mode = specs[2] if len(specs) > 2 else None

@@ -116,7 +116,7 @@ def Reduce(op_type: str, kind: str, axes_since: int) -> OpKernel:
         xp.sum(x, axis=axes, keepdims=bool(node.attr("keepdims", 1)), dtype=x.dtype, out=out)
         return True
 
-    return OpKernel(op_type, shapes, compute, host_inputs=(1,), into=into if kind == "sum" else None)
+    return OpKernel(op_type, shapes, compute, host_inputs=(1,), into=into if kind == "sum" else None, capture="safe")
 
 
 # -- losses ------------------------------------------------------------------------------------
@@ -204,9 +204,9 @@ def _loss_target_check(node, specs):
 
 
 NLL_LOSS = OpKernel("NegativeLogLikelihoodLoss", lambda node, specs: _loss_shapes(node, specs, False),
-                    _nll_compute, since=12, index_checks=_loss_target_check)
+                    _nll_compute, since=12, index_checks=_loss_target_check, capture="safe")
 SCE_LOSS = OpKernel("SoftmaxCrossEntropyLoss", lambda node, specs: _loss_shapes(node, specs, True),
-                    _sce_compute, since=12, index_checks=_loss_target_check)
+                    _sce_compute, since=12, index_checks=_loss_target_check, capture="safe")
 
 
 OPS: list[OpKernel] = [

@@ -300,5 +300,5 @@ def _compute(xp, node, X, W, R, B=None, seq=None, h0=None, c0=None, P=None):
     return outs[:max(node.n_outputs, 1)]
 
 
-OPS = [OpKernel(op, _shapes, _compute, since=7, check=_check, index_checks=_index_checks)
+OPS = [OpKernel(op, _shapes, _compute, since=7, check=_check, index_checks=_index_checks, capture="safe")
        for op in ("RNN", "GRU", "LSTM")]

@@ -170,4 +170,4 @@ def _workspace(node, specs):
 
 
 OPS = [OpKernel("RoiAlign", _shapes, _compute, since=10, host_inputs=(1,), index_checks=_index_checks,
-                check=_check, workspace=_workspace)]
+                check=_check, workspace=_workspace, capture="safe")]

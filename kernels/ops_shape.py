@@ -73,8 +73,8 @@ def _value_into(xp, node, outs, *_):
 
 
 OPS += [
-    OpKernel("Shape", _shape_shapes, _from_value, into=_value_into),
-    OpKernel("Size", _size_shapes, _from_value, into=_value_into),
+    OpKernel("Shape", _shape_shapes, _from_value, into=_value_into, capture="safe"),
+    OpKernel("Size", _size_shapes, _from_value, into=_value_into, capture="safe"),
 ]
 
 
@@ -144,9 +144,9 @@ def _flatten_shapes(node, specs):
 
 
 OPS += [
-    op("Reshape", _reshape_shapes, _reshape_compute, until=4, into=_reshape_into),
-    op("Reshape", _reshape_shapes, _reshape_compute, since=5, host_inputs=(1,), into=_reshape_into),
-    op("Flatten", _flatten_shapes, _reshape_compute, into=_reshape_into),
+    op("Reshape", _reshape_shapes, _reshape_compute, until=4, into=_reshape_into, capture="safe"),
+    op("Reshape", _reshape_shapes, _reshape_compute, since=5, host_inputs=(1,), into=_reshape_into, capture="safe"),
+    op("Flatten", _flatten_shapes, _reshape_compute, into=_reshape_into, capture="safe"),
 ]
 
 
@@ -182,10 +182,10 @@ def _unsqueeze_shapes(node, specs):
 
 
 OPS += [
-    op("Squeeze", _squeeze_shapes, _reshape_compute, until=12, into=_reshape_into),
-    op("Squeeze", _squeeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into),
-    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, until=12, into=_reshape_into),
-    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into),
+    op("Squeeze", _squeeze_shapes, _reshape_compute, until=12, into=_reshape_into, capture="safe"),
+    op("Squeeze", _squeeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into, capture="safe"),
+    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, until=12, into=_reshape_into, capture="safe"),
+    op("Unsqueeze", _unsqueeze_shapes, _reshape_compute, since=13, host_inputs=(1,), into=_reshape_into, capture="safe"),
 ]
 
 
@@ -254,8 +254,8 @@ def _concat_into(xp, node, outs, *xs):
 
 
 OPS += [
-    op("Transpose", _transpose_shapes, _transpose_compute, into=_transpose_into),
-    op("Concat", _concat_shapes, _concat_compute, into=_concat_into),
+    op("Transpose", _transpose_shapes, _transpose_compute, into=_transpose_into, capture="safe"),
+    op("Concat", _concat_shapes, _concat_compute, into=_concat_into, capture="safe"),
 ]
 
 
@@ -306,9 +306,9 @@ def _split_compute(xp, node, x, *rest):
 
 
 OPS += [
-    op("Split", _split_shapes, _split_compute, until=1, host_inputs=(1,)),
-    op("Split", _split_shapes, _split_compute, since=2, until=12),
-    op("Split", _split_shapes, _split_compute, since=13, host_inputs=(1,)),
+    op("Split", _split_shapes, _split_compute, until=1, host_inputs=(1,), capture="safe"),
+    op("Split", _split_shapes, _split_compute, since=2, until=12, capture="safe"),
+    op("Split", _split_shapes, _split_compute, since=13, host_inputs=(1,), capture="safe"),
 ]
 
 
@@ -374,8 +374,8 @@ def _slice_into(xp, node, outs, x, *rest):
 
 
 OPS += [
-    op("Slice", _slice_shapes, _slice_compute, until=9, into=_slice_into),
-    op("Slice", _slice_shapes, _slice_compute, since=10, host_inputs=(1, 2, 3, 4), into=_slice_into),
+    op("Slice", _slice_shapes, _slice_compute, until=9, into=_slice_into, capture="safe"),
+    op("Slice", _slice_shapes, _slice_compute, since=10, host_inputs=(1, 2, 3, 4), into=_slice_into, capture="safe"),
 ]
 
 
@@ -422,17 +422,17 @@ def _tile_compute(xp, node, x, *rest):
 
 
 OPS += [
-    op("Expand", _expand_shapes, _expand_compute, since=8, host_inputs=(1,), into=_expand_into),
-    op("Tile", _tile_shapes, _tile_compute, until=5, host_inputs=(1, 2)),
-    op("Tile", _tile_shapes, _tile_compute, since=6, host_inputs=(1,)),
+    op("Expand", _expand_shapes, _expand_compute, since=8, host_inputs=(1,), into=_expand_into, capture="safe"),
+    op("Tile", _tile_shapes, _tile_compute, until=5, host_inputs=(1, 2), capture="safe"),
+    op("Tile", _tile_shapes, _tile_compute, since=6, host_inputs=(1,), capture="safe"),
 ]
 
 
 # ----------------------------------------------------------------------------- Pad
 
 OPS += [
-    op("Pad", pad_shapes, pad_compute, until=10),
-    op("Pad", pad_shapes, pad_compute, since=11, host_inputs=(1, 3)),
+    op("Pad", pad_shapes, pad_compute, until=10, capture="safe"),
+    op("Pad", pad_shapes, pad_compute, since=11, host_inputs=(1, 3), capture="safe"),
 ]
 
 
@@ -530,9 +530,9 @@ def _eyelike_compute(xp, node, x):
 
 
 OPS += [
-    op("ConstantOfShape", _cos_shapes, _cos_compute, since=9, host_inputs=(0,)),
-    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2), into=_range_into),
-    op("EyeLike", _eyelike_shapes, _eyelike_compute, since=9),
+    op("ConstantOfShape", _cos_shapes, _cos_compute, since=9, host_inputs=(0,), capture="safe"),
+    op("Range", _range_shapes, _range_compute, since=11, host_inputs=(0, 1, 2), into=_range_into, capture="safe"),
+    op("EyeLike", _eyelike_shapes, _eyelike_compute, since=9, capture="safe"),
 ]
 
 
@@ -555,14 +555,14 @@ def _trilu_compute(xp, node, x, k=None):
     return (xp.where(mask, x, xp.zeros((), dtype=x.dtype)),)
 
 
-OPS += [op("Trilu", _trilu_shapes, _trilu_compute, since=14)]
+OPS += [op("Trilu", _trilu_shapes, _trilu_compute, since=14, capture="safe")]
 
 
 # ----------------------------------------------------------------------------- DepthToSpace, SpaceToDepth, CenterCropPad, Col2Im
 
 OPS += [
-    op("DepthToSpace", d2s_shapes, d2s_compute),
-    op("SpaceToDepth", s2d_shapes, s2d_compute),
-    op("CenterCropPad", ccp_shapes, ccp_compute, since=18, host_inputs=(1,)),
-    op("Col2Im", col2im_shapes, col2im_compute, since=18, host_inputs=(1, 2)),
+    op("DepthToSpace", d2s_shapes, d2s_compute, capture="safe"),
+    op("SpaceToDepth", s2d_shapes, s2d_compute, capture="safe"),
+    op("CenterCropPad", ccp_shapes, ccp_compute, since=18, host_inputs=(1,), capture="safe"),
+    op("Col2Im", col2im_shapes, col2im_compute, since=18, host_inputs=(1, 2), capture="safe"),
 ]

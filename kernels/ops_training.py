@@ -123,6 +123,6 @@ def _adam(xp, node, *arrays):
     return tuple(a.astype(d) for a, d in zip(x_new + v_new + h_new, dt))
 
 
-OPS.append(OpKernel("Momentum", _shapes, _momentum, domain=TRAINING, since=1, check=_check))
-OPS.append(OpKernel("Adagrad", _shapes, _adagrad, domain=TRAINING, since=1, check=_check))
-OPS.append(OpKernel("Adam", _shapes, _adam, domain=TRAINING, since=1, check=_check))
+OPS.append(OpKernel("Momentum", _shapes, _momentum, domain=TRAINING, since=1, check=_check, capture="safe"))
+OPS.append(OpKernel("Adagrad", _shapes, _adagrad, domain=TRAINING, since=1, check=_check, capture="safe"))
+OPS.append(OpKernel("Adam", _shapes, _adam, domain=TRAINING, since=1, check=_check, capture="safe"))

@@ -223,7 +223,7 @@ def test_a_wrong_capture_declaration_is_found_through_the_executor_and_capture_s
     eagerly, and its captured run in a CaptureSession on the guarded device raises
     HostReadInCapture naming the launched kernel, the node, its op type and the compute line."""
     op = OpKernel("BadAny", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)], _bad_compute,
-                  domain="com.example")
+                  domain="com.example", capture="safe")
     node = helper.make_node("BadAny", ["x"], ["y"], name="bad0", domain="com.example")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],

@@ -44,7 +44,7 @@ def test_unsupported_reason_names_the_opset():
     from lockstep.kernels._op import Unary
     from lockstep.kernels.registry import Registry
 
-    old_only = Registry([Unary("Neg", lambda xp, x: -x, since=1, until=5)])
+    old_only = Registry([Unary("Neg", lambda xp, x: -x, since=1, until=5, capture="safe")])
     m = _model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [_vi("x")], [_vi("y")])
     with pytest.raises(UnsupportedModel, match=r"neg: no kernel for ai.onnx::Neg at opset 21 \(have 1-5\)"):
         Executor(m, _rt(), registry=old_only)
@@ -199,7 +199,7 @@ def test_out_of_range_index_sets_the_latch_without_readback():
         n = data.shape[0]
         return (xp.take(data, xp.clip(xp.where(idx < 0, idx + n, idx), 0, n - 1), axis=0),)
 
-    gather = OpKernel("Gather", shapes, compute, index_checks=lambda node, specs: [(1, specs[0].shape[0])])
+    gather = OpKernel("Gather", shapes, compute, index_checks=lambda node, specs: [(1, specs[0].shape[0])], capture="safe")
     m = _model([helper.make_node("Gather", ["d", "i"], ["y"], name="Gather_7")],
                [_vi("d", shape=(4,)), _vi("i", TensorProto.INT64, shape=(2,))], [_vi("y", shape=(2,))])
     rt = _rt()
@@ -344,7 +344,7 @@ def test_a_kernel_whose_compute_breaks_its_shape_promise_is_an_error_naming_the_
     from lockstep.kernels.registry import Registry
 
     liar = OpKernel("Neg", lambda node, specs: [Spec(specs[0].shape, specs[0].dtype)],
-                    lambda xp, node, x: (-x[:1],), since=1)
+                    lambda xp, node, x: (-x[:1],), since=1, capture="safe")
     m = _model([helper.make_node("Neg", ["a"], ["y"], name="neg_liar")], [_vi("a", shape=(3,))], [_vi("y", shape=(3,))])
     rt = _rt()
     with pytest.raises(Exception, match=r"neg_liar.*compute gave shape \(1,\), shapes\(\) promised \(3,\)"):

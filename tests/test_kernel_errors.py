@@ -66,7 +66,7 @@ def _raising_registry():
     def compute(xp, node, x):
         raise KeyError("a kernel bug")
 
-    bad = OpKernel("Broken", shapes, compute, domain="test.kern", since=1)
+    bad = OpKernel("Broken", shapes, compute, domain="test.kern", since=1, capture="safe")
     kernels = [k for (d, op) in REGISTRY.ops() for k in REGISTRY._by_op[(d, op)]]
     return Registry([*kernels, bad])
 
@@ -227,7 +227,7 @@ def test_raw_exception_from_a_kernels_shape_code_names_the_node():
     def shapes(node, specs):
         return [Spec((specs[0].shape[5],), specs[0].dtype)]  # IndexError on a short shape
 
-    bad = OpKernel("ShapeBug", shapes, lambda xp, node, x: (x,), domain="test.kern", since=1)
+    bad = OpKernel("ShapeBug", shapes, lambda xp, node, x: (x,), domain="test.kern", since=1, capture="safe")
     kernels = [k for (d, op) in REGISTRY.ops() for k in REGISTRY._by_op[(d, op)]]
     x = _vi("x", F, [3])
     m = _model(helper.make_node("ShapeBug", ["x"], ["y"], name="sb", domain="test.kern"),
@@ -290,7 +290,7 @@ def test_a_node_with_fewer_inputs_than_its_kernel_takes_is_an_op_error_at_load()
                                       r"3 required \(x, skip, gamma\): missing gamma") as err:
         Executor(m, _sim_runtime())  # construction: nothing executes
     assert not isinstance(err.value, KernelHostError), "contract: an input error, not a kernel's own exception"
-    two = OpKernel("TwoIn", lambda node, specs: [specs[0]], lambda xp, node, a, b: (a + b,), domain="test.kern")
+    two = OpKernel("TwoIn", lambda node, specs: [specs[0]], lambda xp, node, a, b: (a + b,), domain="test.kern", capture="safe")
     kernels = [k for (d, op) in REGISTRY.ops() for k in REGISTRY._by_op[(d, op)]]
     m = _model(helper.make_node("TwoIn", ["x"], ["y"], name="t", domain="test.kern"), [x], [_vi("y", F, [1, 2, 4])],
                domain_opsets=[("test.kern", 1)])
@@ -301,7 +301,7 @@ def test_a_node_with_fewer_inputs_than_its_kernel_takes_is_an_op_error_at_load()
     with pytest.raises(OpError, match=r"input 1 \(b\) is empty \(\"\"\), but the operator requires it"):
         Executor(m, _sim_runtime(), registry=Registry([*kernels, two]))  # (fuzz seed 29 case 8304: MatMulNBits scales)
     maybe = OpKernel("TwoIn", lambda node, specs: [specs[0]], lambda xp, node, a, b: (a if b is None else a + b,),
-                     domain="test.kern", optional=(1,))
+                     domain="test.kern", optional=(1,), capture="safe")
     Executor(m, _sim_runtime(), registry=Registry([*kernels, maybe]))  # declared optional: loads
 
 
@@ -323,3 +323,16 @@ def test_einsum_with_an_empty_axis_gives_numpys_result(a, b):
     A, B = rng.random(a, dtype=np.float32), rng.random(b, dtype=np.float32)
     (y,) = Executor(m, _sim_runtime()).run({"a": A, "b": B}).values()
     np.testing.assert_allclose(y, np.einsum("bij,bjk->bik", A, B), rtol=1e-6)
+
+
+def test_a_kernel_that_declares_no_capture_is_refused_at_construction():
+    # contract: capture has no default that claims safety: a kernel without the declaration, or a non-safe one
+    # without a reason, is refused when it is built (at import for the packaged kernels), naming the op
+    def shapes(node, specs):
+        return [specs[0]]
+
+    with pytest.raises(ValueError, match="Forgot: a kernel declares its capture"):
+        OpKernel("Forgot", shapes, lambda xp, node, x: (x,))
+    with pytest.raises(ValueError, match="Seam: capture='unsupported' needs a reason"):
+        OpKernel("Seam", shapes, lambda xp, node, x: (x,), capture="unsupported")
+    assert OpKernel("Fine", shapes, lambda xp, node, x: (x,), capture="safe").capture == "safe"

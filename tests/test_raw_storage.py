@@ -327,7 +327,7 @@ def test_a_kernel_that_makes_a_small_type_array_itself_is_named_on_the_raw_devic
     from lockstep.kernels.registry import Registry
 
     op = OpKernel("ToBf16", lambda node, specs: [Spec(specs[0].shape, np.dtype("bfloat16"))],
-                  lambda xp, node, x: (x.astype(node.out_specs[0].dtype),), domain="com.example", small="native")
+                  lambda xp, node, x: (x.astype(node.out_specs[0].dtype),), domain="com.example", small="native", capture="safe")
     graph = helper.make_graph([helper.make_node("ToBf16", ["x"], ["y"], name="to_bf16", domain="com.example")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
@@ -341,7 +341,7 @@ def test_a_kernel_that_makes_a_small_type_array_itself_is_named_on_the_raw_devic
 
 def test_bad_small_declaration_and_raw_storage_off_the_simulated_device_are_refused():
     with pytest.raises(ValueError, match="small must be decode/native/raw"):
-        OpKernel("X", lambda node, specs: [], lambda xp, node: (), small="bits")
+        OpKernel("X", lambda node, specs: [], lambda xp, node: (), small="bits", capture="safe")
     with pytest.raises(ValueError, match="raw_storage"):
         RefEngine("cupy", raw_storage=True)
 

@@ -19,7 +19,7 @@ from lockstep.engines.registry import load_engine
 
 
 def _k(op="Neg", **kw):
-    return Unary(op, lambda xp, x: -x, **kw)
+    return Unary(op, lambda xp, x: -x, **{"capture": "safe", **kw})
 
 
 def test_registry_rejects_overlapping_versions():
