@@ -1,4 +1,5 @@
-"""Shared plumbing of the convolution / pooling / resampling kernels (``ops_math``).
+"""Shared plumbing of the convolution / pooling / resampling / spectral kernels (``ops_conv``,
+``ops_resize``, ``ops_signal``; ``ops_linalg``'s Det).
 
 Host-side helpers (geometry: output sizes and pads from attributes) use plain Python / numpy on
 attributes only. The ``xp`` helpers are numpy/CuPy generic: windows are gathered with constant
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._op import NodeInfo
+from ._op import NodeInfo, Spec
 
 __all__ = [
     "Geometry",
@@ -28,9 +29,12 @@ __all__ = [
     "float_work",
     "geometry",
     "grid_sample",
+    "host_vals",
+    "need_spatial",
     "pad_value_min",
     "resize_axis",
     "spatial_attrs",
+    "specs_of",
     "windows",
 ]
 
@@ -600,3 +604,36 @@ def affine_grid(xp, theta, sp, align: bool):
             v = v + t[..., k] * base[k]
         comps.append(v)
     return xp.stack(comps, axis=-1).astype(theta.dtype)
+
+
+
+# -- shared by the conv, resize and signal op modules ------------------------------------------
+
+def need_spatial(node, x: Spec, what: str = "X", nonempty: bool = False) -> int:
+    """The spatial rank of ``x`` (N, C, spatial...); ``nonempty``: each spatial dim must be positive
+    (an op that samples or reduces over them has nothing to read otherwise; ONNX Runtime refuses it too)."""
+    if x.rank < 3:
+        raise node.error(f"{what} must have rank >= 3 (N, C, spatial...), got shape {x.shape}")
+    if nonempty and any(d == 0 for d in x.shape[2:]):
+        raise node.error(f"{what} shape {x.shape}: every spatial dim must be positive for {node.op_type}")
+    return x.rank - 2
+
+
+def specs_of(node, arrays):
+    """Specs as shapes() saw them, rebuilt in compute: host values from ``node.host``."""
+    out = []
+    for i, a in enumerate(arrays):
+        if a is None:
+            out.append(None)
+        else:
+            h = node.host.get(i)
+            out.append(Spec(tuple(a.shape), a.dtype, h))
+    return out
+
+
+def host_vals(node, specs, i):
+    """The host value of optional input ``i`` as a flat float64 array, or None if absent/empty."""
+    if len(specs) <= i or specs[i] is None:
+        return None
+    v = np.asarray(specs[i].value).reshape(-1)
+    return v if v.size else None

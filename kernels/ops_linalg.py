@@ -1,4 +1,4 @@
-"""linalg ops: MatMul, Gemm, MatMulInteger, QLinearMatMul, Einsum, and (from ``_attention``)
+"""linalg ops: MatMul, Gemm, MatMulInteger, QLinearMatMul, Einsum, Det (an LU determinant), and (from ``_attention``)
 Attention, RotaryEmbedding, TensorScatter; (from ``_recurrent``) LinearAttention,
 CausalConvWithState.
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from ._attention import ATTENTION_OPS
 from ._einsum import EINSUM_OPS
+from ._conv_util import det_lu
 from ._linalg import matmul, matmul_into, matmul_shape
 from ._op import OpKernel, Spec, broadcast, const_memo
 from ._recurrent import RECURRENT_OPS
@@ -171,7 +172,23 @@ def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
     return (xp.clip(xp.rint(D), float(info.min), float(info.max)).astype(out),)
 
 
+# -- Det (an LU determinant: _conv_util.det_lu) ----------------------------------------------
+
+
+def _det_shapes(node, specs):
+    x = specs[0]
+    if x.rank < 2 or x.shape[-1] != x.shape[-2]:
+        raise node.error(f"input must be (..., M, M), got shape {x.shape}")
+    return [Spec(x.shape[:-2], x.dtype)]
+
+
+def _det_compute(xp, node, x):
+    return (det_lu(xp, x),)
+
+
+
 OPS: list[OpKernel] = [
+    OpKernel("Det", _det_shapes, _det_compute, since=11, capture="safe"),
     OpKernel("MatMul", _matmul_shapes, _matmul_compute, since=1, into=_matmul_into, capture="safe"),
     OpKernel("Gemm", _gemm_shapes, _gemm_compute, since=1, capture="safe"),
     OpKernel("MatMulInteger", _matmulint_shapes, _matmulint_compute, since=10, capture="safe"),

@@ -19,7 +19,9 @@ __all__ = ["Registry", "REGISTRY", "MODULES", "EXECUTOR_OPS"]
 
 MODULES = (
     "lockstep.kernels.ops_elementwise",
-    "lockstep.kernels.ops_math",
+    "lockstep.kernels.ops_conv",
+    "lockstep.kernels.ops_resize",
+    "lockstep.kernels.ops_signal",
     "lockstep.kernels.ops_shape",
     "lockstep.kernels.ops_index",
     "lockstep.kernels.ops_reduce",
