@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lockstep.reference_runtime.primitive import audit_tables as _declared_tables
+from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TREE = ("kernels", "reference_runtime")
@@ -46,11 +47,8 @@ HOST_DUNDERS = {"__float__": "d2h", "__int__": "d2h", "__index__": "d2h", "__com
 HOST_FORMATTERS = {"print", "str", "repr", "format", "ascii"}
 # builtins that compare their device arguments on the host (each comparison is a bool() of a device value)
 HOST_COMPARERS = {"min", "max", "sorted"}
-# xp.* calls whose result is a host value (dtypes, type predicates, scalars)
-HOST_XP = {"dtype", "result_type", "iinfo", "finfo", "can_cast", "get_array_module", "issubdtype", "isdtype",
-           "promote_types", "min_scalar_type", "isscalar", "ndim", "shape", "size", "common_type", "obj2sctype",
-           "get_default_memory_pool", "get_default_pinned_memory_pool",
-           "may_share_memory", "shares_memory"}  # address-range overlap: host bookkeeping
+# xp.* calls whose result is a host value (dtypes, type predicates, scalars): the capture guard's too
+HOST_XP = HOST_RESULT
 # xp.<scalar type>(v): a host scalar; of a device value, a read back (numpy converts through __float__)
 SCALAR_TYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                 "uint64", "bool_", "complex64", "complex128", "intp", "uintp", "longlong", "half", "single", "double"}
@@ -59,7 +57,7 @@ MASK_FUNCS = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "signbit", "
               "logical_not", "logical_xor", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
               "isin", "isclose"}
 ONE_ARG_DATA_SHAPE = {"where"}
-DATA_SHAPE = {"nonzero", "argwhere", "flatnonzero", "unique", "extract"}
+DATA_SHAPE = DATA_DEPENDENT_SHAPE  # output shape from device values: the capture guard's table too
 CUBLAS = {"matmul", "dot", "tensordot", "einsum", "inner", "vdot"}
 ARRAY_MODULES = {"xp", "cupy", "cp"}
 HOST_PARAMS = {"node", "info", "self", "cls", "site", "dtype", "axis", "axes", "specs", "spec", "attrs",

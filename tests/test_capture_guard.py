@@ -316,3 +316,15 @@ def test_the_pass_as_a_command(capsys):
     assert "passed=1" in capsys.readouterr().out
     assert main(["--match", "no_such_case*"]) == 2
     assert "matches no node case" in capsys.readouterr().err
+
+
+def test_the_audit_and_the_guard_read_one_table_per_fact():
+    # contract: the static audit and the dynamic capture guard decide "data-dependent output shape" and
+    # "host result from metadata" from the same tables (kernels/_xp_facts.py); they used to disagree
+    # (the audit's 5 data-dependent calls against the guard's 15)
+    from lockstep.contracts import audit_index
+    from lockstep.kernels import _xp_facts
+    from lockstep.reference_runtime.backends import _capture_guard
+
+    assert audit_index.DATA_SHAPE is _capture_guard.DATA_DEPENDENT is _xp_facts.DATA_DEPENDENT_SHAPE
+    assert audit_index.HOST_XP is _capture_guard.METADATA is _xp_facts.HOST_RESULT

@@ -36,8 +36,9 @@ MUTANTS = [
        "if False and self._device(st.test, dev) and not _mentions_guard(st.test):",
        "an if/while on a device value is a host read", "planted and branch", module=_VALUES),
     _m("nonzero_shape_not_data_dependent",
-       'DATA_SHAPE = {"nonzero", ', "DATA_SHAPE = {",
-       "xp.nonzero(x) has a data-dependent output shape (CuPy reads the count back)", "planted and data_dependent", module=_INDEX),
+       'DATA_DEPENDENT_SHAPE = frozenset({\n    "nonzero", ', "DATA_DEPENDENT_SHAPE = frozenset({\n    ",
+       "xp.nonzero(x) has a data-dependent output shape (CuPy reads the count back)", "planted and data_dependent",
+       module="lockstep.kernels._xp_facts"),
     # -- propagation and guards
     _m("calls_not_followed",
        "for cs in s.calls:", "for cs in s.calls[:0]:",

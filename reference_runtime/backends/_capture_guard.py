@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
+
 from ..errors import HostReadInCapture
 
 __all__ = ["GuardContext", "GuardedArray", "GuardedNumpy", "guard", "HostReadInCapture"]
@@ -51,17 +53,10 @@ __all__ = ["GuardContext", "GuardedArray", "GuardedNumpy", "guard", "HostReadInC
 _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
 _THIS = os.path.abspath(__file__)
 
-# numpy functions whose output shape depends on device values: CuPy reads them back.
-DATA_DEPENDENT = frozenset({
-    "unique", "unique_all", "unique_counts", "unique_inverse", "unique_values", "nonzero", "flatnonzero",
-    "argwhere", "extract", "compress", "intersect1d", "union1d", "setdiff1d", "setxor1d", "trim_zeros",
-})
-# numpy functions that answer from metadata (shapes, dtypes), never from values: results stay host.
-METADATA = frozenset({
-    "shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type", "iscomplexobj", "isrealobj",
-    "may_share_memory", "shares_memory", "broadcast_shapes", "common_type", "isfortran", "iterable",
-    "dtype", "promote_types", "issubdtype", "isscalar", "normalize_axis_index",
-})
+# numpy functions whose output shape depends on device values (CuPy reads them back), and those that
+# answer from metadata (results stay host): the audit's tables too (kernels/_xp_facts.py)
+DATA_DEPENDENT = DATA_DEPENDENT_SHAPE
+METADATA = HOST_RESULT
 
 
 @dataclass(frozen=True)
