@@ -27,8 +27,7 @@ def _feeds(model: onnx.ModelProto, ids: list[int], io=None) -> dict[str, np.ndar
 
     io = io or DecoderIO.of(model)
     feeds = io.step_feeds(ids, 0)
-    for name in io.pasts:
-        feeds[name] = io.empty_cache(name)
+    feeds.update(io.empty_caches())
     return feeds
 
 

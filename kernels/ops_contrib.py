@@ -461,13 +461,13 @@ def _gqa_attrs(node):
     softcap = float(node.attr("softcap", 0.0))
     if softcap < 0:
         raise node.error(f"softcap={softcap} must be >= 0")
-    return nq, nkv, causal, window, softcap
+    return nq, nkv, causal, window, softcap, bool(sliding)
 
 
 def _gqa_dims(node, specs):
     """(B, S, D, P, T, L, rotary_dim) from the input specs; T from the host value of input 6."""
     specs = _specs(specs, 16)
-    nq, nkv = _gqa_attrs(node)[:2]
+    nq, nkv, _causal, window, _softcap, sliding = _gqa_attrs(node)
     for i, name in _GQA_UNSUPPORTED_INPUTS.items():
         if specs[i] is not None:
             raise node.error(f"input {name} is not supported")
@@ -505,8 +505,7 @@ def _gqa_dims(node, specs):
     T = int(np.asarray(tsl.value).reshape(-1)[0])
     if T < 1:
         raise node.error(f"total_sequence_length must be positive, got {T}")
-    if int(node.attr("sliding_window_cache", 0)):
-        window = int(node.attr("local_window_size", -1))
+    if sliding:
         if pk is None or P < window:  # ORT: INVALID_ARGUMENT ("KV cache capacity (0) must be at least ...")
             raise node.error(f"sliding_window_cache=1: the KV cache capacity ({P}, axis 2 of past_key) must be at "
                              f"least local_window_size ({window})")
@@ -574,7 +573,7 @@ def _head_rms_norm(xp, x, weight, eps, dt):
 
 def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=None, position_ids=None,
                  attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm=None, k_norm=None):
-    nq, nkv, causal, window, softcap = _gqa_attrs(node)
+    nq, nkv, causal, window, softcap, sliding = _gqa_attrs(node)
     B, S = q.shape[0], q.shape[1]
     D = q.shape[2] // (nq if k is not None else nq + 2 * nkv)
     P = past_k.shape[2] if past_k is not None else 0
@@ -610,7 +609,7 @@ def _gqa_compute(xp, node, q, k, v, past_k, past_v, seqlens, tsl, cos=None, sin=
 
     i = past_len.reshape(B, 1, 1, 1) + xp.arange(S, dtype=xp.int64).reshape(1, 1, S, 1)
     scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / float(np.sqrt(D))
-    if int(node.attr("sliding_window_cache", 0)):
+    if sliding:
         keys_k, keys_v, j, valid, present_k, present_v = _window_cache(
             xp, K, V, past_k.astype(work), past_v.astype(work), past_len, total, window)
         allowed = valid & (j < total.reshape(B, 1, 1, 1)) & (j <= i) & (j > i - window)

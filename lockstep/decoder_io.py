@@ -313,6 +313,12 @@ class DecoderIO:
                 f"{fmt_bytes(need)}, over the budget of {fmt_bytes(cap)} ({why}); {held}")
         return np.zeros(self.cache_shape(past=past), self.kv_dtype)
 
+    def empty_caches(self, budget: int | None = None) -> dict[str, np.ndarray]:
+        """Every past input's initial value (``empty_cache``), each its own array, the budget checked once."""
+        first = self.empty_cache(self.pasts[0], budget)
+        return {p: first if i == 0 else np.zeros(self.cache_shape(past=p), self.kv_dtype)
+                for i, p in enumerate(self.pasts)}
+
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
         if n < 1:

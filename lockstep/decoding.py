@@ -76,7 +76,7 @@ class HostKVSession:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = {p: self.io.empty_cache(p) for p in self.io.pasts}
+        self.cache = self.io.empty_caches()
         self.position = 0
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:

@@ -25,9 +25,9 @@ import onnx
 
 from lockstep.decoding import DecoderIO
 from lockstep.engines.protocol import CaptureStats, RunFn
+from lockstep.loading import UnsupportedModel
 
 from .config import RuntimeConfig
-from lockstep.loading import UnsupportedModel
 
 __all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine", "sim_raw_engine"]
 
@@ -216,13 +216,14 @@ class RefDecoder:
         """A fresh context. A fixed-capacity cache is allocated once, zeroed, and then written in
         place by every step; a growing one starts empty and is replaced by each step's present."""
         if self.capacity and self.cache:
+            zeros = self.io.empty_caches()
             for p, t in self.cache.items():
-                self.rt.write(t, self.io.empty_cache(p))  # the same buffers: a captured step graph stays valid
+                self.rt.write(t, zeros[p])  # the same buffers: a captured step graph stays valid
         else:
             for t in self.cache.values():
                 self.rt.free(t)
             # each layer its own rows: a window-sized cache (sliding_window_cache=1) is not the others' size
-            self.cache = {p: self.rt.upload(self.io.empty_cache(p), name=p) for p in self.pasts}
+            self.cache = {p: self.rt.upload(z, name=p) for p, z in self.io.empty_caches().items()}
         # a fixed-capacity step binds each present to its own past buffer: the same dict every step
         self._bind = {self.present_of[p]: t for p, t in self.cache.items()} if self.capacity else None
         self.position = 0

@@ -65,16 +65,11 @@ def _decode(path: str, engine: str, capture: bool) -> list[int]:
     return greedy(session, e["prompt_ids"], len(e["transformers_greedy_ids"])).tokens
 
 
-# (export, engine) -> a lockstep limitation an engine shows, measured on the H200 (none left: the Gemma 2/3 CUDA
-# graphs' window-sized caches, refused by ORT's CUDA provider until lockstep gave them, are in the test below)
-ENGINE_FINDINGS: dict[tuple[str, str], str] = {}
-
-
 def _params(paths):
     out = []
     for p in paths:
         for engine, capture in ENGINES:
-            why = EXPORTER_FINDINGS.get(p) or ENGINE_FINDINGS.get((p, engine))
+            why = EXPORTER_FINDINGS.get(p)
             marks = [pytest.mark.xfail(reason=why, strict=True)] if why else []
             out.append(pytest.param(p, engine, capture, marks=marks, id=f"{p}-{engine}{'-capture' if capture else ''}"))
     return out

@@ -69,7 +69,7 @@ def _golden_io(name: str):
 
 def _golden_feeds(name: str, prompt: list[int]) -> list[tuple[Any, Any]]:
     io = _golden_io(name)
-    feeds = {**io.step_feeds(prompt, 0), **{p: io.empty_cache(p) for p in io.pasts}}
+    feeds = {**io.step_feeds(prompt, 0), **io.empty_caches()}
     return list(feeds.items())
 
 

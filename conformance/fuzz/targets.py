@@ -157,7 +157,7 @@ def run_ort(case: Case, folder: Path, stage: Callable[[str], None]) -> dict[str,
 
             io_ = DecoderIO.of(onnx.load(str(folder / MODEL_FILE), load_external_data=False))
             outs = [o.name for o in sess.get_outputs()]
-            cache = {p: io_.empty_cache(p) for p in io_.pasts}
+            cache = io_.empty_caches()
             pos = 0
             for ids in case.decode["steps"]:
                 stage("decode")

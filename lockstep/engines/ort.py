@@ -262,7 +262,7 @@ class OrtDecoder:
         self.reset()
 
     def reset(self) -> None:
-        zeros = {p: self.io.empty_cache(p) for p in self.pasts}  # a window-sized layer has its own rows
+        zeros = self.io.empty_caches()  # a window-sized layer has its own rows
         new = self.ort.OrtValue.ortvalue_from_numpy
         if not self.fixed:
             self.cache = {p: new(zeros[p], self.device, 0) for p in self.pasts}

@@ -135,7 +135,7 @@ class ExampleDecoder:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = {p: self.io.empty_cache(p) for p in self.io.pasts}
+        self.cache = self.io.empty_caches()
         self.position = 0
 
     def forward(self, ids) -> np.ndarray:
