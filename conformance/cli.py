@@ -73,7 +73,8 @@ def _mutants(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     """The main job: the packaged conformance suite (``pytest --pyargs lockstep.conformance``) on
-    the selected engines, with a report. Runs from any directory."""
+    the selected engines, and the tests those engines bring of their own machinery (``self_tests``:
+    the reference runtime's ``lockstep.contracts.suite``), with a report. Runs from any directory."""
     import time
     from pathlib import Path
     from pathlib import Path as _P
@@ -90,7 +91,7 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
                 dir_models(d)
             except GoldenError as exc:  # before pytest starts: one line, no run, no report
                 raise CliError(str(exc)) from None
-    argv = ["--pyargs", "lockstep.conformance", f"--lockstep-report-dir={args.report_dir}",
+    argv = ["--pyargs", "lockstep.conformance", *_self_tests(args.engines), f"--lockstep-report-dir={args.report_dir}",
             # xunit1: the JUnit family whose testcases may carry properties (engine, op, key, markers,
             # precision, the golden plot data); under xunit2 pytest warns once per recorded property
             f"--junitxml={_P(args.report_dir) / 'junit.xml'}", "-o", "junit_family=xunit1",
@@ -108,6 +109,20 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
         print(md.read_text())
         print(f"report: {md} and {md.with_suffix('.json')}")
     return rc
+
+
+def _self_tests(engines: str | None) -> list[str]:
+    """The packages of the selected engines' own tests (their ``self_tests``: the reference engines'
+    ``lockstep.contracts.suite``), each once, run beside the suite."""
+    from lockstep.engines import EngineLoadError, load_engine, registered
+    from lockstep.engines.selection import split
+
+    try:
+        specs = split(engines) or list(registered())
+        found = [getattr(load_engine(spec), "self_tests", None) for spec in specs]
+    except EngineLoadError:
+        return []  # pytest's plugin says which engine, as a usage error, before anything runs
+    return list(dict.fromkeys(p for p in found if p))
 
 
 def _workers(jobs: str, passthrough: list[str]) -> list[str]:

@@ -11,24 +11,15 @@ from typing import Any
 
 @dataclass
 class SuiteState:
-    # configuration (pytest_configure)
-    selected: list[str]                  # devices the runtime's own tests run on (--devices, the engines')
-    required: list[str]                  # LOCKSTEP_REQUIRE_DEVICES
-    engine_specs: list[str]              # --engines, as given
-    required_engines: list[str]          # LOCKSTEP_REQUIRE_ENGINES
-    mutant: str | None                   # --lockstep-mutant: the runtime class under test
+    # configuration (pytest_configure); the selected engines are lockstep.engines.selection's
     shard: tuple[int, int] | None        # --lockstep-shard (index, count)
-    suite: bool = False                  # the run collects lockstep's own suite
+    suite: bool = False                  # the run collects one of lockstep's own suites
     # loaded on first need
-    engine_objs: Any = None              # name -> engine, or the EngineLoadError that stopped loading
-    availability: dict[str, tuple[bool, str]] | None = None   # device -> (available, why not)
-    available: dict[str, tuple[bool, str]] = field(default_factory=dict)  # engine -> asked once
     golden: list | None = None           # the golden models (catalog, --golden-dir)
     expect: list | None = None           # the expectation entries that apply here
     # collection
     stale_checked: bool = False
     expected_unsupported: dict[str, Any] = field(default_factory=dict)  # nodeid -> its entry
-    self_tests_deselected: int = 0
     # outcomes (where reports arrive: the controller under xdist)
     outcomes: dict[str, dict] = field(default_factory=dict)
     skipped: Counter = field(default_factory=Counter)   # (engine or device, reason) -> tests

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from lockstep.conformance import expectations
+from lockstep.engines import selection
 from lockstep.paths import package_path
 from lockstep.conformance.plugin_state import SuiteState
 
@@ -25,8 +26,9 @@ UNSUPPORTED = "unsupported: "
 
 def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
     tr = terminalreporter
-    if st.mutant:
-        tr.write_line(f"lockstep: runtime under test is the MUTANT {st.mutant!r}", red=True)
+    mutant = config.getoption("--lockstep-mutant", None)  # the reference runtime's plugin's option
+    if mutant:
+        tr.write_line(f"lockstep: runtime under test is the MUTANT {mutant!r}", red=True)
     if st.tripwires:
         tr.section("lockstep: golden tripwires (first divergence from the recorded stream)")
         for t in st.tripwires:
@@ -65,7 +67,7 @@ def record_command(config, st: SuiteState, engine: str) -> list[str]:
     """How to record ``engine``'s newly unsupported tests of this run: lines to print."""
     report_dir = config.getoption("--lockstep-report-dir")
     report = _shown(Path(report_dir) / "report.json") if report_dir else "reports/report.json"
-    engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
+    engines = selection.of(config).loaded_engines()
     own = getattr(engines.get(engine), "expectations", None)
     if own is not None:
         target, field = _shown(Path(os.fspath(own))), ""

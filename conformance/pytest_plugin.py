@@ -1,5 +1,6 @@
-"""lockstep's pytest plugin (entry point ``pytest11``): engines and devices as parameters, mutant
-runtimes, contract-marker hygiene, node-suite expectations, the report.
+"""lockstep's pytest plugin (entry point ``pytest11``): engines as parameters, golden models,
+node-suite expectations and fail closed, the report. The reference runtime's own tests have a plugin
+of their own (``lockstep.contracts.pytest_plugin``: devices, ``make_runtime``, mutants, ``ref_engine``).
 
 Loaded by every pytest run where lockstep is installed, so it is cheap until lockstep's tests ask
 for something: engines are loaded from the registry (``lockstep.engines``) the first time a
@@ -10,17 +11,12 @@ Fixtures
   registered one); an unavailable engine is a visible skip with its reason, or a failure when
   ``LOCKSTEP_REQUIRE_ENGINES`` names it. A test module that defines its own ``engine_name``
   fixture is left alone.
-- ``ref_engine``: the same over the selected engines that are the reference runtime (tests of the
-  reference runtime's own machinery: paging, sync-debug, capture plans).
-- ``device_name`` / ``device``: parametrizes over the selected devices (``--devices``; default the
-  devices of the reference engines named by ``--engines``, or all when it is not given);
-  an unavailable device is a visible skip, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it.
-- ``make_runtime(config=None)``: builds runtimes on ``device`` from the class under test: the real
-  ``Runtime``, or the mutant named by ``--lockstep-mutant``; closes them at teardown.
+- ``golden_model``: parametrizes over the golden models (built-in, trained, exports, ``--golden-dir``);
+  ``@pytest.mark.golden_kinds("user", ...)`` restricts a test to those kinds.
 
-Options: ``--engines=ref-sim,mine,pkg.module:factory``, ``--devices=sim,cupy``,
-``--lockstep-mutant=NAME``, ``--lockstep-report=FILE`` (per-test outcomes as JSON, read by
-``lockstep mutants``), ``--lockstep-report-dir=DIR``, ``--lockstep-expectations=FILE``.
+Options: ``--engines=ref-sim,mine,pkg.module:factory``, ``--lockstep-report=FILE`` (per-test
+outcomes as JSON, read by ``lockstep mutants``), ``--lockstep-report-dir=DIR``,
+``--lockstep-expectations=FILE``, ``--lockstep-shard=i/n``, ``--lockstep-gpus``, ``--golden-dir``.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ import functools
 import json
 import os
 import sys
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +32,18 @@ import pytest
 
 from lockstep.conformance import expectations
 from lockstep.conformance.plugin_state import SuiteState
-from lockstep.contracts.mutants import runtime_class
-from lockstep.engines.registry import EngineLoadError, load_engine, registered
+from lockstep.engines import selection
+from lockstep.engines.registry import EngineLoadError
+from lockstep.engines.selection import UNAVAILABLE, unavailable
 from lockstep.paths import package_path
-from lockstep.reference_runtime import RuntimeConfig
-from lockstep.reference_runtime.backends import DEVICES, available_devices, make_device
 
 _STATE_KEY = pytest.StashKey[SuiteState]()
 
 MARKERS = (
-    "contract(name): a test of a named runtime-primitive guarantee; its docstring states the guarantee",
-    "gpu: needs a CUDA device (skipped, visibly, without one)",
-    "parity: simulated-vs-CUDA parity scenarios",
     "node_suite: ONNX backend node cases per engine",
     "golden: golden token locks",
+    "golden_kinds(*kinds): parametrize golden_model over models of these kinds only (builtin, trained, export, user)",
     "capture: CUDA graph capture checks",
-    "capture_guard: node cases captured on the simulated device with host reads refused (docs/capture-guard.md)",
-    "paging: weight paging checks",
     "fuzz: the fuzzer (lockstep.conformance.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
 )
 
@@ -63,9 +53,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--engines", default=None,
                 help="comma-separated engines: registered names (entry points of lockstep.engines) or "
                      "pkg.module:factory (default: every registered engine)")
-    g.addoption("--devices", default=None, help=f"comma-separated devices to run on, of {list(DEVICES)} (default: all)")
-    g.addoption("--lockstep-mutant", default=None,
-                help="run the tests against this mutant runtime (see lockstep.contracts.mutants)")
     g.addoption("--lockstep-report", default=None, help="write per-test outcomes to this JSON file")
     g.addoption("--lockstep-report-dir", default=None,
                 help="write report.json and report.md (per-engine counts, op gaps) here")
@@ -87,17 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "'none': only the engines' own files)")
 
 
-def _split(raw: str | None) -> list[str]:
-    return [n.strip() for n in raw.split(",") if n.strip()] if raw else []
-
-
-def _names(raw: str | None, known: tuple[str, ...], where: str, default: list[str]) -> list[str]:
-    """A comma-separated list of known names (an option or an environment variable)."""
-    names = _split(raw) or default
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(known)}")
-    return names
+_split = selection.split
 
 
 def _shard(raw: str | None) -> tuple[int, int] | None:
@@ -149,35 +126,20 @@ def pytest_configure(config: pytest.Config) -> None:
     _pin_gpu(config)
     _one_thread_per_worker(config)
     shard = _shard(config.getoption("--lockstep-shard"))
-    engine_specs = _split(config.getoption("--engines"))
-    # the devices the reference runtime's own tests (runtime contracts, parity) run on: --devices, or
-    # those the engines named by --engines run on (their runtime_device, below), or all when neither is given
-    selected = _names(config.getoption("--devices"), DEVICES, "--devices", list(DEVICES))
-    required = _names(os.environ.get("LOCKSTEP_REQUIRE_DEVICES"), DEVICES, "LOCKSTEP_REQUIRE_DEVICES", [])
-    mutant = config.getoption("--lockstep-mutant")
-    try:
-        runtime_class(mutant)  # fail early on an unknown name
-    except ValueError as exc:
-        raise pytest.UsageError(f"--lockstep-mutant: {exc}") from None
     config.pluginmanager.register(_OutcomeRecorder(config), "lockstep-outcomes")
     config.pluginmanager.register(_LastModifyItems(config), "lockstep-last-modifyitems")
-    config.stash[_STATE_KEY] = SuiteState(
-        selected=selected, required=required, engine_specs=engine_specs,
-        required_engines=_split(os.environ.get("LOCKSTEP_REQUIRE_ENGINES")), mutant=mutant, shard=shard)
+    suite = _runs_lockstep_suite(config)
+    config.stash[_STATE_KEY] = SuiteState(shard=shard, suite=suite)
     # Engines named on the command line, or all registered ones when this run is lockstep's suite,
     # load now: a bad one is one usage error up front. Otherwise (a user's own tests that take the
     # `engine` fixture) they load when a test first needs one.
-    suite = _runs_lockstep_suite(config)
-    if engine_specs or suite:
+    sel = selection.of(config)
+    if sel.specs or suite:
         try:
-            config.stash[_STATE_KEY].engine_objs = _load(engine_specs or list(registered()))
+            sel.engines()
         except EngineLoadError as exc:
-            raise pytest.UsageError(f"--engines: {exc}" if engine_specs else f"lockstep: {exc}") from None
-    if engine_specs and config.getoption("--devices") is None:
-        on = {_runtime_device(e) for e in config.stash[_STATE_KEY].engine_objs.values()}
-        selected = config.stash[_STATE_KEY].selected = [d for d in DEVICES if d in on]
-    _check_required(config, selected, required)
-    config.stash[_STATE_KEY].suite = suite
+            raise pytest.UsageError(f"--engines: {exc}" if sel.specs else f"lockstep: {exc}") from None
+    _check_required(config)
     if config.getoption("--golden-dir"):
         _golden_models(config)  # a missing or malformed folder: one usage error, no run, no report
     if suite:
@@ -189,33 +151,19 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
-def _runtime_device(engine: Any) -> str | None:
-    """The reference-runtime device an engine runs on (the protocol's optional ``runtime_device``):
-    such an engine brings the runtime's own tests; any other engine is a runtime of its own."""
-    device = getattr(engine, "runtime_device", None)
-    return device if isinstance(device, str) and device else None
-
-
-def _check_required(config: pytest.Config, devices: list[str], required_devices: list[str]) -> None:
-    """LOCKSTEP_REQUIRE_ENGINES / _DEVICES, once, at session start: each must be selected and
-    available here, else one line and a non-zero exit (a lane that must have them fails closed)."""
-    st = _state(config)
+def _check_required(config: pytest.Config) -> None:
+    """LOCKSTEP_REQUIRE_ENGINES, once, at session start: each must be selected and available here,
+    else one line and a non-zero exit (a lane that must have them fails closed)."""
+    sel = selection.of(config)
     problems = []
-    for name in required_devices:
-        if name not in devices:
-            problems.append(f"LOCKSTEP_REQUIRE_DEVICES names {name}, which --devices does not select ({','.join(devices)})")
-        else:
-            ok, why = available_devices()[name]
-            if not ok:
-                problems.append(f"LOCKSTEP_REQUIRE_DEVICES: device {name} is unavailable here: {why}")
-    if st.required_engines:
+    if sel.required:
         engines = _engines(config)
-        for name in st.required_engines:
+        for name in sel.required:
             if name not in engines:
                 problems.append(f"LOCKSTEP_REQUIRE_ENGINES names {name}, which is not selected "
                                 f"(engines: {', '.join(engines)})")
             else:
-                ok, why = engines[name].available()
+                ok, why = sel.availability(name)
                 if not ok:
                     problems.append(f"LOCKSTEP_REQUIRE_ENGINES: engine {name} is unavailable here: {why}")
     if problems:
@@ -226,51 +174,25 @@ def _state(config: pytest.Config) -> SuiteState:
     return config.stash[_STATE_KEY]
 
 
-def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
-    st = _state(config)
-    if st.availability is None:
-        st.availability = available_devices()
-    return st.availability
-
-
-def _load(specs: list[str]) -> dict:
-    """Load (import, build, validate) each engine; raises EngineLoadError naming the first that fails."""
-    objs: dict = {}
-    for spec in specs:
-        eng = load_engine(spec)
-        if eng.name in objs:
-            raise EngineLoadError(f"engine {eng.name!r} is selected twice")
-        objs[eng.name] = eng
-    return objs
-
-
 def _engines(config: pytest.Config) -> dict:
     """The selected engines by name (``--engines``, default every registered one), loaded once per
     process: at configuration when they are named or the run is lockstep's suite, else the first
     time a collected test needs one. A failure names the entry point or factory."""
-    st = _state(config)
-    if st.engine_objs is None:
-        try:
-            st.engine_objs = _load(st.engine_specs or list(registered()))
-        except EngineLoadError as exc:
-            st.engine_objs = exc
-    if isinstance(st.engine_objs, EngineLoadError):
-        raise pytest.UsageError(f"lockstep: {st.engine_objs}")
-    return st.engine_objs
+    return selection.engines(config)
 
 
 def _runs_lockstep_suite(config: pytest.Config) -> bool:
-    """Whether this run collects lockstep's own suite (an argument inside or above the
-    lockstep.conformance package, or ``--pyargs lockstep...``)."""
-    suite = package_path("lockstep.conformance").resolve()
+    """Whether this run collects one of lockstep's suites (an argument inside or above the
+    lockstep.conformance or lockstep.contracts.suite package, or ``--pyargs lockstep...``)."""
+    suites = [package_path(p).resolve() for p in ("lockstep.conformance", "lockstep.contracts.suite")]
     for arg in config.args:
         target = str(arg).split("::")[0]
         if config.option.pyargs and target.split(".")[0] == "lockstep":
             return True
         path = Path(target).resolve()
-        if path == suite or suite in path.parents or path in suite.parents or (path / "conformance").is_dir() and (
-                path / "conformance").resolve() == suite:
-            return True
+        for suite in suites:
+            if path == suite or suite in path.parents or path in suite.parents:
+                return True
     return False
 
 
@@ -281,19 +203,14 @@ def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
-    if "device_name" in names and not _own_fixture(metafunc, "device_name"):
-        metafunc.parametrize("device_name", _state(metafunc.config).selected or [pytest.param(
-            None, marks=pytest.mark.skip(reason="no reference-runtime device selected: --engines names no reference "
-                                                "engine (--devices=sim,cupy runs the runtime's own contract tests)"))])
     if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
         metafunc.parametrize("engine_name", list(_engines(metafunc.config)))
     if "golden_model_name" in names and not _own_fixture(metafunc, "golden_model_name"):
-        metafunc.parametrize("golden_model_name", [m.name for m in _golden_models(metafunc.config)])
-    if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):
-        refs = [n for n, e in _engines(metafunc.config).items() if _runtime_device(e)]
-        metafunc.parametrize("ref_engine_name", refs or [pytest.param(
-            None, marks=pytest.mark.skip(reason="no reference-runtime engine selected (--engines): "
-                                                "this test checks the reference runtime's own machinery"))])
+        kinds = metafunc.definition.get_closest_marker("golden_kinds")
+        models = [m.name for m in _golden_models(metafunc.config) if kinds is None or m.kind in kinds.args]
+        metafunc.parametrize("golden_model_name", models or [pytest.param(None, id="none", marks=pytest.mark.skip(
+            reason=f"no golden model of kind {', '.join(kinds.args if kinds else ())} selected"
+                   + (" (--golden-dir adds a user's)" if kinds and "user" in kinds.args else "")))])
 
 
 def _golden_models(config: pytest.Config) -> list:
@@ -316,26 +233,16 @@ def golden_model(request: pytest.FixtureRequest, golden_model_name: str):
     gm = next(m for m in _golden_models(request.config) if m.name == golden_model_name)
     ok, reason = gm.available()
     if not ok:
-        _unavailable("model", gm.name, reason, _split(os.environ.get("LOCKSTEP_REQUIRE_MODELS")))
+        unavailable("model", gm.name, reason, _split(os.environ.get("LOCKSTEP_REQUIRE_MODELS")))
     return gm
 
 
-def _unavailable(kind: str, name: str, reason: str, required) -> None:
-    """An absent device, engine or model: a visible skip with its reason, or a failure where the
-    lane's LOCKSTEP_REQUIRE_<KIND>S names it (or says ``all``)."""
-    if name in required or "all" in required:
-        pytest.fail(f"{kind} {name!r} is required by LOCKSTEP_REQUIRE_{kind.upper()}S but unavailable: {reason}")
-    pytest.skip(f"{UNAVAILABLE}{name}: {reason}")
-
-
 def _usable(request: pytest.FixtureRequest, name: str):
+    sel = selection.of(request.config)
     eng = _engines(request.config)[name]
-    checked = _state(request.config).available  # asked once per engine and session
-    if name not in checked:
-        checked[name] = eng.available()
-    ok, reason = checked[name]
+    ok, reason = sel.availability(name)  # asked once per engine and session
     if not ok:
-        _unavailable("engine", name, reason, _state(request.config).required_engines)
+        unavailable("engine", name, reason, sel.required)
     return eng
 
 
@@ -344,12 +251,6 @@ def engine(request: pytest.FixtureRequest, engine_name: str):
     """The parametrized engine (one object per engine and process); an unavailable engine is a
     visible skip with its reason, or a failure when ``LOCKSTEP_REQUIRE_ENGINES`` names it."""
     return _usable(request, engine_name)
-
-
-@pytest.fixture
-def ref_engine(request: pytest.FixtureRequest, ref_engine_name: str):
-    """A selected reference-runtime engine (``ref-sim``, ``ref-cuda``), as ``engine`` otherwise."""
-    return _usable(request, ref_engine_name)
 
 
 def _expectations(config: pytest.Config) -> list:
@@ -588,56 +489,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
-    _deselect_self_tests(config, items)
     _apply_expectations(config, items)
     _longest_first(config, items)
-    problems = []
-    for item in items:
-        m = item.get_closest_marker("contract")
-        if m is None:
-            continue
-        if len(m.args) != 1 or not isinstance(m.args[0], str) or not m.args[0]:
-            problems.append(f"{item.nodeid}: @pytest.mark.contract needs exactly one name, got {m.args!r}")
-        fn = getattr(item, "function", None)
-        if fn is None or not (fn.__doc__ or "").strip():
-            problems.append(f"{item.nodeid}: a contract test needs a docstring stating its guarantee")
-    if problems:
-        raise pytest.UsageError("contract tests malformed:\n  " + "\n  ".join(problems))
-
-
-SELF_TESTS = ("no reference engine is selected: the suite's tests of lockstep's own runtime, kernels and data "
-              "(runtime contracts, parity, the capture-guard pass, paging, capture plans, the sync audit, the "
-              "built-in snapshots' oracle check) are deselected; --engines ref-sim,... runs them")
-
-
-def _deselect_self_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With only engines that are not the reference runtime selected (a plugin's), the suite's tests
-    that take no engine are lockstep checking itself: they are deselected, not run and not skipped
-    one by one (the capture-guard pass alone is 1,884 cases). A user's golden models
-    (``--golden-dir``) keep their oracle check; ``--devices`` keeps the device-parametrized tests."""
-    suite = package_path("lockstep.conformance").resolve()
-    ours = [it for it in items if suite in Path(str(it.path)).resolve().parents]
-    if not ours or any(_runtime_device(e) for e in _engines(config).values()):
-        return
-    devices_asked = config.getoption("--devices") is not None
-    user_models = None
-    keep, drop = [], []
-    for it in items:
-        params = getattr(getattr(it, "callspec", None), "params", {})
-        if it not in ours or params.get("engine_name") is not None or (devices_asked and "device_name" in params):
-            keep.append(it)
-            continue
-        if getattr(it, "originalname", "") == "test_snapshot_is_the_oracle":
-            if user_models is None:
-                user_models = {m.name for m in _golden_models(config) if m.kind == "user"}
-            if params.get("golden_model_name") in user_models:
-                keep.append(it)
-                continue
-        drop.append(it)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-        _state(config).self_tests_deselected = len(drop)
 
 
 def _collapse_unavailable(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -647,20 +500,15 @@ def _collapse_unavailable(config: pytest.Config, items: list[pytest.Item]) -> No
     Skipping ref-cuda's and ort-cuda's 1,884 node cases one by one cost CI more than running
     ort-cpu's (13 ms a test under pytest-xdist). A required engine never gets here: an unavailable
     one ends the session at its start (``_check_required``)."""
-    engines = _state(config).engine_objs
-    if not isinstance(engines, dict):  # no test took lockstep's engines (they load when one does)
+    engines = selection.of(config).loaded_engines()
+    if not engines:  # no test took lockstep's engines (they load when one does)
         return
     params_of = [(it, getattr(getattr(it, "callspec", None), "params", {}).get("engine_name")) for it in items]
     names = {name for _, name in params_of if name in engines}  # a test's own engine_name fixture: not ours
     if not names:
         return
-    checked = _state(config).available
-    down = set()
-    for name in names:
-        if name not in checked:
-            checked[name] = engines[name].available()
-        if not checked[name][0]:
-            down.add(name)
+    sel = selection.of(config)
+    down = {name for name in names if not sel.availability(name)[0]}
     if not down:
         return
     first: dict[tuple, list] = {}
@@ -692,68 +540,19 @@ class _LastModifyItems:
         _collapse_unavailable(config, items)
 
 
-UNAVAILABLE = "lockstep: unavailable: "
-
-
-@pytest.fixture
-def device_available(request: pytest.FixtureRequest, device_name: str) -> str:
-    """The parametrized device's name, once it is known to be usable; otherwise a visible skip
-    with its reason, or a failure when ``LOCKSTEP_REQUIRE_DEVICES`` names it."""
-    ok, reason = _availability(request.config)[device_name]
-    if not ok:
-        _unavailable("device", device_name, reason, _state(request.config).required)
-    return device_name
-
-
-@pytest.fixture
-def device(device_available: str):
-    """A fresh device of the parametrized kind (see ``device_available`` for absent devices)."""
-    return make_device(device_available)
-
-
-@pytest.fixture
-def make_runtime(request: pytest.FixtureRequest, device):
-    """Factory: ``make_runtime(config=None)`` builds the runtime under test (real or mutant).
-
-    The default configuration is ``RuntimeConfig()`` (deferral on), never the environment, so a
-    test states the configuration it checks."""
-    cls = runtime_class(_state(request.config).mutant)
-    made: list[weakref.ref] = []  # weak: a test may drop a runtime on purpose
-
-    def make(config: RuntimeConfig | None = None):
-        rt = cls(device, config if config is not None else RuntimeConfig())
-        made.append(weakref.ref(rt))
-        return rt
-
-    yield make
-    for ref in made:
-        rt = ref()
-        if rt is None:
-            continue
-        try:
-            rt.close()
-        except Exception:  # a test that poisoned its device has already failed for that
-            pass
-
-
+_LABELLED = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call):
     """Properties every report of a lockstep test carries (and JUnit XML as <properties>): engine,
     the op a node case is about, the test's expectation key, its lockstep markers, its contract."""
-    if call.when == "setup" and not any(k == "engine" for k, _ in item.user_properties):
+    if call.when == "setup" and not item.stash.get(_LABELLED, False):
+        item.stash[_LABELLED] = True
         props = []
-        m = item.get_closest_marker("contract")
-        if m is not None and m.args:
-            props.append(("contract", m.args[0]))
         params = getattr(getattr(item, "callspec", None), "params", {})
-        who = params.get("engine_name") or params.get("ref_engine_name")
-        if not who and params.get("device_name"):  # the engine that runs on that device, if one is selected
-            engines = _state(item.config).engine_objs
-            on = {_runtime_device(e): n for n, e in engines.items()} if isinstance(engines, dict) else {}
-            who = on.get(params["device_name"], params["device_name"])
-        props.append(("engine", who or "-"))
+        if not any(k == "engine" for k, _ in item.user_properties):
+            props.append(("engine", params.get("engine_name") or "-"))
         markers = sorted({mk.name for mk in item.iter_markers()} & _MARKER_NAMES)
         if markers:
             props.append(("markers", ",".join(markers)))
@@ -772,7 +571,9 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 
 UNSUPPORTED = "unsupported: "
-_MARKER_NAMES = frozenset(m.split("(")[0].split(":")[0] for m in MARKERS)  # lockstep's own markers, by name
+# lockstep's own markers, by name (its and the reference runtime's plugins')
+_MARKER_NAMES = frozenset(m.split("(")[0].split(":")[0] for m in MARKERS) | {
+    "contract", "gpu", "parity", "capture_guard", "paging"}
 
 
 def _skip_reason(report) -> str:
@@ -787,8 +588,7 @@ def _fail_closed(item: pytest.Item, report) -> None:
     engine = params.get("engine_name")
     if engine is None or report.when not in ("setup", "call"):
         return
-    st = _state(item.config)
-    expected = st.expected_unsupported.get(item.nodeid)
+    expected = _state(item.config).expected_unsupported.get(item.nodeid)
     if report.skipped and not hasattr(report, "wasxfail"):
         why = _skip_reason(report)
         if why.startswith(UNSUPPORTED) and expected is None:
@@ -907,7 +707,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if report_dir:
         from lockstep.conformance.report import write_report
 
-        engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
+        engines = selection.of(session.config).loaded_engines()
         described = {}
         for name, eng in engines.items():
             describe = getattr(eng, "describe", None)
@@ -916,22 +716,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         st.report_paths = write_report(st.outcomes, report_dir, described)
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Exit hard if a test poisoned a CUDA context: teardown in a poisoned context can hang."""
-    mod = sys.modules.get("lockstep.reference_runtime.backends.cupy")
-    if mod is not None and mod.CupyDevice.poisoned_any:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_state(config).exitstatus)
-
-
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    st = _state(config)
-    engines = st.engine_objs if isinstance(st.engine_objs, dict) else {}
-    if engines and _runs_lockstep_suite(config) and not any(_runtime_device(e) for e in engines.values()):
-        n = st.self_tests_deselected
-        terminalreporter.write_line(f"lockstep: {SELF_TESTS}" + (f" ({n} tests)" if n else ""))
     from lockstep.conformance.plugin_summary import terminal_summary
 
     terminal_summary(terminalreporter, config, _state(config))

@@ -21,10 +21,10 @@ __all__ = ["run_mutants", "contract_tests_dir"]
 
 
 def contract_tests_dir() -> Path:
-    """The packaged contract tests (``lockstep.conformance.contracts``)."""
+    """The packaged contract tests (``lockstep.contracts.suite.runtime``)."""
     from lockstep.paths import package_path
 
-    return package_path("lockstep.conformance.contracts")
+    return package_path("lockstep.contracts.suite.runtime")
 
 
 def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout_s: float = 600) -> dict:
@@ -41,7 +41,7 @@ def _run(mutant: str | None, device: str, tests: Path, extra: list[str], timeout
         env["PYTHONUNBUFFERED"] = "1"
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
-                                  cwd=tests.parent.parent)
+                                  cwd=tests.parents[2])
             returncode, tail = proc.returncode, proc.stdout[-2000:] + proc.stderr[-2000:]
         except subprocess.TimeoutExpired as exc:
             returncode, tail = None, f"timed out after {timeout_s}s\n{exc.stdout!r}"[-2000:]

@@ -157,7 +157,7 @@ def runtime_class(mutant: str | None) -> type[Runtime]:
 
 # -- beyond the runtime catalogue: the pager's distant-caller bug (seed 000) ----------------------
 # Not in MUTANTS (those break a runtime primitive and are killed by the contract tests); this one
-# breaks the pager, a caller of the primitives, and is killed by conformance/golden/test_paging.py.
+# breaks the pager, a caller of the primitives, and is killed by contracts/suite/test_paging.py.
 from lockstep.reference_runtime.pager import WeightPager  # noqa: E402
 
 

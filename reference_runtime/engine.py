@@ -57,6 +57,9 @@ class RefEngine:
         # the protocol's optional capability: this engine runs on lockstep's reference runtime, on
         # this device, so the runtime's own tests concern it and its capture counters are exact
         self.runtime_device = device
+        # the reference runtime's own tests, run by `lockstep check` when this engine is selected (a
+        # package name: the suite lives above the engines' floor and is never imported from here)
+        self.self_tests = "lockstep.contracts.suite"
         self.config = config if config is not None else RuntimeConfig.from_env()
         self._device: Any = None
 

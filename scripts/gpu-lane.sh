@@ -112,9 +112,9 @@ if [ "$ORT_CUDA" = 1 ]; then
 fi
 [ "$SMOLLM2" = 1 ] && LOCKSTEP_REQUIRE_MODELS=all
 step spin-check    timeout 60  python3 scripts/spin_check.py
-step contracts     timeout 120 python3 -m pytest --pyargs lockstep.conformance.contracts -m contract -p no:cacheprovider -v --devices=sim,cupy
+step contracts     timeout 120 python3 -m pytest --pyargs lockstep.contracts.suite.runtime -m contract -p no:cacheprovider -v --devices=sim,cupy
 # the unit tests select the reference engines only: ORT CUDA, when carried, is not required there
-step all-tests     env LOCKSTEP_REQUIRE_ENGINES=ref-cuda timeout 400 python3 -m pytest tests --pyargs lockstep.conformance -p no:cacheprovider -v -n 12 --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2${ALL_TESTS_K:+ and ($ALL_TESTS_K)}"
+step all-tests     env LOCKSTEP_REQUIRE_ENGINES=ref-cuda timeout 400 python3 -m pytest tests --pyargs lockstep.conformance lockstep.contracts.suite -p no:cacheprovider -v -n 12 --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2${ALL_TESTS_K:+ and ($ALL_TESTS_K)}"
 LOCKSTEP_REQUIRE_ENGINES=${LOCKSTEP_REQUIRE_ENGINES%,ort-cuda-tf32} \
 step node-suite    timeout 330 python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=${engines%,ort-cuda-tf32} --lockstep-report-dir "$out/node-report"
 if [ "$ORT_CUDA" = 1 ]; then
@@ -128,7 +128,7 @@ if [ "$ORT_CUDA" = 1 ]; then
     test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded test_attention_4d_fp16 test_max_int16
 fi
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
-step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
+step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden lockstep.contracts.suite -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
 # the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
 [ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4

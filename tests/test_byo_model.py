@@ -78,14 +78,14 @@ def test_golden_add_then_pytest_golden_dir_locks_them(exports, tmp_path):
     assert main(["golden", "add", str(exports["genai"]), "--name", "my-genai", "--prompt", "Hello, lockstep",
                  "--dir", str(golden), "--twin", str(exports["optimum"]), "--tokens", "12"]) == 0
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "lockstep.conformance", "--golden-dir", str(golden),
-         "--engines", "ref-sim,ort-cpu", "-m", "golden or capture or paging", "-k", "my-", "-q",
+        [sys.executable, "-m", "pytest", "--pyargs", "lockstep.conformance", "lockstep.contracts.suite",
+         "--golden-dir", str(golden), "--engines", "ref-sim,ort-cpu", "-m", "golden or capture or paging", "-k", "my-", "-q",
          "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     # per engine: prefill, stepwise, tripwire on 2 models (12); 2 oracle checks; capture identity on
     # ref-sim (2; on ort-cpu 2 skips: ONNX Runtime's graphs are CUDA graphs); paging on ref-sim
-    # (2 models x eager/captured)
+    # (2 models x eager/captured: the reference runtime's own suite, as `lockstep check` adds it)
     assert "20 passed, 2 skipped" in out, out[-2000:]
     assert main(["golden", "regenerate", "--dir", str(golden), "--dry-run"]) == 0
 

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from lockstep.conformance.cli import _self_tests
 from lockstep.decoding import HostKVSession, open_session
 from lockstep.engines import EngineLoadError, Unsupported, load_engine, registered, validate
 from lockstep.engines import registry as registry_mod
@@ -349,18 +350,36 @@ def _collect(*engines_and_options):
 
 
 @pytest.mark.contract("plugin.self_tests_need_a_reference_engine")
-def test_a_run_without_a_reference_engine_deselects_lockstep_s_own_tests():
-    """With only a non-reference engine selected, the suite's engine-less tests (the capture-guard
-    pass, runtime contracts, parity, paging, the built-in oracle checks, the audit) are deselected
-    with one line saying so; with ref-sim among the engines they run."""
+def test_a_plugin_only_run_holds_only_its_engine_s_tests():
+    """The suite users run holds engine tests only: collected with only a non-reference engine, every
+    test is that engine's and nothing is deselected to get there. The reference runtime's own tests
+    (``lockstep.contracts.suite``: runtime contracts, parity, the capture-guard pass, paging, the
+    built-in oracle checks, the audit) are what the reference engines bring (``self_tests``):
+    ``lockstep check`` runs them only when one is selected."""
     plugin_only = _collect("--engines", "ort-cpu")
     ids = [line for line in plugin_only.splitlines() if "::" in line]
-    assert ids and all("[ort-cpu-" in i or "[ort-cpu]" in i for i in ids), (
+    # and the check of a user's snapshots (--golden-dir), one visible skip without them
+    user = "conformance/golden/test_golden_locks.py::test_snapshot_is_the_oracle[none]"
+    assert user in ids and all("[ort-cpu-" in i or "[ort-cpu]" in i for i in ids if i != user), (
         f"contract: only the engine's own tests: {[i for i in ids if 'ort-cpu' not in i][:5]}")
-    assert "no reference engine is selected" in plugin_only and " deselected" in plugin_only
-    both = _collect("--engines", "ref-sim,ort-cpu", "-m", "capture_guard or contract")
-    assert "test_captured_kernels_read_nothing_on_the_host[test_abs]" in both, "contract: ref-sim brings them back"
-    assert "no reference engine is selected" not in both
+    assert "deselected" not in plugin_only, "contract: nothing of lockstep's own was collected to be dropped"
+    assert _self_tests("ort-cpu") == [], "contract: a plugin-only check adds no self-test suite"
+    assert _self_tests("ref-sim,ort-cpu") == ["lockstep.contracts.suite"], "contract: ref-sim brings its own"
+    assert _self_tests(None) == ["lockstep.contracts.suite"], "contract: every registered engine: ref-sim's too"
+    assert _self_tests("no-such-engine") == [], "result: the plugin's usage error names it (test_fail_closed)"
+
+
+def test_an_engine_s_self_tests_must_name_an_importable_package():
+    """``self_tests`` is validated at load, as the rest of the protocol: a non-name or a package
+    that is not importable is an EngineLoadError naming it."""
+    eng = load_engine("ref-sim")
+    for bad, why in (("not a package", "must name an importable package"),
+                     ("lockstep.no_such_suite", "not importable here")):
+        class Bad:
+            name, available, prepare, self_tests = "bad", eng.available, eng.prepare, bad
+
+        with pytest.raises(EngineLoadError, match=why):
+            validate(Bad(), "bad")
 
 
 def test_xdist_workers_get_one_blas_and_onnxruntime_thread(pytester):

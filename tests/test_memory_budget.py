@@ -106,7 +106,7 @@ def test_pending_frees_are_given_back_before_refusing(make_runtime):
     """Contract (Runtime.check_allocation): memory held only by pending frees is given back (a drain)
     before an allocation is refused for the budget. A spin kernel keeps the free pending on a GPU too,
     where the queued work would otherwise be done before the next allocation looks."""
-    from lockstep.conformance.contracts._busy import busy
+    from lockstep.contracts.suite.runtime._busy import busy
 
     rt = _rt(make_runtime)
     a = rt.empty((BUDGET * 3 // 4,), np.uint8, name="a")

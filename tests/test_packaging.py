@@ -90,7 +90,8 @@ def test_the_wheel_holds_what_the_suite_needs(installed):
                    "lockstep/golden/exports/genai/llama-fp32-cpu/genai_config.json",
                    "lockstep/golden/exports/optimum/llama-fp32/tokenizer.json",
                    "lockstep/conformance/node_suite/expectations.toml",
-                   "lockstep/conformance/golden/__snapshots__/test_capture_census.ambr",
+                   "lockstep/contracts/suite/__snapshots__/test_capture_census.ambr",
+                   "lockstep/contracts/suite/runtime/test_sync_contracts.py", "lockstep/contracts/pytest_plugin.py",
                    "lockstep/conformance/golden/test_golden_locks.py", "lockstep/conformance/pytest_plugin.py"):
         assert needed in names, f"contract: the wheel carries {needed}"
     assert not [n for n in names if n.startswith(("tests/", "kernels/", "golden/"))], "only the lockstep namespace"

@@ -136,7 +136,7 @@ def test_call_site_is_found_through_several_runtime_frames():
 
 def test_executor_sites_are_named_as_the_audit_names_them():
     """Contract: a call site inside lockstep is named relative to lockstep's root (as the static
-    audit names files: the cross-check in conformance/golden/test_sync_crosscheck.py relies on it),
+    audit names files: the cross-check in contracts/suite/test_sync_crosscheck.py relies on it),
     and an event names the node the executor was running. Independent of that cross-check."""
     import onnx
     from lockstep.golden.anchors import MODEL_DIR

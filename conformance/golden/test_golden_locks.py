@@ -9,8 +9,9 @@ JSON report, not failed). The engine's declared precision for the model's dtype
 a decode session of its own decodes through ``prepare`` with the cache on the host. A missing model
 or snapshot is a failure, never a skip (a trained model that cannot be built here is a counted skip
 with its reason, a failure under ``LOCKSTEP_REQUIRE_MODELS``). ``test_snapshot_is_the_oracle``
-recomputes the anchors from the oracle and compares them with the snapshot (built-in and trained
-through syrupy: ``pytest --snapshot-update`` rewrites them, like ``lockstep golden regenerate``).
+recomputes a user's anchors (``--golden-dir``) from the oracle and compares them with the snapshot;
+the built-in, trained and export snapshots are checked by the reference runtime's suite
+(``lockstep.contracts.suite.test_builtin_snapshots``, through syrupy).
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import pytest
 from lockstep.decoding import open_session
 from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import same_anchors
-from lockstep.golden.catalog import EXPORT_SNAPSHOTS, TRAINED_DIR
 from lockstep.golden.locks import teacher_forced_lock, tripwire
-from lockstep.golden.syrupy_ext import GoldenSnapshotExtension
 
 
 def _session(engine, golden_model, record_property):
@@ -65,28 +64,11 @@ def test_tripwire(engine, golden_model, record_property):
                             f"not a near-tie: {trip.divergence}")
 
 
-class TrainedSnapshotExtension(GoldenSnapshotExtension):
-    @classmethod
-    def dirname(cls, *, test_location) -> str:
-        return str(TRAINED_DIR)
-
-
-class ExportSnapshotExtension(GoldenSnapshotExtension):
-    @classmethod
-    def dirname(cls, *, test_location) -> str:
-        return str(EXPORT_SNAPSHOTS)
-
-
 @pytest.mark.golden
-def test_snapshot_is_the_oracle(golden_model, snapshot):
-    """The snapshot is what the oracle computes today (built-in and trained models through syrupy,
-    whose --snapshot-update rewrites them; a user's through the same comparison)."""
-    anchors = golden_model.compute_anchors()
-    if golden_model.kind == "user":
-        assert same_anchors(anchors, golden_model.snapshot()), (
-            f"result: the oracle no longer gives {golden_model.snapshot_path}: `lockstep golden regenerate "
-            f"--model {golden_model.name} --dir {golden_model.snapshot_path.parent}`")
-        return
-    ext = {"builtin": GoldenSnapshotExtension, "trained": TrainedSnapshotExtension,
-           "export": ExportSnapshotExtension}[golden_model.kind]
-    assert anchors == snapshot.use_extension(ext)(name=golden_model.name)
+@pytest.mark.golden_kinds("user")
+def test_snapshot_is_the_oracle(golden_model):
+    """A user's snapshot (``--golden-dir``) is what the oracle computes today from its model (the
+    built-in ones are lockstep's own data: ``lockstep.contracts.suite`` checks them)."""
+    assert same_anchors(golden_model.compute_anchors(), golden_model.snapshot()), (
+        f"result: the oracle no longer gives {golden_model.snapshot_path}: `lockstep golden regenerate "
+        f"--model {golden_model.name} --dir {golden_model.snapshot_path.parent}`")

@@ -8,12 +8,12 @@ _A = "lockstep.golden.anchors"
 _L = "lockstep.golden.locks"
 _MUT = "tests/test_golden_mutants.py"
 _CLI = "tests/test_golden_cli.py"
-_LOCKS = "conformance/golden/test_golden_locks.py"
+_ORACLE = "contracts/suite/test_builtin_snapshots.py"
 
 
 def _oracle_of(model: str) -> dict:
-    """The conformance check that recomputes a built-in snapshot from the oracle (one model)."""
-    return dict(tests=(_LOCKS,), marks="golden", select=f"snapshot_is_the_oracle and {model}]")
+    """The reference suite's check that recomputes a built-in snapshot from the oracle (one model)."""
+    return dict(tests=(_ORACLE,), marks="golden", select=f"snapshot_is_the_oracle and {model}]")
 
 
 MUTANTS = [

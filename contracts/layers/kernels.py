@@ -195,7 +195,7 @@ MUTANTS = [
         old="flag_out_of_range(xp, latch, idx, 0, n, site)",
         new="flag_out_of_range(xp, latch, idx, -n, n, site)",
         breaks="the gather_checked primitive's valid indices are [0, n): a negative one sets the latch",
-        tests=("conformance/contracts/test_memory_contracts.py",), select="latch",
+        tests=("contracts/suite/runtime/test_memory_contracts.py",), select="latch",
     ),
     Mutant(
         "kernels", "scatter_reduce_scan_skips_segment_start", _K + "_index_util",

@@ -6,9 +6,9 @@ from lockstep.contracts.mutation import Mutant
 _P = "lockstep.reference_runtime.pager"
 _UNIT = ("tests/test_pager.py",)
 # the seeds' bug end to end: a decode of the tiny golden model under the tightest budget
-_SEEDS = ("tests/test_pager.py", "conformance/golden/test_paging.py::"
+_SEEDS = ("tests/test_pager.py", "contracts/suite/test_paging.py::"
           "test_the_seeds_bug_a_synchronize_barrier_is_caught_and_drain_for_unmap_is_clean")
-_CONFIG = ("tests/test_pager.py", "conformance/golden/test_paging.py::"
+_CONFIG = ("tests/test_pager.py", "contracts/suite/test_paging.py::"
            "test_a_budget_below_the_largest_weight_is_refused_at_session_creation")
 
 MUTANTS = [

@@ -8,7 +8,7 @@ runtime's unit tests.
 from lockstep.contracts.mutation import Mutant
 
 _R = "lockstep.reference_runtime.runtime"
-_T = ("tests/test_runtime_unit.py", "tests/test_sim_device.py", "tests/test_hazards.py", "conformance/contracts")
+_T = ("tests/test_runtime_unit.py", "tests/test_sim_device.py", "tests/test_hazards.py", "contracts/suite/runtime")
 # The parity scenario use_after_unmap times an unmap against a spinning kernel on the raw device: on a GPU
 # shared by the runner's parallel children its outcome depends on the load, and it judges no runtime code.
 _SEL = "not use_after_unmap"

@@ -5,7 +5,7 @@ from lockstep.contracts.mutation import Mutant
 
 _S = "lockstep.reference_runtime.segments"
 _SEG = ("tests/test_segments.py",)
-_PAGING = ("conformance/golden/test_paging.py",)
+_PAGING = ("contracts/suite/test_paging.py",)
 
 MUTANTS = [
     Mutant(

@@ -13,7 +13,7 @@ _H = "lockstep.reference_runtime.backends._hazards"
 _HAZ_TESTS = ("tests/test_hazards.py", "tests/test_sim_device.py")
 # The simulator's unit tests, the runtime's on it, and the packaged contracts and parity scenarios.
 _DEV_TESTS = ("tests/test_sim_device.py", "tests/test_hazards.py", "tests/test_runtime_unit.py",
-              "conformance/contracts")
+              "contracts/suite/runtime")
 _MEM_TESTS = ("tests/test_sim_device.py", "tests/test_memory_budget.py")
 
 MUTANTS = [

@@ -8,7 +8,7 @@ from lockstep.contracts.mutation import Mutant
 _D = "lockstep.reference_runtime.sync_debug"
 _R = "lockstep.reference_runtime.runtime"
 _T = ("tests/test_sync_debug.py",)
-_CROSS = ("conformance/golden/test_sync_crosscheck.py",)
+_CROSS = ("contracts/suite/test_sync_crosscheck.py",)
 _META = ("tests/test_primitive_metadata.py",)
 
 MUTANTS = [

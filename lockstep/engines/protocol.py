@@ -31,10 +31,13 @@ Optional (each a separately declared capability; absent means the default below)
   (a list of arrays) and ``"optional"`` (``None`` or the value). Absent: none; a node case with
   such an input or output is then reported ``unsupported`` without calling the engine.
 - ``runtime_device: str``: the lockstep reference-runtime device the engine runs on (``sim``,
-  ``cupy``: the reference engines). Such an engine brings the runtime's own tests (runtime contracts
-  and parity on that device, the capture-guard pass, the census) and its capture counters are exact
-  (one graph per captured segment). Absent: a runtime of your own; those tests are lockstep checking
-  itself, and a run of only such engines deselects them.
+  ``cupy``: the reference engines). Its capture counters are exact (one graph per captured
+  segment), and the runtime's own tests (``ref_engine``, ``device``) run on it. Absent: a runtime of
+  your own.
+- ``self_tests: str``: the package of tests of the engine's own machinery (an importable name),
+  which ``lockstep check`` runs (``pytest --pyargs``) beside the suite when the engine is selected.
+  The reference engines name ``lockstep.contracts.suite`` (runtime contracts, parity, the
+  capture-guard pass, paging, the census); a run of only other engines runs none of it.
 
 A decode session (batch 1): ``reset()`` starts a fresh context; ``forward(ids)`` appends ``ids`` and
 returns their logits as an array ``[len(ids), vocab]`` (one call with the prompt is the prefill, one

@@ -152,6 +152,15 @@ def validate(engine: Any, origin: str = "engine", expected_name: str | None = No
                 problems.append(f"`expectations` {expectations} is a folder, not a TOML file")
         except TypeError:
             problems.append(f"`expectations` must be a path, got {expectations!r}")
+    self_tests = getattr(engine, "self_tests", None)
+    if self_tests is not None:  # a package name: `lockstep check` runs it with --pyargs
+        import importlib.util
+
+        ok = isinstance(self_tests, str) and all(p.isidentifier() for p in self_tests.split("."))
+        if not ok:
+            problems.append(f"`self_tests` must name an importable package, got {self_tests!r}")
+        elif importlib.util.find_spec(self_tests) is None:
+            problems.append(f"`self_tests` names {self_tests!r}, which is not importable here")
     if problems:
         raise EngineLoadError(f"{origin} does not implement the engine protocol:\n  - " + "\n  - ".join(problems))
     return engine

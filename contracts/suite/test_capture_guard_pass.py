@@ -1,4 +1,4 @@
-"""The capture guard over ONNX's node cases: ``pytest conformance/node_suite -m capture_guard``.
+"""The capture guard over ONNX's node cases: ``pytest contracts/suite -m capture_guard``.
 
 Each node case runs on the simulated device with ``capture_guard=True`` in a ``CaptureSession``
 (``reference_runtime/capture_guard_pass.py``): eagerly once, then captured, every node the capture

@@ -1,7 +1,7 @@
 """The whole tree passes the sync audit (``lockstep audit``): no synchronising or host-reading call
 on a capture path without a dominating guard, a capture-unsupported declaration, or an allowlist
 entry with its reason; and no stale allowlist entry. A CI required check, like the rest of
-``pytest conformance/``."""
+``pytest contracts/suite``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weight paging under a budget (``pytest conformance/ -m paging``; issue 7).
+"""Weight paging under a budget (``pytest contracts/suite -m paging``; issue 7).
 
 - Decoding each golden model with ``vram_limit`` set to the tightest budget that can run it (the
   largest single node's weights) forces evictions throughout every step; tokens and every step's
