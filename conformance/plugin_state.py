@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 
 @dataclass
 class SuiteState:
@@ -28,3 +30,24 @@ class SuiteState:
     newly_unsupported: list = field(default_factory=list)   # (engine, key)
     exitstatus: int = 1
     report_paths: Any = None
+
+
+STATE = pytest.StashKey[SuiteState]()
+
+
+def state(config: pytest.Config) -> SuiteState:
+    return config.stash[STATE]
+
+
+def golden_models(config: pytest.Config) -> list:
+    """The golden models of this run (built-in, trained, exports, ``--golden-dir``), listed once; a
+    bad ``--golden-dir`` is a usage error. (The catalog loads onnx: imported when first needed.)"""
+    st = state(config)
+    if st.golden is None:
+        from lockstep.golden.catalog import GoldenError, catalog
+
+        try:
+            st.golden = catalog(config.getoption("--golden-dir"))
+        except GoldenError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return st.golden

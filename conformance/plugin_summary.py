@@ -19,9 +19,10 @@ from pathlib import Path
 from lockstep.conformance import expectations
 from lockstep.engines import selection
 from lockstep.paths import package_path
+from lockstep.conformance.plugin_expectations import UNSUPPORTED
+from lockstep.conformance.plugin_outcomes import first_line
 from lockstep.conformance.plugin_state import SuiteState
 
-UNSUPPORTED = "unsupported: "
 
 
 def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
@@ -169,8 +170,6 @@ def _unsupported_by_operator(tr, st: SuiteState) -> None:
 def _short_summary_with_messages(tr, config) -> None:
     """pytest's FAILED/ERROR lines, each with its first message line in full: printed here, and
     taken out of pytest's own short summary (which follows and would trim or drop the message)."""
-    from lockstep.conformance.pytest_plugin import _first_line
-
     chars = getattr(tr, "reportchars", "")
     kinds = [(c, stat) for c, stat in (("f", "failed"), ("E", "error")) if c in chars and tr.stats.get(stat)]
     if not kinds:
@@ -182,5 +181,5 @@ def _short_summary_with_messages(tr, config) -> None:
             where = config.cwd_relative_nodeid(rep.nodeid)
             if stat == "error" and getattr(rep, "when", "") in ("setup", "teardown"):
                 where = f"at {rep.when} of {where}"
-            tr.write_line(f"{word} {where} - {_first_line(rep)}", red=True)
+            tr.write_line(f"{word} {where} - {first_line(rep)}", red=True)
     tr.reportchars = "".join(ch for ch in chars if ch not in {c for c, _ in kinds})

@@ -261,7 +261,7 @@ def test_under_k_an_entry_for_a_deselected_key_is_not_stale():
     from types import SimpleNamespace
 
     from lockstep.conformance.expectations import Entry
-    from lockstep.conformance.pytest_plugin import _kept_by_keyword, _stale_entries
+    from lockstep.conformance.plugin_expectations import _kept_by_keyword, _stale_entries
 
     kept = _kept_by_keyword(SimpleNamespace(getoption=lambda name, default=None: "genai-"))
     collected = {"test_capture_on_off_byte_identity[genai-llama-fp32-cpu]"}
