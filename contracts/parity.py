@@ -7,8 +7,9 @@ simulated device must produce exactly them in CI, and on the H200 the CUDA devic
 same (``python -m lockstep.contracts.parity --device cupy``). Scenarios that poison the context
 (``POISONS``) run in a child process on a real GPU.
 
-Adding a scenario: write ``def scenario_<name>(dev, rec)``, add its expected steps to ``EXPECTED``
-and, if it leaves a sticky error, its name to ``POISONS``.
+Adding a scenario: write ``@scenario def scenario_<name>(dev, rec)``, add its expected steps to
+``EXPECTED`` and its row to ``ROW`` (checked when this module is imported) and, if it leaves a
+sticky error, its name to ``POISONS``.
 """
 
 from __future__ import annotations
@@ -67,8 +68,23 @@ def _ready(dev: Device, s, n=4, value=1.0) -> ArrayRef:
     return x
 
 
+_REGISTERED: dict[str, Callable[[Device, Recorder], None]] = {}
+
+
+def scenario(fn: Callable[[Device, Recorder], None]) -> Callable[[Device, Recorder], None]:
+    """Register ``scenario_<name>`` as scenario ``<name>``; a misnamed or second one fails at import."""
+    name = fn.__name__.removeprefix("scenario_")
+    if name == fn.__name__ or not name:
+        raise ValueError(f"parity scenario {fn.__name__}: its name must be scenario_<name>")
+    if name in _REGISTERED:
+        raise ValueError(f"parity scenario {name!r} is registered twice")
+    _REGISTERED[name] = fn
+    return fn
+
+
 # ---- rows of docs/cuda-semantics.md --------------------------------------------------------
 
+@scenario
 def scenario_capture_stream_sync(dev, rec):
     s = dev.stream()
     x = _ready(dev, s)
@@ -79,6 +95,7 @@ def scenario_capture_stream_sync(dev, rec):
     rec("eager after", lambda: (s.launch(P.fill, [x], {"value": 3.0}), dev.memcpy_dtoh(x, s))[1], _vals)
 
 
+@scenario
 def scenario_capture_device_sync(dev, rec):
     s = dev.stream()
     x = _ready(dev, s)
@@ -89,6 +106,7 @@ def scenario_capture_device_sync(dev, rec):
     rec("eager after", lambda: (s.launch(P.fill, [x], {"value": 3.0}), dev.memcpy_dtoh(x, s))[1], _vals)
 
 
+@scenario
 def scenario_capture_stream_query(dev, rec):
     s = dev.stream()
     x = _ready(dev, s)
@@ -98,6 +116,7 @@ def scenario_capture_stream_query(dev, rec):
     rec("end_capture", s.end_capture)
 
 
+@scenario
 def scenario_capture_d2h(dev, rec):
     s = dev.stream()
     x = _ready(dev, s)
@@ -111,6 +130,7 @@ def scenario_capture_d2h(dev, rec):
     rec("after replay", lambda: dev.memcpy_dtoh(x, s), _vals)
 
 
+@scenario
 def scenario_capture_cublas(dev, rec):
     s = dev.stream()
     a = _arr(dev, 4)
@@ -123,6 +143,7 @@ def scenario_capture_cublas(dev, rec):
     rec("end_capture", s.end_capture)
 
 
+@scenario
 def scenario_capture_replays(dev, rec):
     """Kernels (also a first compile), D2D copies, event records and allocations are capturable;
     each replay executes the graph exactly once."""
@@ -145,6 +166,7 @@ def scenario_capture_replays(dev, rec):
     rec("out", lambda: dev.memcpy_dtoh(out, s), _vals)
 
 
+@scenario
 def scenario_graph_bakes_address(dev, rec):
     """A graph reads whatever is at its baked address: a buffer freed and reallocated at the same
     address is what a replay sees."""
@@ -164,17 +186,20 @@ def scenario_graph_bakes_address(dev, rec):
     rec("replay reads new", lambda: (g.launch(s), dev.memcpy_dtoh(out, s))[1], _vals)
 
 
+@scenario
 def scenario_legacy_stream_capture(dev, rec):
     s = dev.stream(legacy=True)
     rec("begin on legacy stream", s.begin_capture)
 
 
+@scenario
 def scenario_end_capture_without_begin(dev, rec):
     s = dev.stream()
     rec("end_capture", s.end_capture)
     rec("stream usable", lambda: dev.memcpy_dtoh(_ready(dev, s, value=4.0), s), _vals)
 
 
+@scenario
 def scenario_illegal_address_sticky(dev, rec):
     """A kernel reads a reserved but unmapped range: the fault is not reported at the launch but
     at the next synchronising call, and every later call fails (the context is poisoned)."""
@@ -191,6 +216,7 @@ def scenario_illegal_address_sticky(dev, rec):
     rec("later sync", dev.synchronize)
 
 
+@scenario
 def scenario_use_after_unmap(dev, rec):
     """The seeds' bug: unmap while a queued kernel still reads the range. On the simulated device
     the read executes after the unmap and faults (sticky). The H200 differs: see DIVERGENCES."""
@@ -216,6 +242,7 @@ def scenario_use_after_unmap(dev, rec):
     rec("acc", lambda: dev.memcpy_dtoh(acc, s), _vals)
 
 
+@scenario
 def scenario_unmap_after_drain(dev, rec):
     """Control for use_after_unmap: the same program with a drain before the unmap is clean."""
     s = dev.stream()
@@ -236,6 +263,7 @@ def scenario_unmap_after_drain(dev, rec):
     rec("acc", lambda: dev.memcpy_dtoh(acc, s), _vals)
 
 
+@scenario
 def scenario_copy_unmapped_at_call(dev, rec):
     """cudaMemcpyAsync validates its pointers at the call: a copy naming a reserved but unmapped
     range is refused there (InvalidValue, not sticky), and the stream stays usable."""
@@ -253,6 +281,7 @@ def scenario_copy_unmapped_at_call(dev, rec):
 
 # ---- runtime contracts, as observable programs ----------------------------------------------
 
+@scenario
 def scenario_rt_deferred_sync(dev, rec):
     rt = Runtime(dev, RuntimeConfig(defer_eager_sync=True))
     flag = rt.upload(np.zeros(1, np.int32))
@@ -266,6 +295,7 @@ def scenario_rt_deferred_sync(dev, rec):
     rec("compute idle after download", rt.compute.query, str)
 
 
+@scenario
 def scenario_rt_sync_escape_hatch(dev, rec):
     rt = Runtime(dev, RuntimeConfig(defer_eager_sync=False))
     flag = rt.upload(np.zeros(1, np.int32))
@@ -279,6 +309,7 @@ def scenario_rt_sync_escape_hatch(dev, rec):
     rec("usable after", lambda: rt.download(flag), _vals)
 
 
+@scenario
 def scenario_rt_slots(dev, rec):
     rt = Runtime(dev)
     one = rt.upload(np.ones(2, np.float32))
@@ -299,6 +330,7 @@ def scenario_rt_slots(dev, rec):
     rec("v", lambda: rt.download(v), _vals)
 
 
+@scenario
 def scenario_rt_latch(dev, rec):
     rt = Runtime(dev)
     table = rt.upload(np.arange(4, dtype=np.float32) * 10)
@@ -316,6 +348,7 @@ def scenario_rt_latch(dev, rec):
     rec("download after reset", lambda: rt.download(out), _vals)
 
 
+@scenario
 def scenario_rt_free_not_reused(dev, rec):
     rt = Runtime(dev)
     flag = rt.upload(np.zeros(1, np.int32))
@@ -333,9 +366,7 @@ def scenario_rt_free_not_reused(dev, rec):
     rec("released after drain", lambda: (rt.drain_for_unmap(), rt.pending_frees)[1], str)
 
 
-SCENARIOS: dict[str, Callable[[Device, Recorder], None]] = {
-    name[len("scenario_"):]: fn for name, fn in sorted(globals().items()) if name.startswith("scenario_")
-}
+SCENARIOS: dict[str, Callable[[Device, Recorder], None]] = dict(sorted(_REGISTERED.items()))
 
 # copy_unmapped_at_call is not expected to poison; it runs isolated until the H200 has confirmed that.
 POISONS = {"use_after_unmap", "illegal_address_sticky", "copy_unmapped_at_call"}
@@ -461,6 +492,21 @@ DIVERGENCES: dict[str, dict[str, Any]] = {
         "or_expected": True,
     },
 }
+
+
+def _check_registered() -> None:
+    """At import: every scenario has its expected steps and its row, and nothing else does."""
+    problems = [f"{what} names {sorted(set(table) - set(SCENARIOS))}, which are not scenarios"
+                for what, table in (("EXPECTED", EXPECTED), ("ROW", ROW), ("DIVERGENCES", DIVERGENCES))
+                if set(table) - set(SCENARIOS)]
+    problems += [f"scenario {n!r} has no {what} entry" for n in SCENARIOS
+                 for what, table in (("EXPECTED", EXPECTED), ("ROW", ROW)) if n not in table]
+    problems += [f"divergence {n!r} gives no reason" for n, d in DIVERGENCES.items() if not d.get("why")]
+    if problems:
+        raise ValueError("parity scenarios: " + "; ".join(problems))
+
+
+_check_registered()
 
 
 def expected_for(name: str, device: str) -> list[tuple[str, str]]:

@@ -88,17 +88,23 @@ class GoldenModel:
                     return False, (f"{self.name} reads its prompt through {self.meta['tokenizer']}: needs the "
                                    "tokenizers package (pip install 'lockstep-conformance[models]')")
             return True, "present"
-        module, _, fn = self._builder.partition(":")
         try:
-            check = getattr(importlib.import_module(module), "available", None)
+            check = getattr(self._builder_module(), "available", None)
         except ImportError as exc:
             return False, f"{self.name} needs lockstep-conformance[models] ({exc})"
         return check() if check is not None else (True, "buildable")
 
+    def _builder_module(self):
+        """The module of the trained model's builder (``_builder``: "module:function"), imported once."""
+        return importlib.import_module(self._builder.partition(":")[0])
+
+    def _build(self, flavour: str) -> Path:
+        """The model file of ``flavour``, built (or found in the cache) by the builder's function."""
+        return Path(getattr(self._builder_module(), self._builder.partition(":")[2])(flavour))
+
     def model_path(self) -> Path:
         if self._path is None:
-            module, _, fn = self._builder.partition(":")
-            self._path = Path(getattr(importlib.import_module(module), fn)(self._flavour))
+            self._path = self._build(self._flavour)
         if not self._path.is_file():
             raise FileNotFoundError(f"golden model {self.name}: model file {self._path} is missing")
         return self._path
@@ -150,8 +156,7 @@ class GoldenModel:
         if not tok:
             return None
         if self._builder is not None and tok == "builder":
-            module, _, _ = self._builder.partition(":")
-            return Path(importlib.import_module(module).tokenizer_path())
+            return Path(self._builder_module().tokenizer_path())
         return _resolve(self.snapshot_path.parent, tok)
 
     def check_provenance(self, snap: dict[str, Any] | None = None) -> None:
@@ -186,8 +191,7 @@ class GoldenModel:
         if not twin:
             return None
         if self._builder is not None:
-            module, _, fn = self._builder.partition(":")
-            return Path(getattr(importlib.import_module(module), fn)(twin))
+            return self._build(twin)
         return _resolve(self.snapshot_path.parent, twin)
 
     def write(self, data: dict[str, Any]) -> Path:
