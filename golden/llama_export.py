@@ -35,8 +35,8 @@ transposed ([in, out]) weight, initializer ``<HF name>.T``, or, when listed in `
 com.microsoft MatMulNBits (bits 4) on ``<HF name>.qweight|scales|zero_points``.
 
 Also here: ``random_llama_weights`` (float64, HF naming), ``llama_forward`` (independent float64
-forward, HF semantics), ``quantize_q4_1`` (scale + minimum per block, as llama.cpp's Q4_1, in
-MatMulNBits' layout) and ``ExportSession`` (a batch-1 decode session over any engine's ``run``
+forward, HF semantics), ``quantize_q4_1`` (re-exported from ``golden/int4.py``: scale + minimum per
+block, as llama.cpp's Q4_1, in MatMulNBits' layout) and ``ExportSession`` (a batch-1 decode session over any engine's ``run``
 for models of either convention).
 """
 
@@ -46,12 +46,13 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .int4 import Int4Weight, dequantize_int4, quantize_q4_1
 from .models.build import _Graph as _BaseGraph
 
 __all__ = [
@@ -157,53 +158,6 @@ def random_llama_weights(cfg: LlamaConfig, seed: int) -> dict[str, np.ndarray]:
             gain = 2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
             out[name] = rng.standard_normal(shape) * (gain / np.sqrt(shape[1]))
     return out
-
-
-class Int4Weight(NamedTuple):
-    """A projection in MatMulNBits' 4-bit layout: ``packed`` uint8 [N, K/block, block/2] (low nibble
-    first), ``scales`` [N*K/block], ``zero_points`` float [N*K/block] or None (zero point 8);
-    dequantized ``W[n, k] = (q - zero_point) * scale`` per block of ``block_size`` along K."""
-
-    packed: np.ndarray
-    scales: np.ndarray
-    zero_points: np.ndarray | None
-    block_size: int
-
-
-def dequantize_int4(q: Int4Weight) -> np.ndarray:
-    """The float64 [N, K] (HF layout) weight an ``Int4Weight`` encodes."""
-    n, nb, half = q.packed.shape
-    if 2 * half != q.block_size:
-        raise ValueError(f"packed shape {q.packed.shape} does not hold blocks of {q.block_size}")
-    vals = np.empty((n, nb, q.block_size), np.float64)
-    vals[..., 0::2] = q.packed & 0x0F
-    vals[..., 1::2] = q.packed >> 4
-    zp = np.full(n * nb, 8.0) if q.zero_points is None else np.asarray(q.zero_points, np.float64)
-    w = (vals - zp.reshape(n, nb, 1)) * np.asarray(q.scales, np.float64).reshape(n, nb, 1)
-    return w.reshape(n, nb * q.block_size)
-
-
-def quantize_q4_1(w: np.ndarray, block: int = 32, dtype: str = "float32") -> Int4Weight:
-    """Quantize ``w`` [N, K] (HF layout) as llama.cpp's Q4_1 does (per block of ``block`` along K:
-    ``d = (max - min) / 15``, ``q = round((x - min) / d)`` clipped to 0..15, ``x ~ d*q + min``) and
-    express it for MatMulNBits: scale ``d``, float zero point ``-min/d``. A constant block
-    (``d == 0``) is stored as q = 0, scale ``min``, zero point -1. ``dtype`` is the stored dtype of
-    scales and zero points (the model's)."""
-    w = np.asarray(w, np.float64)
-    n, k = w.shape
-    if k % block or block % 2:
-        raise ValueError(f"K={k} must be a multiple of the (even) block size {block}")
-    b = w.reshape(n, k // block, block)
-    lo, hi = b.min(axis=2), b.max(axis=2)
-    d = ((hi - lo) / 15.0).astype(dtype).astype(np.float64)
-    m = lo.astype(dtype).astype(np.float64)
-    flat = d == 0
-    safe = np.where(flat, 1.0, d)
-    q = np.where(flat[..., None], 0, np.clip(np.rint((b - m[..., None]) / safe[..., None]), 0, 15)).astype(np.uint8)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    scales = np.where(flat, m, d).astype(dtype)
-    zp = np.where(flat, -1.0, -m / safe).astype(dtype)
-    return Int4Weight(packed, scales.reshape(-1), zp.reshape(-1), block)
 
 
 def rope_tables(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,8 @@ import numpy as np
 from lockstep.paths import atomic_write
 
 from .anchors import file_sha256
-from .llama_export import EXPORTER_VERSION, ExportSession, Int4Weight, LlamaConfig, build_llama_onnx
+from .int4 import Int4Weight, from_q4_1
+from .llama_export import EXPORTER_VERSION, ExportSession, LlamaConfig, build_llama_onnx
 
 __all__ = [
     "CONVERTER_VERSION", "ENV_GGUF", "FILES", "FLAVOURS", "GGUF_NAME", "GGUF_SHA256", "GGUFModel", "SmolLM2Error",
@@ -208,20 +209,13 @@ def _field(reader, key: str, default: Any = None) -> Any:
 
 def _q4_1_blocks(data: np.ndarray, n: int) -> Int4Weight:
     """llama.cpp Q4_1 rows (blocks of 32: f16 d, f16 m, 16 bytes with value j in the low nibble of
-    byte j and value j+16 in its high nibble; x = d*q + m) as MatMulNBits: the same q (repacked two
-    a byte, low nibble first), scale d, float zero point -m/d (d == 0: q 0, scale m, zero point -1)."""
+    byte j and value j+16 in its high nibble; x = d*q + m) as MatMulNBits (``int4.from_q4_1``)."""
     raw = np.ascontiguousarray(data).reshape(n, -1, 20)
     d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
     m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
     qs = raw[..., 4:20]
     q = np.concatenate((qs & 0x0F, qs >> 4), axis=-1)  # (n, nb, 32) in element order
-    flat = d == 0
-    q = np.where(flat[..., None], 0, q).astype(np.uint8)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    safe = np.where(flat, 1.0, d)
-    scales = np.where(flat, m, d).astype(np.float32).reshape(-1)
-    zp = np.where(flat, -1.0, -m / safe).astype(np.float32).reshape(-1)
-    return Int4Weight(packed, scales, zp, _Q4_1_BLOCK)
+    return from_q4_1(q, d, m, _Q4_1_BLOCK, "float32")
 
 
 def _permute_int4(q: Int4Weight, perm: np.ndarray) -> Int4Weight:

@@ -330,10 +330,12 @@ def test_file_hashes_are_the_manifests():
 
 
 def test_int4_quantization_round_trips_in_matmulnbits_layout():
-    from lockstep.golden.models.build import quantize_int4
+    from lockstep.golden.int4 import dequantize_int4, quantize_symmetric
 
-    w = np.random.RandomState(0).standard_normal((64, 8))
-    packed, scales, deq = quantize_int4(w, 32)
+    w = np.random.RandomState(0).standard_normal((64, 8))  # [K, N], used as x @ w
+    q = quantize_symmetric(w.T, 32)
+    packed, scales, deq = q.packed, q.scales, dequantize_int4(q).T
+    assert q.zero_points is None and q.block_size == 32
     assert packed.shape == (8, 2, 16) and packed.dtype == np.uint8 and scales.shape == (16,)
     lo, hi = packed & 0xF, packed >> 4
     q = np.stack([lo, hi], axis=-1).reshape(8, 2, 32).astype(np.float64)

@@ -22,6 +22,7 @@ from lockstep.paths import atomic_write
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..int4 import dequantize_int4, quantize_symmetric
 from .spec import GENERATOR_VERSION, VARIANTS, ModelSpec, spec_dict
 
 __all__ = [
@@ -94,22 +95,6 @@ def _round(a: np.ndarray, dtype: str) -> np.ndarray:
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def quantize_int4(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Symmetric 4-bit block quantization of ``w`` [K, N] (used as ``x @ w``), in MatMulNBits'
-    layout: packed uint8 [N, K/block, block/2] (low nibble first), scales [N * K/block], and the
-    dequantized [K, N] weights those two encode (zero point 8)."""
-    k, n = w.shape
-    if k % block:
-        raise ValueError(f"K={k} is not a multiple of the int4 block {block}")
-    wt = w.T.reshape(n, k // block, block)  # (N, blocks, block)
-    scales = np.abs(wt).max(axis=2) / 7.0
-    scales[scales == 0] = 1.0
-    q = np.clip(np.rint(wt / scales[..., None]) + 8, 0, 15).astype(np.uint8)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-    deq = ((q.astype(np.float64) - 8.0) * scales[..., None]).reshape(n, k).T
-    return packed, scales.reshape(-1), deq
-
-
 def stored_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
     """The weights exactly as the model stores them (values rounded to the dtype), held in float64,
     with int4 quantization (dequantized values) and the near-tie correction where the spec asks."""
@@ -117,7 +102,7 @@ def stored_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
     if spec.weights_int4:
         for k in list(w):
             if k.split(".")[-2] in _PROJECTIONS:
-                dequantized = quantize_int4(w[k], spec.int4_block)[2]
+                dequantized = dequantize_int4(quantize_symmetric(w[k].T, spec.int4_block)).T
                 w[k] = _round(dequantized, spec.dtype)
     if spec.near_tie is not None:
         w = _plant_near_tie(spec, w)
@@ -464,7 +449,8 @@ def _build_genai(spec: ModelSpec) -> onnx.ModelProto:
     inputs, outputs = _io(spec)
 
     def nbits(x: str, name: str, weight: str) -> str:
-        packed, scales, _ = quantize_int4(raw[weight], spec.int4_block)
+        q = quantize_symmetric(raw[weight].T, spec.int4_block)
+        packed, scales = q.packed, q.scales
         k, n = raw[weight].shape
         g.init(weight + ".qweight", packed)
         g.init(weight + ".scales", scales.astype(dt))
