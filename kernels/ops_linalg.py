@@ -11,7 +11,6 @@ import numpy as np
 
 from ._attention import ATTENTION_OPS
 from ._einsum import EINSUM_OPS
-from ._conv_util import det_lu
 from ._linalg import matmul, matmul_into, matmul_shape
 from ._op import OpKernel, Spec, broadcast, const_memo
 from ._recurrent import RECURRENT_OPS
@@ -172,7 +171,29 @@ def _qlinear_compute(xp, node, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp
     return (xp.clip(xp.rint(D), float(info.min), float(info.max)).astype(out),)
 
 
-# -- Det (an LU determinant: _conv_util.det_lu) ----------------------------------------------
+# -- Det (an LU determinant with partial pivoting) ------------------------------------------------
+
+
+def det_lu(xp, x):
+    """LU with partial pivoting, batched, a Python loop over the (static) matrix size."""
+    n = x.shape[-1]
+    batch = x.shape[:-2]
+    a = x.astype(xp.float64).reshape((-1, n, n))
+    B = a.shape[0]
+    det = xp.ones((B,), dtype=xp.float64)
+    rows = xp.arange(n, dtype=xp.int64)[None, :]
+    for k in range(n):
+        p = xp.argmax(xp.abs(a[:, k:, k]), axis=1).astype(xp.int64)[:, None] + k  # (B, 1)
+        perm = xp.where(rows == k, p, xp.where(rows == p, k, rows))
+        a = xp.take_along_axis(a, xp.broadcast_to(perm[:, :, None], (B, n, n)), axis=1)
+        det = xp.where(p[:, 0] != k, -det, det)
+        piv = a[:, k, k]
+        det = det * piv
+        if k + 1 < n:
+            safe = xp.where(piv == 0, 1.0, piv)
+            factor = a[:, k + 1:, k] / safe[:, None]
+            a[:, k + 1:, :] = a[:, k + 1:, :] - factor[:, :, None] * a[:, k:k + 1, :]
+    return det.reshape(batch).astype(x.dtype)
 
 
 def _det_shapes(node, specs):
@@ -184,7 +205,6 @@ def _det_shapes(node, specs):
 
 def _det_compute(xp, node, x):
     return (det_lu(xp, x),)
-
 
 
 OPS: list[OpKernel] = [

@@ -1,4 +1,4 @@
-"""Resampling: Resize and Upsample, GridSample, AffineGrid (``_conv_util``'s resize_axis,
+"""Resampling: Resize and Upsample, GridSample, AffineGrid (``_resample_util``'s resize_axis,
 grid_sample, affine_grid).
 """
 
@@ -8,18 +8,9 @@ import math
 
 import numpy as np
 
-from ._conv_util import (
-    host_vals,
-    need_spatial,
-    specs_of,
-    affine_grid,
-    float_work,
-    grid_sample,
-    resize_axis,
-)
+from ._conv_util import float_work, host_vals, need_spatial, specs_of
+from ._resample_util import affine_grid, grid_sample, resize_axis
 from ._op import OpKernel, Spec
-
-__all__ = ["OPS"]
 
 __all__ = ["OPS"]
 

@@ -1,4 +1,4 @@
-"""Spectral ops: DFT, STFT, the Hann/Hamming/Blackman windows, MelWeightMatrix (``_conv_util``'s
+"""Spectral ops: DFT, STFT, the Hann/Hamming/Blackman windows, MelWeightMatrix (``_signal_util``'s
 dft_last: every product through ``_linalg.matmul``).
 """
 
@@ -8,12 +8,8 @@ import math
 
 import numpy as np
 
-from ._conv_util import (
-    host_vals,
-    specs_of,
-    dft_bytes,
-    dft_last,
-)
+from ._conv_util import host_vals, specs_of
+from ._signal_util import dft_bytes, dft_last
 from ._op import OpKernel, Spec
 
 __all__ = ["OPS"]
