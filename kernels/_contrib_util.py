@@ -12,7 +12,7 @@ import numpy as np
 
 from ._linalg import matmul
 
-__all__ = ["additive_attention", "assemble_cache", "attention", "dequantize_blocks", "rotary", "unpack_bits",
+__all__ = ["additive_attention", "assemble_cache", "attention", "cast", "dequantize_blocks", "pad_specs", "rotary", "unpack_bits",
            "work_dtype"]
 
 
@@ -130,3 +130,13 @@ def additive_attention(xp, q, k, v, add, *, scale: float):
     e = xp.exp(scores - m)
     probs = e / xp.sum(e, axis=-1, keepdims=True)
     return matmul(xp, probs, v)
+
+
+def cast(x, dtype):
+    """``x`` in ``dtype`` (itself when it already is)."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def pad_specs(specs, n):
+    """The node's input specs padded with None to ``n`` (absent optional inputs)."""
+    return list(specs) + [None] * (n - len(specs))

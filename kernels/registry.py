@@ -30,6 +30,7 @@ MODULES = (
     "lockstep.kernels.ops_cast",
     "lockstep.kernels.ops_contrib",
     "lockstep.kernels.ops_contrib_attention",
+    "lockstep.kernels.ops_contrib_gqa",
     "lockstep.kernels.ops_rnn",
     "lockstep.kernels.ops_roi",
     "lockstep.kernels.ops_conv_variants",

@@ -313,7 +313,7 @@ MUTANTS = [
         tests=_NODE, select=_node("same_lower", "same_upper"),
     ),
     Mutant(
-        "kernels", "window_cache_evicts_one_row_at_a_time", _K + "ops_contrib",
+        "kernels", "window_cache_evicts_one_row_at_a_time", _K + "ops_contrib_gqa",
         old="    g = capacity - window + 1\n    over = xp.maximum(t - capacity, 0)",
         new="    g = 1\n    over = xp.maximum(t - capacity, 0)",
         breaks="a window-sized cache (GroupQueryAttention sliding_window_cache=1) of capacity C and window W "
