@@ -39,7 +39,8 @@ from onnx import helper
 
 from lockstep.decoder_io import DecoderIO
 from lockstep.genai_config import card_for
-from lockstep.golden.contrib_oracle import CONTRIB_OPS, OracleUnsupported, _resident, check_supported
+from lockstep.golden.contrib_oracle import CONTRIB_OPS, OracleUnsupported, check_supported
+from lockstep.golden.contrib_oracle_attention import _resident
 from lockstep.golden.oracle import _evaluator, _feeds, greedy_oracle, oracle_logits, retyped
 from lockstep.loading import load_model
 
