@@ -49,6 +49,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable
 
+from lockstep.errors import LockstepError
+
 __all__ = ["Entry", "ExpectationsError", "load", "applies", "test_key", "key_from_nodeid", "reason_class", "KINDS",
            "emit"]
 
@@ -56,7 +58,7 @@ KINDS = ("xfail", "skip", "unsupported")
 _ALIASES = {"onnxruntime": ("onnxruntime", "onnxruntime-gpu")}
 
 
-class ExpectationsError(ValueError):
+class ExpectationsError(LockstepError, ValueError):
     """An expectations file is malformed; the message names the file and the entry."""
 
 

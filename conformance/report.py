@@ -20,6 +20,7 @@ from collections import Counter, defaultdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from lockstep.paths import atomic_write
 
 __all__ = ["summarize", "write_report", "render_markdown", "environment", "merge", "ReportError"]
@@ -29,7 +30,7 @@ STATUSES = ("passed", "failed", "xfailed", "skipped")
 NO_ENGINE = "(no engine)"
 
 
-class ReportError(ValueError):
+class ReportError(LockstepError, ValueError):
     """A report cannot be read or merged; the message names the file."""
 
 

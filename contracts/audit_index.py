@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from lockstep.errors import LockstepError
 from lockstep.reference_runtime.primitive import audit_tables as _declared_tables
 from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
 
@@ -69,7 +70,7 @@ GUARD_NAMES = {"is_capturing", "_capturing", "capturing"}
 KERNEL_CTORS = {"OpKernel", "Kernel"}
 
 
-class AuditError(Exception):
+class AuditError(LockstepError):
     """Usage or parse error (exit status 2)."""
 
 

@@ -27,13 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lockstep.errors import LockstepError
 from .layers import SOURCE_LAYERS, catalogue
 from .mutation import Mutant, StaleMutant, mutated_source, to_json
 
 __all__ = ["find_checkout", "run_layers", "select_mutants", "Outcome"]
 
 
-class CheckoutNotFound(LookupError):
+class CheckoutNotFound(LockstepError, LookupError):
     pass
 
 

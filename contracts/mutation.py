@@ -22,10 +22,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lockstep.errors import LockstepError
+
 __all__ = ["Mutant", "StaleMutant", "install", "mutated_source", "to_json", "from_json"]
 
 
-class StaleMutant(LookupError):
+class StaleMutant(LockstepError, LookupError):
     """A mutant's snippet does not occur exactly once in its module's source."""
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 import onnx
 
+from lockstep.errors import LockstepError
 from lockstep.decoder_io import DecoderIO
 from lockstep.engines.protocol import PRECISIONS
 
@@ -65,7 +66,7 @@ def precisions_for(dtype: str) -> list[str]:
     return [p for p, (storage, _, _) in PRECISIONS.items() if UNIT_ROUNDOFF[storage] >= UNIT_ROUNDOFF[dtype]]
 
 
-class OracleDisagreement(RuntimeError):
+class OracleDisagreement(LockstepError, RuntimeError):
     """The oracle and its float64 cross-check disagree: regeneration refuses to write."""
 
 

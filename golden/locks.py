@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from .anchors import band_for, model_sha256
 from .models.spec import GENERATOR_VERSION
 from .oracle import ORACLE
@@ -25,11 +26,11 @@ __all__ = ["ModelChanged", "NotFromOracle", "check_provenance", "LockResult", "t
            "TripResult", "tripwire"]
 
 
-class ModelChanged(AssertionError):
+class ModelChanged(LockstepError, AssertionError):
     """The golden model no longer matches the snapshot's provenance: regenerate."""
 
 
-class NotFromOracle(AssertionError):
+class NotFromOracle(LockstepError, AssertionError):
     """The snapshot's anchors did not come from the oracle (an engine is never its own yardstick)."""
 
 

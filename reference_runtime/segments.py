@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from lockstep.errors import LockstepError
 from lockstep.kernels import primitives
 
 from .capture_plan import CapturePlan, growing_symbols, plan_capture
@@ -58,7 +59,7 @@ RECORDING_FAILURES = (CaptureD2HRefused, CublasDuringCapture, StreamCaptureUnsup
                       SyncDebugError)
 
 
-class RetainedPastBudget(Exception):
+class RetainedPastBudget(LockstepError):
     """A Scan or Loop recorded in a segment keeps every iteration's temporaries while the graph
     lives (the graph bakes their addresses; eagerly each is freed as its iteration ends). When they
     pass the device memory budget, that is a recording failure: the segment runs eagerly."""

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
+from lockstep.errors import LockstepError
 from lockstep.decoding import DecoderIO
 from lockstep.engines.protocol import CaptureStats, RunFn, Unsupported
 
@@ -58,7 +59,7 @@ _GENAI_DISTS = ("onnxruntime-genai", "onnxruntime-genai-cuda")
 CUDA_OPTIONS = {"use_tf32": "0"}
 
 
-class GenAIError(RuntimeError):
+class GenAIError(LockstepError, RuntimeError):
     """ORT GenAI failed for a reason not attributed to the model (the device, its runtime); the
     message names the engine and GenAI's own words, on one line."""
 
