@@ -34,10 +34,11 @@ the Gather and by the LM head (``Gemm(transB=1)`` on the hidden states reshaped 
 transposed ([in, out]) weight, initializer ``<HF name>.T``, or, when listed in ``int4``,
 com.microsoft MatMulNBits (bits 4) on ``<HF name>.qweight|scales|zero_points``.
 
-Also here: ``random_llama_weights`` (float64, HF naming), ``llama_forward`` (independent float64
-forward, HF semantics), ``quantize_q4_1`` (re-exported from ``golden/int4.py``: scale + minimum per
-block, as llama.cpp's Q4_1, in MatMulNBits' layout) and ``ExportSession`` (a batch-1 decode session over any engine's ``run``
-for models of either convention).
+Also here: ``random_llama_weights`` (float64, HF naming), ``llama_forward`` (the float64 forward of
+``golden/forward.py``, the golden models' own, on HF-named weights: independent of the graphs),
+``quantize_q4_1`` (re-exported from ``golden/int4.py``: scale + minimum per block, as llama.cpp's
+Q4_1, in MatMulNBits' layout) and ``ExportSession`` (a batch-1 decode session over any engine's
+``run`` for models of either convention).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .forward import forward as _core_forward
+from .forward import rope_tables as _rope_tables
 from .int4 import Int4Weight, dequantize_int4, quantize_q4_1
 from .models.build import _Graph as _BaseGraph
+from .models.build import _swiglu
 
 __all__ = [
     "CONVENTIONS", "EXPORTER_VERSION", "IR_VERSION", "OPSET", "ExportSession", "Int4Weight", "LlamaConfig",
@@ -162,10 +166,7 @@ def random_llama_weights(cfg: LlamaConfig, seed: int) -> dict[str, np.ndarray]:
 
 def rope_tables(cfg: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
     """float64 (cos, sin) [max_positions, head_dim/2]: angle ``p * rope_theta^(-2i/head_dim)``."""
-    half = cfg.head_dim // 2
-    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / cfg.head_dim)
-    angles = np.arange(cfg.max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles), np.sin(angles)
+    return _rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_positions)
 
 
 def _check_weights(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], skip: set[str] = frozenset()) -> None:
@@ -185,45 +186,45 @@ def _check_weights(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], skip: se
 
 def llama_forward(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], input_ids) -> np.ndarray:
     """float64 logits [seq, vocab] of ``input_ids`` ([seq] or [1, seq]) at positions 0..seq-1, no
-    past: Hugging Face Llama semantics, written independently of the ONNX graphs (plain numpy)."""
+    past: Hugging Face Llama semantics through ``golden.forward.forward`` (the golden models' forward,
+    written independently of the ONNX graphs), with ``rope_tables(cfg)`` and ``rms_eps``."""
     _check_weights(cfg, weights)
-    ids = np.asarray(input_ids, np.int64).reshape(-1)
-    S, H, KV, D = ids.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    ids = np.asarray(input_ids, np.int64).reshape(1, -1)
+    cos, sin = rope_tables(cfg)
+    logits, _, _ = _core_forward(_CoreWeights(cfg, weights), ids, np.arange(ids.shape[1], dtype=np.int64)[None, :],
+                                 n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                                 head_dim=cfg.head_dim, eps=cfg.rms_eps, cos=cos, sin=sin)
+    return logits[0]
 
-    def w(name: str) -> np.ndarray:
-        return np.asarray(weights[name], np.float64)
 
-    def rms(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.rms_eps) * g
+_CORE_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
+               **{f"self_attn.{a}_proj": f"{a}_proj" for a in "qkvo"},
+               **{f"mlp.{a}_proj": f"{a}_proj" for a in ("gate", "up", "down")}}
 
-    cos, sin = (t[:S] for t in rope_tables(cfg))
-    cos, sin = np.concatenate((cos, cos), -1), np.concatenate((sin, sin), -1)  # [S, D]
 
-    def rope(x: np.ndarray) -> np.ndarray:  # [n, S, D]: x*cos + rotate_half(x)*sin, rotate_half = [-x2, x1]
-        x1, x2 = x[..., :D // 2], x[..., D // 2:]
-        return x * cos + np.concatenate((-x2, x1), -1) * sin
+class _CoreWeights(Mapping):
+    """HF-named weights as ``golden.forward``'s names and layout ([in, out]: a projection's
+    transpose, a view), converted to float64 as they are read (one layer at a time)."""
 
-    x = np.asarray(weights["model.embed_tokens.weight"])[ids].astype(np.float64)
-    causal = np.tril(np.ones((S, S), bool))
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        h = rms(x, w(p + "input_layernorm.weight"))
-        q = (h @ w(p + "self_attn.q_proj.weight").T).reshape(S, H, D).transpose(1, 0, 2)
-        k = (h @ w(p + "self_attn.k_proj.weight").T).reshape(S, KV, D).transpose(1, 0, 2)
-        v = (h @ w(p + "self_attn.v_proj.weight").T).reshape(S, KV, D).transpose(1, 0, 2)
-        q, k = rope(q), rope(k)
-        k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)  # head j reads kv head j // (H/KV)
-        scores = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(D), -np.inf)
-        e = np.exp(scores - scores.max(-1, keepdims=True))
-        att = (e / e.sum(-1, keepdims=True)) @ v  # [H, S, D]
-        x = x + att.transpose(1, 0, 2).reshape(S, H * D) @ w(p + "self_attn.o_proj.weight").T
-        h = rms(x, w(p + "post_attention_layernorm.weight"))
-        g = h @ w(p + "mlp.gate_proj.weight").T
-        u = h @ w(p + "mlp.up_proj.weight").T
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ w(p + "mlp.down_proj.weight").T
-    h = rms(x, w("model.norm.weight"))
-    head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
-    return h @ w(head).T
+    def __init__(self, cfg: LlamaConfig, weights: Mapping[str, np.ndarray]):
+        self.weights = weights
+        head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        self.names = {"embed_tokens.weight": ("model.embed_tokens.weight", False),
+                      "norm.weight": ("model.norm.weight", False), "lm_head.weight": (head, True)}
+        for i in range(cfg.n_layers):
+            for hf, core in _CORE_NAMES.items():
+                self.names[f"layers.{i}.{core}.weight"] = (f"model.layers.{i}.{hf}.weight", "norm" not in core)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        hf, transpose = self.names[name]
+        a = np.asarray(self.weights[hf], np.float64)
+        return a.T if transpose else a
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 # -- the graph ----------------------------------------------------------------------------------
@@ -356,10 +357,8 @@ def _rms(g: _Graph, cfg: LlamaConfig, x: str, scale: str, name: str) -> str:
 
 
 def _mlp(g: _Graph, proj: Callable, h: str, p: str, n: str) -> str:
-    gate = proj(h, p + "mlp.gate_proj.weight", f"{n}/mlp/gate_proj")
-    up = proj(h, p + "mlp.up_proj.weight", f"{n}/mlp/up_proj")
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/mlp/gate_sigmoid")], f"{n}/mlp/gate_silu")
-    return proj(g.op("Mul", [act, up], f"{n}/mlp/gated"), p + "mlp.down_proj.weight", f"{n}/mlp/down_proj")
+    return _swiglu(g, proj, h, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"),
+                   f"{n}/mlp")
 
 
 def _optimum_layers(g: _Graph, cfg: LlamaConfig, x: str, ids_shape: str, proj: Callable, has_positions: bool,

@@ -4,6 +4,7 @@ against the independent float64 forward, on a small random config."""
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 import pytest
@@ -197,14 +198,13 @@ def test_float16_exports_run_close_to_the_forward(engine, convention):
     assert got.dtype == np.float16 and np.abs(got.astype(np.float64) - REF).max() < 0.1
 
 
-def test_llama_forward_agrees_with_the_golden_generator_oracle():
-    """The golden models' own float64 forward (golden/models/build.py: [in, out] weights, its own
-    rope tables) on the tiny-fp32-standard weights, renamed to HF layout: an independent check of
-    ``llama_forward``'s RoPE, GQA, norms and MLP."""
+def _golden_as_hf(name: str):
+    """A golden model's spec, stored weights, and the same weights as a ``LlamaConfig`` in HF naming
+    and layout ([out, in]: transposed views of the generator's [in, out] matrices)."""
     from lockstep.golden.models import VARIANTS as GOLDEN
-    from lockstep.golden.models import reference_forward, stored_weights
+    from lockstep.golden.models import stored_weights
 
-    spec = GOLDEN["tiny-fp32-standard"]
+    spec = GOLDEN[name]
     sw = stored_weights(spec)
     cfg = LlamaConfig(n_layers=spec.n_layers, hidden=spec.d_model, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
                       head_dim=spec.head_dim, d_ff=spec.d_ff, vocab=spec.vocab, rope_theta=spec.rope_theta,
@@ -219,10 +219,49 @@ def test_llama_forward_agrees_with_the_golden_generator_oracle():
             hf[o + f"self_attn.{a}_proj.weight"] = sw[p + f"{a}_proj.weight"].T
         for a in ("gate", "up", "down"):
             hf[o + f"mlp.{a}_proj.weight"] = sw[p + f"{a}_proj.weight"].T
+    return spec, sw, cfg, hf
+
+
+def test_llama_forward_agrees_with_the_golden_generator_oracle():
+    """The golden models' reference forward (golden/models/build.py: [in, out] weights, its own
+    rope tables rounded to the model's dtype) on the tiny-fp32-standard weights, renamed to HF
+    layout: ``llama_forward``'s own rope tables (``rope_tables(cfg)``, float64) agree."""
+    from lockstep.golden.models import reference_forward
+
+    spec, sw, cfg, hf = _golden_as_hf("tiny-fp32-standard")
     ids = np.arange(20, dtype=np.int64)[None, :] * 7 % 256
     want = reference_forward(spec, sw, ids, np.arange(20)[None, :])[0][0]
     # the golden generator rounds its rope tables to float32: agreement to that rounding, no closer
     assert np.abs(llama_forward(cfg, hf, ids) - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny-fp32-standard", "small-fp32-standard"])
+def test_llama_forward_and_the_golden_reference_forward_share_one_core(monkeypatch, name):
+    """One float64 forward (golden/forward.py): given the golden model's own rope tables,
+    ``llama_forward`` on its weights in HF naming is bit-identical to ``reference_forward``, and
+    both adapters call ``golden.forward.forward``."""
+    from lockstep.golden import forward as core
+    from lockstep.golden import llama_export
+    from lockstep.golden.models import reference_forward
+
+    spec, sw, cfg, hf = _golden_as_hf(name)
+    ids = np.arange(20, dtype=np.int64)[None, :] * 7 % spec.vocab
+    want = reference_forward(spec, sw, ids, np.arange(20)[None, :])[0][0]
+    monkeypatch.setattr(llama_export, "rope_tables", lambda _cfg: (sw["rope.cos_cache"], sw["rope.sin_cache"]))
+    assert np.array_equal(llama_forward(cfg, hf, ids), want)
+
+    calls = []
+    real = core.forward
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["n_layers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llama_export, "_core_forward", spy)
+    monkeypatch.setattr(importlib.import_module("lockstep.golden.models.build"), "_core_forward", spy)
+    llama_forward(cfg, hf, ids)
+    reference_forward(spec, sw, ids, np.arange(20)[None, :])
+    assert calls == [spec.n_layers, spec.n_layers]
 
 
 def test_bad_inputs_are_named():

@@ -2,8 +2,9 @@
 
 Weights come from ``numpy.random.RandomState(spec.seed)`` in float64, in a fixed order, and are
 then cast to the spec's dtype, so the fp32 and fp16 variants of one seed share their values up to
-rounding. ``reference_forward`` is a float64 numpy forward pass that mirrors the graph op for op; it
-plants the near-tie and is the oracle the tests compare the engines against.
+rounding. ``reference_forward`` is the float64 numpy forward of ``golden/forward.py`` (the one the
+Llama exporter's ``llama_forward`` also runs) on these weights, written independently of the graph;
+it plants the near-tie and is the oracle the tests compare the engines against.
 
 Also here: the manifest (``write_models``, ``check_models``): each variant's sha256 of its
 deterministic serialization, its spec and the generator version.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,8 @@ from lockstep.paths import atomic_write
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..forward import forward as _core_forward
+from ..forward import rope_tables
 from ..int4 import dequantize_int4, quantize_symmetric
 from .spec import GENERATOR_VERSION, VARIANTS, ModelSpec, spec_dict
 
@@ -80,11 +84,7 @@ def _raw_weights(spec: ModelSpec) -> dict[str, np.ndarray]:
         w[p + "down_proj.weight"] = normal((spec.d_ff, d), spec.proj_scale / np.sqrt(spec.d_ff))
     w["norm.weight"] = norm_scale()
     w["lm_head.weight"] = normal((d, spec.vocab), spec.lm_head_scale / np.sqrt(d))
-    half = spec.head_dim // 2
-    inv_freq = 1.0 / spec.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / spec.head_dim)
-    angles = np.arange(spec.max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    w["rope.cos_cache"] = np.cos(angles)
-    w["rope.sin_cache"] = np.sin(angles)
+    w["rope.cos_cache"], w["rope.sin_cache"] = rope_tables(spec.head_dim, spec.rope_theta, spec.max_positions)
     return w
 
 
@@ -115,57 +115,15 @@ def weights_from_model(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             if not t.name.startswith("const.")}
 
 
-# -- the float64 reference forward (mirrors the graph) -------------------------------------------
-
-def _rms(x: np.ndarray, scale: np.ndarray, eps: float) -> np.ndarray:
-    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * scale
-
-
-def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x (B, H, S, D); cos, sin (B, S, D/2): non-interleaved halves."""
-    half = x.shape[-1] // 2
-    c, s = cos[:, None], sin[:, None]
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate((c * x1 - s * x2, s * x1 + c * x2), axis=-1)
-
+# -- the float64 reference forward (golden/forward.py, in this generator's naming and layout) ----
 
 def _forward(spec: ModelSpec, w: dict[str, np.ndarray], input_ids: np.ndarray, position_ids: np.ndarray,
              past: list[tuple[np.ndarray, np.ndarray]] | None, attention_mask: np.ndarray | None = None):
-    B, S = input_ids.shape
-    H, KV, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
-    eps = float(np.float32(spec.eps))  # the graph carries eps as a float32 attribute / constant
-    x = w["embed_tokens.weight"][input_ids]
-    cos = w["rope.cos_cache"][position_ids]
-    sin = w["rope.sin_cache"][position_ids]
-    presents = []
-    for l in range(spec.n_layers):
-        p = f"layers.{l}."
-        h = _rms(x, w[p + "attn_norm.weight"], eps)
-        q = (h @ w[p + "q_proj.weight"]).reshape(B, S, H, D).transpose(0, 2, 1, 3)
-        k = (h @ w[p + "k_proj.weight"]).reshape(B, S, KV, D).transpose(0, 2, 1, 3)
-        v = (h @ w[p + "v_proj.weight"]).reshape(B, S, KV, D).transpose(0, 2, 1, 3)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if past is not None:
-            pk, pv = (np.asarray(a, dtype=np.float64) for a in past[l])
-        else:
-            pk = pv = np.zeros((B, KV, 0, D))
-        k, v = np.concatenate((pk, k), axis=2), np.concatenate((pv, v), axis=2)
-        presents.append((k, v))
-        T = k.shape[2]
-        allowed = np.arange(T)[None, None, None, :] <= position_ids[:, None, :, None]  # (B, 1, S, T)
-        if attention_mask is not None:  # an attention_mask model: causal AND mask (no escape)
-            allowed = allowed & (np.asarray(attention_mask)[:, None, None, :] != 0)
-        kr, vr = np.repeat(k, H // KV, axis=1), np.repeat(v, H // KV, axis=1)
-        scores = (q @ kr.swapaxes(-1, -2)) / np.sqrt(D)
-        scores = np.where(allowed, scores, -np.inf)
-        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        att = (e / e.sum(axis=-1, keepdims=True)) @ vr  # (B, H, S, D)
-        x = x + att.transpose(0, 2, 1, 3).reshape(B, S, H * D) @ w[p + "o_proj.weight"]
-        h = _rms(x, w[p + "mlp_norm.weight"], eps)
-        g, u = h @ w[p + "gate_proj.weight"], h @ w[p + "up_proj.weight"]
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "down_proj.weight"]
-    hidden = _rms(x, w["norm.weight"], eps)
-    return hidden @ w["lm_head.weight"], presents, hidden
+    """``golden.forward.forward`` on the spec's shape, its stored rope caches and its eps as the
+    graph carries it (a float32 attribute / constant): ``(logits, presents, hidden)``."""
+    return _core_forward(w, input_ids, position_ids, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                         n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, eps=float(np.float32(spec.eps)),
+                         cos=w["rope.cos_cache"], sin=w["rope.sin_cache"], past=past, attention_mask=attention_mask)
 
 
 def reference_forward(spec: ModelSpec, weights: dict[str, np.ndarray] | None, input_ids: np.ndarray,
@@ -283,6 +241,22 @@ def _rms_node(g: _Graph, spec: ModelSpec, x: str, scale: str, name: str) -> str:
     return y
 
 
+def _mlp_weights(p: str) -> tuple[str, str, str]:
+    return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
+
+
+def _swiglu(g: _Graph, proj: Callable[[str, str, str], str], h: str, weights: tuple[str, str, str],
+            prefix: str) -> str:
+    """``down(SiLU(gate(h)) * up(h))``, the MLP of this generator and of golden/llama_export.py:
+    ``proj(x, weight, node)`` emits one projection (MatMul or MatMulNBits); nodes ``{prefix}/``
+    ``gate_proj``, ``up_proj``, ``gate_sigmoid``, ``gate_silu``, ``gated``, ``down_proj`` in this order."""
+    gate_w, up_w, down_w = weights
+    gate = proj(h, gate_w, f"{prefix}/gate_proj")
+    up = proj(h, up_w, f"{prefix}/up_proj")
+    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/gate_sigmoid")], f"{prefix}/gate_silu")
+    return proj(g.op("Mul", [act, up], f"{prefix}/gated"), down_w, f"{prefix}/down_proj")
+
+
 def _heads(g: _Graph, x: str, n: int, d: int, name: str) -> str:
     """(B, S, n*d) -> (B, n, S, d)."""
     r = g.op("Reshape", [x, g.i64([0, 0, n, d])], f"{name}/reshape")
@@ -391,10 +365,7 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
         att = g.op("Reshape", [att, g.i64([0, 0, H * D])], f"{n}/attention_merged")
         x = g.op("Add", [x, g.op("MatMul", [att, p + "o_proj.weight"], f"{n}/o_proj")], f"{n}/attn_residual")
         h = _rms_node(g, spec, x, p + "mlp_norm.weight", f"{n}/mlp_norm")
-        gate = g.op("MatMul", [h, p + "gate_proj.weight"], f"{n}/gate_proj")
-        up = g.op("MatMul", [h, p + "up_proj.weight"], f"{n}/up_proj")
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/gate_sigmoid")], f"{n}/gate_silu")
-        down = g.op("MatMul", [g.op("Mul", [act, up], f"{n}/gated"), p + "down_proj.weight"], f"{n}/down_proj")
+        down = _swiglu(g, lambda x, w, node: g.op("MatMul", [x, w], node), h, _mlp_weights(p), n)
         x = g.op("Add", [x, down], f"{n}/mlp_residual")
     x = _rms_node(g, spec, x, "norm.weight", "final_norm")
     g.op("MatMul", [x, "lm_head.weight"], "lm_head", outputs=["logits"])
@@ -484,10 +455,7 @@ def _build_genai(spec: ModelSpec) -> onnx.ModelProto:
         h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [o, x, p + "mlp_norm.weight"], f"{n}/mlp_norm", n_out=4,
                           outputs=[f"{n}/mlp_norm", "", "", f"{n}/attn_residual"], domain="com.microsoft",
                           epsilon=float(spec.eps))
-        gate = nbits(h, f"{n}/gate_proj", p + "gate_proj.weight")
-        up = nbits(h, f"{n}/up_proj", p + "up_proj.weight")
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{n}/gate_sigmoid")], f"{n}/gate_silu")
-        down = nbits(g.op("Mul", [act, up], f"{n}/gated"), f"{n}/down_proj", p + "down_proj.weight")
+        down = _swiglu(g, lambda x, w, node: nbits(x, node, w), h, _mlp_weights(p), n)
         gamma = f"layers.{l + 1}.attn_norm.weight" if l + 1 < L else "norm.weight"
         norm_name = f"layers.{l + 1}/attn_norm" if l + 1 < L else "final_norm"
         h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [down, x, gamma], norm_name, n_out=4,
