@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from lockstep.errors import LockstepError
 from lockstep.reference_runtime.primitive import audit_tables as _declared_tables
+from lockstep.reference_runtime.primitive_table import primitives as _runtime_primitives
 from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +19,7 @@ DEFAULT_TREE = ("kernels", "reference_runtime")
 # -- what synchronises, and why it is unsafe while capturing --------------------------------------
 # The runtime primitives' sinks and reasons are declared once, on the primitives themselves
 # (reference_runtime/primitive.py); the audit adds the CuPy/CUDA calls that are not runtime methods.
-_DECLARED_SYNC, _DECLARED_RUNTIME, _DECLARED_WHY = _declared_tables()
+_DECLARED_SYNC, _DECLARED_RUNTIME, _DECLARED_WHY = _declared_tables(_runtime_primitives())
 WHY = {
     **_DECLARED_WHY,
     "host-branch": "Python needs the truth value of a device array: CuPy reads it back to the host (a D2H copy "

@@ -3,8 +3,10 @@
 ``@primitive(...)`` on a runtime method (in the spirit of pluggy's ``HookimplMarker``) stores a
 ``Primitive`` on the function (attribute ``lockstep_primitive``) and returns the function itself,
 unwrapped: no frame is added, so sync-debug's call sites and barrier checks see exactly the code
-they saw before. ``primitives()`` collects the marked functions of ``Runtime`` (definition order),
-of ``reference_runtime/runtime.py``'s module functions, and of sync-debug's ``WatchedStream``.
+they saw before. ``collect(*owners)`` gathers the marked functions of classes and modules
+(definition order); ``primitive_table.primitives()`` is the runtime's: ``Runtime``'s,
+``reference_runtime/runtime.py``'s module functions and sync-debug's ``WatchedStream``'s. This module
+imports neither the runtime nor sync-debug (both import it): every derivation takes the primitives.
 
 Derived from the declarations, never written again elsewhere:
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-__all__ = ["Primitive", "primitive", "primitives", "collect", "CAPTURE", "SINK_KINDS", "audit_tables",
+__all__ = ["Primitive", "primitive", "collect", "CAPTURE", "SINK_KINDS", "audit_tables",
            "audit_sinks", "capture_entries", "markdown", "MARK_BEGIN", "MARK_END", "README", "rewrite"]
 
 ATTR = "lockstep_primitive"  # the attribute the marker sets on a function
@@ -137,14 +139,6 @@ def collect(*owners: Any) -> list[Primitive]:
     return out
 
 
-def primitives() -> list[Primitive]:
-    """Every declared primitive: ``Runtime``'s methods, then runtime.py's module functions, then the
-    watched stream's ``synchronize``."""
-    from . import runtime, sync_debug
-
-    return collect(runtime.Runtime, runtime, sync_debug.WatchedStream)
-
-
 # -- derivations ----------------------------------------------------------------------------------
 
 def recorded_names(prims: Iterable[Primitive]) -> tuple[str, ...]:
@@ -165,13 +159,13 @@ def barrier_codes(prims: Iterable[Primitive]) -> frozenset[Any]:
     return frozenset(p.code for p in prims if p.barrier)
 
 
-def audit_tables(prims: Iterable[Primitive] | None = None) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+def audit_tables(prims: Iterable[Primitive]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """The audit's tables restricted to runtime primitives: ``(SYNC_METHODS, RUNTIME_METHODS, WHY)``
     (method name -> kind on any receiver, method name -> kind on a runtime receiver, kind -> why).
 
     A method name is one sink whatever class declares it (the audit matches call attributes by name),
     and each kind's reason is declared exactly once: a conflict is an error."""
-    prims = primitives() if prims is None else list(prims)
+    prims = list(prims)
     tables: dict[str, dict[str, str]] = {"any": {}, "runtime": {}}
     where: dict[str, str] = {}
     why: dict[str, str] = {}
@@ -193,15 +187,14 @@ def audit_tables(prims: Iterable[Primitive] | None = None) -> tuple[dict[str, st
     return tables["any"], tables["runtime"], why
 
 
-def audit_sinks(prims: Iterable[Primitive] | None = None) -> dict[str, tuple[str, str]]:
+def audit_sinks(prims: Iterable[Primitive]) -> dict[str, tuple[str, str]]:
     """Per runtime-primitive method name: its audit sink ``(kind, why)``."""
     sync, runtime, why = audit_tables(prims)
     return {name: (kind, why[kind]) for name, kind in {**sync, **runtime}.items()}
 
 
-def capture_entries(prims: Iterable[Primitive] | None = None) -> list[dict[str, str]]:
+def capture_entries(prims: Iterable[Primitive]) -> list[dict[str, str]]:
     """The allowlist's ``[capture] entries`` for runtime primitives: ``{file, function, reason}``."""
-    prims = primitives() if prims is None else list(prims)
     return [{"file": p.file, "function": p.qualname, "reason": p.entry} for p in prims if p.entry is not None]
 
 
@@ -209,9 +202,8 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def markdown(prims: Iterable[Primitive] | None = None) -> str:
+def markdown(prims: Iterable[Primitive]) -> str:
     """The README's primitive table (without the markers)."""
-    prims = primitives() if prims is None else list(prims)
     rows = ["| primitive | guarantee | inside a capture | sync-debug records | barrier | audit sink |",
             "|---|---|---|---|---|---|"]
     for p in prims:

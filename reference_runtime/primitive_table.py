@@ -1,4 +1,5 @@
-"""The README's primitive table, derived from the runtime's ``@primitive`` declarations.
+"""The runtime's primitives (``primitives()``: every ``@primitive`` declaration of ``Runtime``,
+runtime.py's module functions and sync-debug's ``WatchedStream``) and the README's table of them.
 
 ``python -m lockstep.reference_runtime.primitive_table --markdown`` prints it, ``--write`` rewrites
 the block of the checkout's README.md between the markers, ``--check`` exits 1 when it is stale.
@@ -12,7 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .primitive import README, markdown, rewrite
+from . import runtime, sync_debug
+from .primitive import README, Primitive, collect, markdown, rewrite
+
+
+def primitives() -> list[Primitive]:
+    """Every declared runtime primitive: ``Runtime``'s methods, then runtime.py's module functions,
+    then the watched stream's ``synchronize``."""
+    return collect(runtime.Runtime, runtime, sync_debug.WatchedStream)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
     ap.add_argument("--readme", type=Path, default=README, help="the README holding the block (default: the checkout's)")
     args = ap.parse_args(argv)
-    table = markdown()
+    table = markdown(primitives())
     if args.markdown:
         sys.stdout.write(table)
         return 0

@@ -840,3 +840,4 @@ class Runtime:
 # issued while one of these runs is that primitive's own drain (download and copy drain through
 # _force_sync; synchronize drains only with deferral off), not a stray drain on the deferred eager path.
 _BARRIERS = _primitive.barrier_codes(_primitive.collect(Runtime, sys.modules[__name__]))
+_sd.declare(_primitive.collect(Runtime, sys.modules[__name__], _sd.WatchedStream))

@@ -38,20 +38,17 @@ __all__ = ["SyncEvent", "SyncDebugWarning", "WatchedStream", "PRIMITIVES", "CAPT
 
 # PRIMITIVES (every name an event can carry) and CAPTURE_SAFE (those legal inside a capture: a
 # device-to-device copy becomes a graph node, a free is deferred to end_capture) are derived from the
-# runtime's @primitive declarations (reference_runtime/primitive.py), computed on first use: the
-# runtime imports this module before it declares them.
-_DERIVED = ("PRIMITIVES", "CAPTURE_SAFE")
-PRIMITIVES: tuple[str, ...]  # annotations only: the module's __getattr__ computes them
-CAPTURE_SAFE: frozenset[str]
+# runtime's @primitive declarations (reference_runtime/primitive.py): the runtime declares them here
+# (``declare``) once its class is defined, since it imports this module before it declares them.
+PRIMITIVES: tuple[str, ...] = ()
+CAPTURE_SAFE: frozenset[str] = frozenset()
 
 
-def __getattr__(name: str) -> Any:
-    if name in _DERIVED:
-        prims = _primitive.primitives()
-        globals().update(PRIMITIVES=_primitive.recorded_names(prims),
-                         CAPTURE_SAFE=_primitive.capture_safe_names(prims))
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def declare(prims) -> None:
+    """Set ``PRIMITIVES`` and ``CAPTURE_SAFE`` from the runtime's primitives (runtime.py, at import)."""
+    global PRIMITIVES, CAPTURE_SAFE
+    PRIMITIVES = _primitive.recorded_names(prims)
+    CAPTURE_SAFE = _primitive.capture_safe_names(prims)
 
 
 class SyncDebugWarning(UserWarning):

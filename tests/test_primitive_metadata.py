@@ -20,6 +20,7 @@ from lockstep.reference_runtime import primitive as P
 from lockstep.reference_runtime import runtime as R
 from lockstep.reference_runtime import sync_debug as SD
 from lockstep.reference_runtime.primitive import primitive
+from lockstep.reference_runtime.primitive_table import primitives as PRIMS
 from lockstep.reference_runtime.primitive_table import main as table_main
 
 try:
@@ -153,7 +154,7 @@ def test_records_are_the_names_each_body_hands_to_sync_debug():
 
 def test_the_marker_returns_the_function_itself():
     """Contract: no wrapper, so sync-debug's call sites and barrier checks see the primitive's own code."""
-    for p in P.primitives():
+    for p in PRIMS():
         assert p.code.co_filename.endswith(("runtime.py", "sync_debug.py")), p.qualname
     assert P.declared(R.Runtime.download).code is R.Runtime.download.__code__
     assert P.declared(R.Runtime.download).qualname == "Runtime.download"
@@ -174,7 +175,7 @@ def test_a_bad_declaration_is_refused(kw, match):
 # -- derivations ----------------------------------------------------------------------------------
 
 def test_sync_debug_tables_are_derived():
-    prims = P.primitives()
+    prims = PRIMS()
     assert SD.PRIMITIVES == P.recorded_names(prims), "contract: sync_debug.PRIMITIVES is derived"
     assert SD.CAPTURE_SAFE == P.capture_safe_names(prims), "contract: sync_debug.CAPTURE_SAFE is derived"
     assert set(SD.PRIMITIVES) == {"synchronize", "synchronize(deferred)", "force_sync", "drain_for_unmap",
@@ -192,11 +193,11 @@ def test_barriers_are_derived():
 def test_readme_table_is_fresh():
     """Contract: the README's primitive table is the generated one (rerun primitive_table --write)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert P.rewrite(text, P.markdown()) == text, \
+    assert P.rewrite(text, P.markdown(PRIMS())) == text, \
         "contract: README.md's primitive table is stale: python -m lockstep.reference_runtime.primitive_table --write"
     assert table_main(["--check", "--readme", str(ROOT / "README.md")]) == 0
     assert table_main(["--check", "--readme", str(ROOT / "no-such-README.md")]) == 2, "a missing README is one line"
-    for p in P.primitives():
+    for p in PRIMS():
         assert p.guarantee.split(";")[0].split(":")[0][:40] in text, f"result: {p.qualname} is in the table"
 
 
@@ -219,14 +220,14 @@ def _audit_table(name: str) -> dict:
 
 
 def test_audit_sink_tables_agree_with_the_declarations():
-    sync, runtime, why = P.audit_tables()
+    sync, runtime, why = P.audit_tables(PRIMS())
     a_sync, a_runtime, a_why = (_audit_table(n) for n in ("SYNC_METHODS", "RUNTIME_METHODS", "WHY"))
     assert sync == {n: k for n, k in a_sync.items() if hasattr(R.Runtime, n)}, \
         "contract: the audit's any-receiver sinks that are runtime methods are the declared ones"
     assert runtime == a_runtime, "contract: the audit's runtime-receiver sinks are the declared ones"
     assert why == {k: a_why[k] for k in why}, "contract: each sink kind's reason is the declared one"
-    assert P.audit_sinks() == {n: (k, why[k]) for n, k in {**sync, **runtime}.items()}
-    assert P.audit_sinks()["download"] == ("d2h", a_why["d2h"]), "result: download is a device-to-host read"
+    assert P.audit_sinks(PRIMS()) == {n: (k, why[k]) for n, k in {**sync, **runtime}.items()}
+    assert P.audit_sinks(PRIMS())["download"] == ("d2h", a_why["d2h"]), "result: download is a device-to-host read"
 
 
 def test_a_conflicting_sink_declaration_is_refused():
@@ -265,7 +266,7 @@ def test_allowlist_capture_entries_agree_with_the_declarations():
     def key(e):
         return (e["file"], e["function"], e["reason"])
 
-    assert sorted(map(key, listed)) == sorted(map(key, P.capture_entries())), \
+    assert sorted(map(key, listed)) == sorted(map(key, P.capture_entries(PRIMS()))), \
         "contract: the runtime's [capture] entries of the allowlist are the declared ones (entry=)"
     assert all(P.declared(getattr(R.Runtime, e["function"].split(".")[1])).capture_safe for e in listed), \
         "contract: a runtime function that runs while a graph is recorded is legal inside a capture"
