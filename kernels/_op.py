@@ -60,7 +60,6 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-_validate: Any = None  # _attr_check.validate, once imported
 
 
 class OpError(LockstepError, ValueError):
@@ -260,15 +259,6 @@ class OpKernel:
             raise ValueError(f"{self.op_type}: capture='conditional' and capture_ok go together")
         if self.host is not None and self.capture != "unsupported":
             raise ValueError(f"{self.op_type}: a host kernel is a capture seam: capture='unsupported' with a reason")
-
-    def validate(self, info: NodeInfo, empty: tuple[int, ...] = ()) -> None:
-        """Load-time attribute validation of one node (``_attr_check.validate``: the ONNX schema's
-        required attributes, the shared enumeration/range/element-type tables, then ``check``);
-        raises ``OpError`` naming the node, the attribute and what is allowed."""
-        global _validate
-        if _validate is None:  # (imported on first use: _attr_check imports this module)
-            from ._attr_check import validate as _validate
-        _validate(self, info, empty)
 
     def covers(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)

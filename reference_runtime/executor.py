@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 from lockstep.kernels import Kernel
+from lockstep.kernels._attr_check import validate as validate_node
 from lockstep.kernels._kernel import KernelHostError, is_host_error
 from lockstep.kernels._latch import as_check, flag_check
 from lockstep.kernels._op import MEMO_MIN_MODEL_BYTES, NodeInfo, OpError, OpKernel, Spec
@@ -255,7 +256,7 @@ class Executor:
                 unsupported.append(f"{name}: {registry.why_not(domain, op_type, opset)}")
                 continue
             # arity and attributes, before anything executes: OpError naming node and input or attribute
-            kernel.validate(info, tuple(i for i, x in enumerate(ins) if not x))
+            validate_node(kernel, info, tuple(i for i, x in enumerate(ins) if not x))
             present = tuple(bool(i) for i in ins)
             self.steps.append(_Step(node, info, kernel, _node_kernel(kernel, info, present, len(outs)),
                                     self._aliases(op_type, domain, ins, outs, fed), ins, outs))

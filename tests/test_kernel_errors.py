@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from lockstep.kernels._attr_check import validate as validate_node
 from lockstep.kernels import Kernel, KernelHostError
 from lockstep.kernels import primitives as P
 from lockstep.kernels._op import NodeInfo, OpError, OpKernel, Spec
@@ -152,7 +153,7 @@ def test_schema_required_attribute_is_checked_without_onnx_checker():
     first); the hook itself checks it, for loaders that skip the checker."""
     info = NodeInfo("n0", "LRN", "", 13, {}, 1, 1)
     with pytest.raises(OpError, match=r"node 'n0' \(LRN, opset 13\): required attribute size is missing"):
-        REGISTRY.lookup("", "LRN", 13).validate(info)
+        validate_node(REGISTRY.lookup("", "LRN", 13), info)
 
 
 def test_lrn_size_beyond_the_channels_runs_without_allocating_the_window():

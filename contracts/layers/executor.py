@@ -57,7 +57,7 @@ MUTANTS = [
     ),
     Mutant(
         "executor", "attributes_not_validated_at_load", _E,
-        old="kernel.validate(info, tuple(i for i, x in enumerate(ins) if not x))",
+        old="validate_node(kernel, info, tuple(i for i, x in enumerate(ins) if not x))",
         new="pass",
         breaks="a node's arity, empty inputs and attributes are validated at load (OpError naming node and input or attribute), before anything runs",
         tests=("tests/test_kernel_errors.py",), select="op_error_at_load",
