@@ -208,6 +208,8 @@ def key_from_nodeid(nodeid: str, engine: str) -> str:
     params = params.rstrip("]")
     if func == "test_node_case":
         return params.split(f"{engine}-", 1)[1] if params.startswith(f"{engine}-") else params
+    if params == engine:  # the engine is the test's only parameter: the key is the function
+        params = ""
     for form in (f"{engine}-", f"-{engine}"):
         if form in params:
             params = params.replace(form, "", 1)

@@ -37,9 +37,6 @@ MARKERS = (
     "paging: weight paging checks",
 )
 MARKER_NAMES = frozenset(m.split("(")[0].split(":")[0] for m in MARKERS)
-# the reference runtime's devices (reference_runtime.backends.DEVICES; tests/test_runtime_plugin.py
-# checks they agree): named here so that a run that never asks for a device imports no runtime
-DEVICES = ("sim", "cupy")
 SUITE = "lockstep.contracts.suite"   # the reference engines' own tests (their ``self_tests``)
 OWN = "reference-runtime"            # the report's engine for a self-test with neither engine nor device
 
@@ -59,17 +56,25 @@ _KEY = pytest.StashKey[RuntimeState]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("lockstep")
     g.addoption("--devices", default=None,
-                help=f"comma-separated reference-runtime devices to run its own tests on, of {list(DEVICES)} "
-                     "(default: those of the reference engines --engines names, or all)")
+                help="comma-separated reference-runtime devices to run its own tests on, e.g. sim,cupy (default: "
+                     "those of the reference engines --engines names, or all of reference_runtime.backends.DEVICES)")
     g.addoption("--lockstep-mutant", default=None,
                 help="run the tests against this mutant runtime (see lockstep.contracts.mutants)")
 
 
+def _devices() -> tuple[str, ...]:
+    """The reference runtime's devices (``reference_runtime.backends.DEVICES``: a backend added there
+    is a device here), imported only when a run names or needs one."""
+    from lockstep.reference_runtime.backends import DEVICES
+
+    return DEVICES
+
+
 def _names(raw: str | None, where: str) -> list[str]:
     names = selection.split(raw)
-    unknown = [n for n in names if n not in DEVICES]
+    unknown = [n for n in names if n not in _devices()] if names else []
     if unknown:
-        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(DEVICES)}")
+        raise pytest.UsageError(f"{where}: unknown name(s) {unknown}; known: {list(_devices())}")
     return names
 
 
@@ -86,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
             runtime_class(mutant)  # fail early on an unknown name
         except ValueError as exc:
             raise pytest.UsageError(f"--lockstep-mutant: {exc}") from None
-    config.stash[_KEY] = RuntimeState(_names(given, "--devices") or (list(DEVICES) if given is not None else None),
+    config.stash[_KEY] = RuntimeState(_names(given, "--devices") or (list(_devices()) if given is not None else None),
                                       required, mutant)
     if required:  # a lane that must have these devices fails closed at the start, in one line
         problems = []
@@ -113,9 +118,9 @@ def _selected(config: pytest.Config) -> list[str]:
         sel = selection.of(config)
         if sel.specs:
             on = {selection.runtime_device(e) for e in selection.engines(config).values()}
-            st.selected = [d for d in DEVICES if d in on]
+            st.selected = [d for d in _devices() if d in on]
         else:
-            st.selected = list(DEVICES)
+            st.selected = list(_devices())
     return st.selected
 
 

@@ -272,3 +272,13 @@ def test_under_k_an_entry_for_a_deselected_key_is_not_stale():
     assert _stale_entries([left_out], collected, set(), kept) == ""
     assert "genai-no-such" in _stale_entries([wrong], collected, set(), kept)
     assert "tiny-fp32-standard" in _stale_entries([left_out], collected, set(), None), "without -k it is stale"
+
+
+def test_the_key_of_a_test_whose_only_parameter_is_the_engine_is_its_function():
+    # contract: the engine is never part of a key, also when it is the only parameter (before: `test_f[ort-genai]`,
+    # which a shared file's `test_*` could not match, and which names one variant of a shared file)
+    from lockstep.conformance.expectations import key_from_nodeid
+
+    assert key_from_nodeid("conformance/x/test_y.py::test_f[ort-genai]", "ort-genai") == "test_f"
+    assert key_from_nodeid("conformance/x/test_y.py::test_f[ort-genai-tiny]", "ort-genai") == "test_f[tiny]"
+    assert key_from_nodeid("conformance/x/test_y.py::test_f[tiny-ort-genai]", "ort-genai") == "test_f[tiny]"

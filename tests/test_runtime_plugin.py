@@ -1,6 +1,6 @@
 """The reference runtime's pytest plugin (``lockstep.contracts.pytest_plugin``) and the suite's:
 loaded by every pytest run where lockstep is installed, they stay light until a test asks for the
-runtime, and the runtime plugin's device names are the runtime's."""
+runtime, and the runtime plugin's devices are the runtime's backends."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ from lockstep.contracts import pytest_plugin as runtime_plugin
 from lockstep.reference_runtime.backends import DEVICES
 
 
-def test_the_plugin_names_the_runtime_s_devices():
-    assert runtime_plugin.DEVICES == DEVICES, "contract: --devices knows exactly the runtime's backends"
+def test_the_plugin_s_devices_are_the_runtime_s_backends(monkeypatch):
+    # contract: --devices knows exactly the backends (a backend added to _BACKENDS is a device, no second list)
+    from lockstep.reference_runtime import backends
+
+    assert runtime_plugin._devices() == DEVICES
+    monkeypatch.setattr(backends, "DEVICES", (*DEVICES, "rocm"))
+    assert runtime_plugin._names("sim,rocm", "--devices") == ["sim", "rocm"]
 
 
 def test_loading_both_plugins_imports_no_runtime_and_no_onnx():
