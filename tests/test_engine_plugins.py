@@ -25,7 +25,9 @@ from lockstep.reference_runtime.node_cases import load_cases, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "engine-plugin"
-BUILTIN = ["ort-cpu", "ort-cuda", "ort-cuda-tf32", "ort-genai", "ort-genai-cuda", "ref-cuda", "ref-sim"]
+# lockstep's own engines: the entry points its pyproject.toml registers (sorted, as registered() lists them)
+BUILTIN = sorted(__import__("tomllib").loads((ROOT / "pyproject.toml").read_text())
+                 ["project"]["entry-points"]["lockstep.engines"])
 
 
 # -- registry --------------------------------------------------------------------------------------

@@ -179,3 +179,6 @@ def test_the_docs_state_the_catalogue_and_the_engines_as_they_are():
     assert f"`contracts/layers/<layer>.py`, {n})" in mutation
     engines = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["lockstep.engines"]
     assert f"lockstep's {len(engines)} built-in engines" in readme
+    from lockstep.contracts.mutants import MUTANTS
+
+    assert f"runs the contract tests against {len(MUTANTS)} deliberately" in readme, "the runtime mutants' count"
