@@ -34,6 +34,8 @@ the node's temporaries are retained with the segment's (``segments``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import abc
 import math
 from typing import Any
@@ -46,9 +48,12 @@ from lockstep.kernels._cast_util import SMALL_DTYPES
 from lockstep.kernels._host import Seq
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
-from .executor import Executor, Run, _Value
+from .values import Run, Value
 from lockstep.loading import UnsupportedModel, np_dtype
 from .runtime import Tensor
+
+if TYPE_CHECKING:  # the executor imports this module (it builds a node's subgraphs with it)
+    from .executor import Executor
 
 __all__ = ["CONTROL_OPS", "Body", "build_control", "free_names", "implicit_inputs", "is_control"]
 
@@ -138,18 +143,6 @@ def _tensors(v: Any):
         yield t
 
 
-class _BodyExecutor(Executor):
-    """An executor over a subgraph: its model is not run through onnx.checker on its own (its
-    outer-scope names are inputs without types; the enclosing model's check covered the subgraph),
-    and it never plans (each call may bring other shapes)."""
-
-    CHECK_MODEL = False
-
-    def __init__(self, model: onnx.ModelProto, runtime: Any, *, registry: Any):
-        super().__init__(model, runtime, registry=registry)
-        self.plans = None
-
-
 class Body:
     """A subgraph built once at load: ``call`` runs it on value objects and returns its outputs."""
 
@@ -164,7 +157,7 @@ class Body:
             wrapped.input.append(onnx.ValueInfoProto(name=name))
         model = onnx.helper.make_model(wrapped, opset_imports=list(parent.model.opset_import),
                                        ir_version=parent.model.ir_version)
-        self.executor = _BodyExecutor(model, parent.runtime, registry=parent.registry)
+        self.executor = parent.body(model)
         self.outputs = list(self.executor.outputs)
 
     def out_spec(self, k: int) -> "tuple[tuple[int, ...] | None, np.dtype | None]":
@@ -209,7 +202,7 @@ class Body:
                     own = rt.empty(t.shape, t.dtype, name=o)
                     rt.launch(primitives.copy, own, t)
                     owned[id(own)] = own
-                    v = _Value(own, v.spec)
+                    v = Value(own, v.spec)
                 return v
 
             result = []
@@ -227,7 +220,7 @@ class Body:
                 ex.release(run)
 
 
-def _host(rt, v: _Value, info: NodeInfo) -> np.ndarray:
+def _host(rt, v: Value, info: NodeInfo) -> np.ndarray:
     """A value on the host: its known host value, else a synchronising read (the node's host seam)."""
     if v.spec.value is not None:
         return np.asarray(v.spec.value)
@@ -281,7 +274,7 @@ class _Control(abc.ABC):
                     if t is None or tuple(target.shape) != tuple(v.spec.shape) or target.dtype != v.spec.dtype:
                         raise self.info.error(f"output {name!r} is {getattr(v, 'spec', v)} but its buffer is {target!r}")
                     rt.launch(primitives.copy, target, t)  # on the compute stream, in order: no sync
-                    v = _Value(target, Spec(v.spec.shape, v.spec.dtype))
+                    v = Value(target, Spec(v.spec.shape, v.spec.dtype))
                 else:  # the tensors it holds (a sequence's elements too) become the run's temporaries
                     kept.update(id(x) for x in _tensors(v) if id(x) in owned)
                 run.env[name] = v
@@ -320,14 +313,14 @@ class _Control(abc.ABC):
         owned[id(t)] = t
         return t
 
-    def _take(self, v: _Value, axis: int, index: int, owned: dict[int, Tensor]) -> _Value:
+    def _take(self, v: Value, axis: int, index: int, owned: dict[int, Tensor]) -> Value:
         shape = v.spec.shape[:axis] + v.spec.shape[axis + 1:]
         out = self._new(shape, v.spec.dtype, f"{self.info.name}:slice", owned)
         self.runtime.launch(_TAKE, out, v.tensor, axis=axis, index=index)
-        return _Value(out, Spec(shape, v.spec.dtype))
+        return Value(out, Spec(shape, v.spec.dtype))
 
-    def _stack(self, parts: list[_Value], axis: int, indices: "list[int] | None", name: str,
-               owned: dict[int, Tensor], empty: "tuple[tuple[int, ...] | None, Any]") -> _Value:
+    def _stack(self, parts: list[Value], axis: int, indices: "list[int] | None", name: str,
+               owned: dict[int, Tensor], empty: "tuple[tuple[int, ...] | None, Any]") -> Value:
         """The ``parts`` stacked along a new ``axis`` (part k at ``indices[k]``, default k)."""
         if not parts:
             shape, dtype = empty
@@ -335,7 +328,7 @@ class _Control(abc.ABC):
                 raise self.info.error(f"output {name!r} of zero iterations: the body does not declare its "
                                       f"element type")
             shape = (0,) + tuple(shape or ())
-            return _Value(self._new(shape, dtype, name, owned), Spec(shape, np.dtype(dtype)))
+            return Value(self._new(shape, dtype, name, owned), Spec(shape, np.dtype(dtype)))
         first = parts[0].spec
         for p in parts[1:]:
             if p.spec.shape != first.shape or p.spec.dtype != first.dtype:
@@ -345,7 +338,7 @@ class _Control(abc.ABC):
         out = self._new(shape, first.dtype, name, owned)
         for k, p in enumerate(parts):
             self.runtime.launch(_PUT, out, p.tensor, axis=axis, index=k if indices is None else indices[k])
-        return _Value(out, Spec(shape, first.dtype))
+        return Value(out, Spec(shape, first.dtype))
 
 
 def _check_io(info: NodeInfo, body: Body, attr: str, n_in: int | None, n_out: int | None) -> None:
@@ -395,13 +388,13 @@ class _Loop(_Control):
         if formal[1] is not None:
             cond = _scalar_bool(_host(rt, formal[1], info), "the condition", info)
         carried = list(formal[2:])
-        scans: list[list[_Value]] = [[] for _ in range(self.n_scan)]
+        scans: list[list[Value]] = [[] for _ in range(self.n_scan)]
         it = 0
         while cond and (trip is None or it < trip):
             num = np.array(it, dtype=np.int64)
-            it_v = _Value(self._new((), np.int64, f"{info.name}:iteration", owned), Spec((), num.dtype, num))
+            it_v = Value(self._new((), np.int64, f"{info.name}:iteration", owned), Spec((), num.dtype, num))
             cond_arr = np.array(cond, dtype=np.bool_)
-            cond_v = _Value(self._new((), np.bool_, f"{info.name}:cond", owned), Spec((), cond_arr.dtype, cond_arr))
+            cond_v = Value(self._new((), np.bool_, f"{info.name}:cond", owned), Spec((), cond_arr.dtype, cond_arr))
             if rt.is_capturing:  # recorded: a fill kernel holds the value (a host write is not captured)
                 rt.launch(primitives.fill, it_v.tensor, value=it)  # Python scalars: no host array to copy
                 rt.launch(primitives.fill, cond_v.tensor, value=bool(cond))
@@ -479,7 +472,7 @@ class _Scan(_Control):
         batch = values[0].spec.shape[0]
         if any(v.spec.shape[0] != batch for v in values):
             raise info.error(f"batch sizes differ: {[v.spec.shape[0] for v in values]}")
-        per: list[list[_Value]] = [[] for _ in range(info.n_outputs)]
+        per: list[list[Value]] = [[] for _ in range(info.n_outputs)]
         for b in range(batch):
             sliced = [self._take(v, 0, b, owned) for v in values]
             outs = self._scan(sliced, outer, owned)
@@ -506,7 +499,7 @@ class _Scan(_Control):
         if len(lengths) != 1:
             raise info.error(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
         steps = lengths.pop()
-        parts: list[list[_Value]] = [[] for _ in range(self.k)]
+        parts: list[list[Value]] = [[] for _ in range(self.k)]
         for t in range(steps):
             sliced = [self._take(v, a, t if d == 0 else steps - 1 - t, owned)
                       for v, a, d in zip(xs, axes, self.in_dirs)]
@@ -572,7 +565,7 @@ class _FlexAttention(_Control):
                 _check_io(info, body, attr, 1, 1)
             self.mods.append(body)
 
-    def _modify(self, body: "Body | None", v: _Value, outer, owned) -> _Value:
+    def _modify(self, body: "Body | None", v: Value, outer, owned) -> Value:
         if body is None:
             return v
         out = body.call([v], outer, owned)[0]
@@ -582,7 +575,7 @@ class _FlexAttention(_Control):
             cast = self._new(v.spec.shape, v.spec.dtype, f"{self.info.name}:cast", owned)
             self.runtime.launch(_CAST, cast, out.tensor)
             self._drop(out, owned, [])
-            out = _Value(cast, Spec(v.spec.shape, v.spec.dtype))
+            out = Value(cast, Spec(v.spec.shape, v.spec.dtype))
         return out
 
     def execute(self, formal, outer, owned):
@@ -603,17 +596,17 @@ class _FlexAttention(_Control):
             raise info.error(f"q_num_heads ({hq}) must be a multiple of kv_num_heads ({hk})")
         cdt = flex_precision(info, q.spec.dtype)
         shape = (b, hq, lq, s)
-        scores = _Value(self._new(shape, cdt, f"{info.name}:scores", owned), Spec(shape, cdt))
+        scores = Value(self._new(shape, cdt, f"{info.name}:scores", owned), Spec(shape, cdt))
         rt.launch(_SCORES, scores.tensor, q.tensor, k.tensor, node=info)
         modded = self._modify(self.mods[0], scores, outer, owned)
         self._drop(scores, owned, [modded])
-        probs = _Value(self._new(shape, cdt, f"{info.name}:probs", owned), Spec(shape, cdt))
+        probs = Value(self._new(shape, cdt, f"{info.name}:probs", owned), Spec(shape, cdt))
         rt.launch(_SOFTMAX, probs.tensor, modded.tensor)
         self._drop(modded, owned, [probs])
         final = self._modify(self.mods[1], probs, outer, owned)
         self._drop(probs, owned, [final])
         yshape = (b, hq, lq, ev)
-        y = _Value(self._new(yshape, v.spec.dtype, info.name, owned), Spec(yshape, v.spec.dtype))
+        y = Value(self._new(yshape, v.spec.dtype, info.name, owned), Spec(yshape, v.spec.dtype))
         rt.launch(_PV, y.tensor, final.tensor, v.tensor)
         self._drop(final, owned, [y])
         return [y]

@@ -49,18 +49,11 @@ from .errors import IllegalState
 from .host_values import check_feed, fetch, host_valued, place_feed, run_host_step
 from .plan import PlanCache
 from .runtime import Relaunch, Runtime, Tensor
+from .control_flow import CONTROL_OPS, build_control, implicit_inputs, is_control
+from .values import Run, Value
 from .symbols import Symbol, symbolic_shapes
 
 __all__ = ["Executor", "Run", "FeedError", "ModelError", "Symbol", "UnsupportedModel"]
-
-
-@dataclass(slots=True)
-class _Value:
-    """A tensor value of a run: a device tensor, or (``tensor=None``) a string tensor held on the
-    host in ``spec.value``. Sequences and optionals are other entries (``host_values``)."""
-
-    tensor: Tensor | None
-    spec: Spec
 
 
 @dataclass(frozen=True, init=False)
@@ -104,7 +97,7 @@ class _Step:
 # output (a graph output is the caller's, and a view of a feed could be overwritten in place).
 # A Transpose is one when it moves only dims of size 1 (``_Step.is_view``).
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
-_CONTROL_TYPES = frozenset({"If", "Loop", "Scan", "SequenceMap", "FlexAttention"})  # op types that may hold subgraphs
+_CONTROL_TYPES = frozenset(op for _, op in CONTROL_OPS)  # op types that may hold subgraphs
 
 
 def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
@@ -217,8 +210,6 @@ class Executor:
         host_io = bool(self._host_feeds) or any(host_valued(vi.type) for vi in graph.output)
         nodes = list(graph.node)
         io = [(tuple(n.input), tuple(n.output)) for n in nodes]  # read once: each read builds new strings
-        from .control_flow import build_control, implicit_inputs, is_control
-
         implicit = {k: implicit_inputs(n) for k, n in enumerate(nodes) if n.op_type in _CONTROL_TYPES}
         for k, extra in implicit.items():  # outer-scope reads order the graph like inputs
             io[k] = (io[k][0] + extra, io[k][1])
@@ -272,7 +263,7 @@ class Executor:
         alive = {id(st) for st in kept}
         self.pruned: tuple[str, ...] = tuple(st.info.name for st in self.steps if id(st) not in alive)
         self.steps = kept[::-1]
-        self._const_values: dict[str, _Value] = {}
+        self._const_values: dict[str, Value] = {}
         self.pager = None
         if runtime.config.vram_limit is not None:  # weights paged under stable addresses
             from .pager import WeightPager
@@ -282,7 +273,7 @@ class Executor:
         for name, value in self._constants.items():
             arr = np.asarray(value)
             if (self.pager is not None and name in inits and arr.dtype != object and arr.nbytes >= self.PAGE_MIN):
-                self._const_values[name] = _Value(self.pager.register(name, arr), Spec(tuple(arr.shape), arr.dtype, arr))
+                self._const_values[name] = Value(self.pager.register(name, arr), Spec(tuple(arr.shape), arr.dtype, arr))
             else:
                 self._const_values[name] = self._place(value, name)
         # per step: the paged weights it reads (made resident before it launches)
@@ -306,7 +297,7 @@ class Executor:
         # later node reads (binding over them is unsafe); a device feed's value entry, by identity.
         self._feeds_ok: set[tuple] = set()
         self._unsafe_over: dict[str, frozenset[str]] = {}
-        self._feed_values: dict[int, _Value] = {}
+        self._feed_values: dict[int, Value] = {}
         self._readers: dict[str, list[int]] = {}
         for i, st in enumerate(self.steps):
             for name in st.inputs:
@@ -369,12 +360,12 @@ class Executor:
                 return np.asarray(a[key], dtype=dt)
         raise UnsupportedModel("Constant", [f"{info.name}: attribute form {sorted(a)} is not supported"])
 
-    def _place(self, value: np.ndarray, name: str) -> _Value:
+    def _place(self, value: np.ndarray, name: str) -> Value:
         value = np.asarray(value)
         spec = Spec(tuple(value.shape), value.dtype, value)
         if value.dtype == object:  # a string tensor: kept on the host (``host_values``)
-            return _Value(None, spec)
-        return _Value(self.runtime.upload(value, name=name), spec)
+            return Value(None, spec)
+        return Value(self.runtime.upload(value, name=name), spec)
 
     # -- feeds
     def _feed_rules(self) -> list[tuple[str, Any, int | None, tuple[tuple[int, int | None, str | None], ...]]]:
@@ -490,6 +481,11 @@ class Executor:
             self.release(r, retain=retain)
 
     # -- the step API (segmented capture drives a run node by node through it)
+    def body(self, model: onnx.ModelProto) -> "Executor":
+        """An executor over a subgraph of this one's model (``control_flow.Body``), on the same
+        runtime and registry: not checked on its own, never planned."""
+        return _BodyExecutor(model, self.runtime, registry=self.registry)
+
     def start(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
               bind: "dict[str, Tensor] | None" = None, feed_buffers: "dict[str, Tensor] | None" = None) -> "Run":
         """Check keep/bind and the feeds, upload host feeds: a ``Run`` at its first node. A host
@@ -515,16 +511,16 @@ class Executor:
                 if v is None or v.tensor is not value:
                     if len(values) >= 256:
                         values.clear()
-                    v = values[id(value)] = _Value(value, Spec(tuple(value.shape), value.dtype))
+                    v = values[id(value)] = Value(value, Spec(tuple(value.shape), value.dtype))
                 env[name] = v
                 continue
             spec = Spec(tuple(value.shape), value.dtype)
             held = feed_buffers.get(name) if feed_buffers else None
             if held is not None and tuple(held.shape) == spec.shape and held.dtype == spec.dtype:
                 rt.write(held, value)  # stream-ordered after the kernels that read the last step's
-                env[name] = _Value(held, spec)
+                env[name] = Value(held, spec)
                 continue
-            v = _Value(rt.upload(value, name=name), spec)
+            v = Value(rt.upload(value, name=name), spec)
             env[name] = v
             run.temps.append(v.tensor)  # type: ignore[arg-type]
         return run
@@ -541,7 +537,7 @@ class Executor:
         temp_ids = {id(t) for t in run.temps}
         for o in self.outputs:
             v = env[o]
-            if v is None or type(v) is not _Value or v.tensor is None:  # a sequence, optional or strings
+            if v is None or type(v) is not Value or v.tensor is None:  # a sequence, optional or strings
                 if o in run.bind or o in run.keep:
                     raise FeedError(f"output {o!r} is not a device tensor: it cannot be kept or bound")
                 result[o] = fetch(rt, v)
@@ -592,7 +588,7 @@ class Executor:
             env[step.outputs[0]] = values[0]  # Identity: alias, no launch  # type: ignore[assignment]
             return
         if self._hostish and (step.kernel.host is not None or any(
-                v is not None and (type(v) is not _Value or v.tensor is None) for v in values)):
+                v is not None and (type(v) is not Value or v.tensor is None) for v in values)):
             self.host_steps.add(info.name)  # a host seam (capture_plan)
             run_host_step(rt, run, step, values, persist, temps)
             return
@@ -620,7 +616,7 @@ class Executor:
             src = values[0].tensor  # type: ignore[union-attr]
             spec = out_specs[0]
             view = rt.wrap(src.ref.buffer, spec.shape, spec.dtype, offset=src.ref.offset, name=step.outputs[0])
-            env[step.outputs[0]] = _Value(view, spec)
+            env[step.outputs[0]] = Value(view, spec)
             return  # a view of its input: no allocation, no launch (as a real runtime's Reshape)
         outs: list[Tensor] = []
         for name, spec in zip(step.outputs, out_specs):
@@ -642,7 +638,7 @@ class Executor:
                 temps.append(t)
             outs.append(t)
             if name:
-                env[name] = _Value(t, spec)
+                env[name] = Value(t, spec)
         self._launch(step, call, outs, [v.tensor for v in values if v is not None], specs)
 
     def _launch(self, step: _Step, call: NodeInfo, outs: list[Tensor], ins: list[Tensor],
@@ -728,14 +724,13 @@ class Executor:
         return unsafe
 
 
-@dataclass(eq=False)
-class Run:
-    """One execution of the graph (``Executor.start``): the values so far (name -> device tensor
-    and spec), the temporaries it allocated, and the outputs the caller keeps or binds."""
+class _BodyExecutor(Executor):
+    """An executor over a subgraph: its model is not run through onnx.checker on its own (its
+    outer-scope names are inputs without types; the enclosing model's check covered the subgraph),
+    and it never plans (each call may bring other shapes)."""
 
-    env: dict[str, _Value]
-    temps: list[Tensor]
-    keep: frozenset[str]
-    bind: dict[str, Tensor]
-    handed: set[int] = dataclasses.field(default_factory=set)  # temporaries given to the caller
-    record: dict[int, tuple] | None = None  # step -> (out_specs, call): what a plan is built from
+    CHECK_MODEL = False
+
+    def __init__(self, model: onnx.ModelProto, runtime: Any, *, registry: Any):
+        super().__init__(model, runtime, registry=registry)
+        self.plans = None

@@ -2,7 +2,7 @@
 
 A value in a run's table (``Run.env``) is one of:
 
-- a tensor, ``executor._Value(tensor, spec)``: a device ``Tensor``; or, for a string tensor,
+- a tensor, ``values.Value(tensor, spec)``: a device ``Tensor``; or, for a string tensor,
   ``tensor=None`` and its numpy object array in ``spec.value`` (strings never reach the device);
 - a sequence, ``kernels._host.Seq``: a host-side tuple of tensor values;
 - an empty optional, ``None``; an optional holding a value is that value (as ONNX's reference
@@ -29,6 +29,7 @@ from lockstep.kernels._kernel import Kernel, is_host_error
 from lockstep.kernels._op import NodeInfo, OpError, Spec
 
 from .errors import IllegalState
+from .values import Value
 from lockstep.loading import np_dtype
 
 __all__ = ["HostContext", "check_feed", "place_feed", "fetch", "run_host_step", "is_string_type", "host_valued"]
@@ -83,14 +84,13 @@ def check_feed(name: str, tp: onnx.TypeProto, value: Any, error: type) -> Any:
 def _tensor_value(rt, arr: np.ndarray, name: str, temps: list, *, known: bool = False) -> Any:
     """``arr`` as a tensor value: uploaded (into ``temps``), or kept on the host if it holds strings.
     ``known``: the host keeps its value too (a host kernel's output: a later host read needs no download)."""
-    from .executor import _Value
 
     arr = np.asarray(arr)
     if arr.dtype == object:
-        return _Value(None, Spec(tuple(arr.shape), arr.dtype, arr))
+        return Value(None, Spec(tuple(arr.shape), arr.dtype, arr))
     t = rt.upload(arr, name=name)
     temps.append(t)
-    return _Value(t, Spec(tuple(arr.shape), arr.dtype, arr if known else None))
+    return Value(t, Spec(tuple(arr.shape), arr.dtype, arr if known else None))
 
 
 def place_feed(rt, tp: onnx.TypeProto, value: Any, name: str, temps: list) -> Any:
@@ -140,7 +140,6 @@ class HostContext:
         return _tensor_value(self.rt, np.asarray(arr), self._name(), self.temps, known=True)
 
     def launch(self, fn, out_specs: list[Spec], *values: Any) -> list[Any]:
-        from .executor import _Value
 
         rt, n = self.rt, len(out_specs)
         for v in values:
@@ -163,7 +162,7 @@ class HostContext:
             rt.launch(kernel, *outs, *[v.tensor for v in values], node=self.node)
             if not rt.is_capturing:
                 rt.synchronize()  # the per-op synchronisation point (Executor._launch's)
-        return [_Value(t, s) for t, s in zip(outs, out_specs)]
+        return [Value(t, s) for t, s in zip(outs, out_specs)]
 
 
 def _host_compute(kernel, ctx: HostContext, info: NodeInfo, values: list[Any]) -> tuple[Any, ...]:
@@ -187,7 +186,6 @@ def run_host_step(rt, run, step, values: list[Any], persist: "dict | None", temp
     """Run one node on the host (a host kernel, or a device kernel given strings) and enter its
     outputs in the run's table; a tensor output that is bound or persisted is copied into its buffer."""
     from lockstep.errors import FeedError
-    from .executor import _Value
 
     info = step.info
     if rt.is_capturing:  # a host node is a seam (capture_plan): it reads and writes host memory
@@ -218,5 +216,5 @@ def run_host_step(rt, run, step, values: list[Any], persist: "dict | None", temp
             if tuple(held.shape) != tuple(spec.shape) or held.dtype != spec.dtype:
                 raise FeedError(f"output {name!r} is bound to {held!r} but is {spec.dtype}{list(spec.shape)}")
             rt.copy(held, value.tensor)
-            value = _Value(held, spec)
+            value = Value(held, spec)
         env[name] = value

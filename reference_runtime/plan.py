@@ -50,10 +50,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import MemoryAllocation
+from .runtime import Relaunch, Tensor
+from .values import Run, Value
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .executor import Executor, Run, _Value
-    from .runtime import Relaunch, Tensor
+    from .executor import Executor
 
 __all__ = ["PlanCache", "StepPlan", "DYNAMIC_REASONS"]
 
@@ -87,13 +88,10 @@ class StepPlan:
 
     def __init__(self, executor: "Executor", record: dict[int, tuple], dynamic: set[int],
                  feeds: dict[str, Any]):
-        from .executor import _Value
-        from .runtime import Tensor
-
         ex, rt = executor, executor.runtime
         self.runtime = rt
         self.buffers: list[Tensor] = []  # everything this plan allocated (freed by close)
-        self.fixed: dict[str, _Value] = {}  # planned buffers and prebuilt views, put in a run's env up front
+        self.fixed: dict[str, Value] = {}  # planned buffers and prebuilt views, put in a run's env up front
         self.feed_buffers: dict[str, Tensor] = {}
         self.persist: dict[str, Tensor] = {}  # dynamic nodes' outputs that static nodes read: planned buffers
         self.nodes: list[_Node] = []
@@ -115,7 +113,7 @@ class StepPlan:
                 for name, spec in zip(ex.steps[i].outputs, record[i][0]):
                     if name and name in read and name not in outputs:
                         self.persist[name] = t = self._alloc(spec.shape, spec.dtype, f"plan:{name}")
-                        self.fixed[name] = _Value(t, spec)  # (views of it are built once, below)
+                        self.fixed[name] = Value(t, spec)  # (views of it are built once, below)
             for i, step in enumerate(ex.steps):
                 pn = _Node(i, step.info.name)
                 self.nodes.append(pn)
@@ -128,7 +126,7 @@ class StepPlan:
                     base = self.fixed.get(src) or constant.get(src)
                     if base is not None:  # a view of a planned buffer or a constant: built once
                         t = base.tensor
-                        self.fixed[out] = _Value(rt.wrap(t.ref.buffer, spec.shape, spec.dtype, offset=t.ref.offset,
+                        self.fixed[out] = Value(rt.wrap(t.ref.buffer, spec.shape, spec.dtype, offset=t.ref.offset,
                                                          name=out), spec)
                     else:
                         pn.alias = (src, out, spec)
@@ -142,7 +140,7 @@ class StepPlan:
                     t = self._alloc(spec.shape, spec.dtype, f"plan:{name or step.info.name + ':unused'}")
                     pn.planned[k] = t
                     if name:
-                        self.fixed[name] = _Value(t, spec)
+                        self.fixed[name] = Value(t, spec)
                 if not pn.per_run:
                     pn.outs = [pn.planned[k] for k in range(pn.n_out)]
                 if step.kernel.workspace is not None:
@@ -162,7 +160,6 @@ class StepPlan:
     def execute(self, ex: "Executor", run: "Run") -> None:
         """Run every node of ``run`` (started with this plan's feed buffers) through the plan."""
         from lockstep.errors import FeedError
-        from .executor import _Value
 
         rt = ex.runtime
         env, bind, temps = run.env, run.bind, run.temps
@@ -176,7 +173,7 @@ class StepPlan:
                 if pn.alias is not None:
                     src, out, spec = pn.alias
                     t = env[src].tensor
-                    env[out] = _Value(rt.wrap(t.ref.buffer, spec.shape, spec.dtype, offset=t.ref.offset, name=out),
+                    env[out] = Value(rt.wrap(t.ref.buffer, spec.shape, spec.dtype, offset=t.ref.offset, name=out),
                                       spec)
                 continue
             rt.current_node = pn.name
@@ -194,7 +191,7 @@ class StepPlan:
                         t = rt.empty(spec.shape, spec.dtype, name=name)
                         temps.append(t)
                     outs[k] = t
-                    env[name] = _Value(t, spec)
+                    env[name] = Value(t, spec)
             ins = [env[n].tensor for n in pn.ins]
             rep = pn.replay
             if rep is not None:

@@ -47,7 +47,8 @@ from .errors import (
     StreamCaptureUnsupported,
 )
 from .errors import SyncDebugError
-from .executor import Executor, Run, _Value
+from .executor import Executor
+from .values import Run, Value
 from .runtime import SegmentGraph, Tensor
 from .symbols import Symbol
 
@@ -88,7 +89,7 @@ class _Segment:
     inputs: list[str]  # values read, produced before the segment (not constants)
     produced: list[str]
     graph: SegmentGraph | None = None
-    outputs: dict[str, _Value] = field(default_factory=dict)  # produced values read outside segments, at baked addresses
+    outputs: dict[str, Value] = field(default_factory=dict)  # produced values read outside segments, at baked addresses
     exposed: frozenset[str] = frozenset()  # values read outside segments: by a seam, or graph outputs
     retained: list[Tensor] = field(default_factory=list)
     weights: list[str] = field(default_factory=list)  # paged weights it reads (resident when it runs)
@@ -270,7 +271,7 @@ class CaptureSession:
         self.counters.captured_steps += 1
         return self._run_segmented(sig, feeds, keep, bind, in_place)
 
-    def _stage(self, sig: _Signature, name: str, value: _Value) -> _Value:
+    def _stage(self, sig: _Signature, name: str, value: Value) -> Value:
         """The persistent buffer for ``name`` holding this step's value (allocated on first use)."""
         rt = self.rt
         held = sig.persist.get(name)
@@ -281,7 +282,7 @@ class CaptureSession:
                 raise IllegalState(f"value {name!r} is {value.tensor!r}, but the captured segment baked {held!r}",
                                    subject=name)
             rt.launch(primitives.copy, held, value.tensor)  # on the compute stream, in order: no sync
-        return _Value(held, value.spec)
+        return Value(held, value.spec)
 
     def _run_segmented(self, sig: _Signature, feeds: dict[str, Any], keep, bind: dict[str, Tensor],
                        in_place: dict[str, int]) -> dict[str, Any]:
