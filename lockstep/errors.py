@@ -10,11 +10,16 @@ from here; nothing here imports the rest of lockstep.
 
 from __future__ import annotations
 
-__all__ = ["LockstepError", "FeedError"]
+__all__ = ["LockstepError", "FeedError", "ModelError"]
 
 
 class LockstepError(Exception):
     """An error lockstep names: its message says what was wrong and where."""
+
+
+class ModelError(LockstepError, ValueError):
+    """The model is malformed, fails the checker, or references data it must not (raised by
+    ``lockstep.loading`` and its shape-inference guard, ``lockstep.inference``)."""
 
 
 class FeedError(LockstepError, ValueError):

@@ -36,7 +36,7 @@ from collections import OrderedDict
 
 import onnx
 
-from lockstep.loading import ModelError
+from lockstep.errors import ModelError
 
 __all__ = ["DIM_CAP", "check_for_inference", "infer"]
 

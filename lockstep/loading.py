@@ -22,15 +22,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lockstep.engines.protocol import Unsupported
-from lockstep.errors import LockstepError
+from lockstep.errors import ModelError
 
+from .inference import check_for_inference
 from .ort_schemas import validate_default_domain
 
 __all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
-
-
-class ModelError(LockstepError, ValueError):
-    """The model is malformed, fails the checker, or references data it must not."""
 
 
 class UnsupportedModel(Unsupported):
@@ -460,8 +457,6 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
             except Exception as exc:
                 # one line: the checker's message carries a "\n\n==> Context:" trailer
                 raise ModelError(f"model fails onnx.checker: {' '.join(str(exc).split())}") from exc
-            from .inference import check_for_inference
-
             check_for_inference(model, nodes)
     except ModelError as exc:
         raise ModelError(f"{where}{exc}") from exc.__cause__

@@ -53,10 +53,10 @@ def _lint(tree: Path) -> subprocess.CompletedProcess:
 
 def test_the_floors_point_one_way(tmp_path):
     # contract: no module imports from a floor above its own, counting imports inside functions; the
-    # reference runtime and ONNX Runtime's engines are independent
+    # reference runtime and ONNX Runtime's engines are independent; no package's modules import each other in a cycle
     r = _lint(_layout(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "3 kept, 0 broken" in r.stdout, r.stdout
+    assert "4 kept, 0 broken" in r.stdout, r.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
@@ -68,6 +68,19 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     assert r.returncode != 0, r.stdout
     assert "lockstep's floors point one way BROKEN" in r.stdout, r.stdout
     assert "lockstep.decoder_io -> lockstep.conformance.cli" in r.stdout, r.stdout
+
+
+def test_a_cycle_between_sibling_modules_breaks_the_contract(tmp_path):
+    # contract: the acyclic-siblings check can fail: the runtime importing the executor (which imports the
+    # runtime), inside a function, as the plan and host values once did to dodge the cycle
+    tree = _layout(tmp_path)
+    planted = tree / "lockstep" / "reference_runtime" / "runtime.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from . import executor  # noqa: F401\n")
+    r = _lint(tree)
+    assert r.returncode != 0, r.stdout
+    assert "no cycles among siblings BROKEN" in r.stdout, r.stdout
+    assert "No cycles are allowed in lockstep.reference_runtime." in r.stdout, r.stdout
+    assert "- .runtime -> .executor (1 import)" in r.stdout, r.stdout
 
 
 def test_ruff_passes():
