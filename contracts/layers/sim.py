@@ -10,6 +10,7 @@ from lockstep.contracts.mutation import Mutant
 
 _S = "lockstep.reference_runtime.backends.sim"
 _H = "lockstep.reference_runtime.backends._hazards"
+_ST = "lockstep.reference_runtime.backends._sim_stream"  # streams, events, graphs
 _HAZ_TESTS = ("tests/test_hazards.py", "tests/test_sim_device.py")
 # The simulator's unit tests, the runtime's on it, and the packaged contracts and parity scenarios.
 _DEV_TESTS = ("tests/test_sim_device.py", "tests/test_hazards.py", "tests/test_runtime_unit.py",
@@ -57,7 +58,7 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
-        "sim", "graph_accesses_resolved_once", _S,
+        "sim", "graph_accesses_resolved_once", _ST,
         old="if dev.race_check and self._generation != dev._map_generation:",
         new="if dev.race_check and self._generation < 0:",
         breaks="a replayed graph's accesses are bucketed by the allocations mapped at that launch, not at its first",
@@ -71,7 +72,7 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
-        "sim", "race_stream_query_observes_busy", _S,
+        "sim", "race_stream_query_observes_busy", _ST,
         old="""        if not self.queue:
             self.device._observed(self.vc)
         return not self.queue""",
@@ -81,14 +82,14 @@ MUTANTS = [
         tests=_HAZ_TESTS, ci=True,
     ),
     Mutant(
-        "sim", "race_event_query_observes_pending", _S,
+        "sim", "race_event_query_observes_pending", _ST,
         old="if rec is not None and rec.done:",
         new="if rec is not None:",
         breaks="an event query answering 'not done' observes nothing: the work before the record stays unordered",
         tests=_HAZ_TESTS,
     ),
     Mutant(
-        "sim", "race_stream_sync_unobserved", _S,
+        "sim", "race_stream_sync_unobserved", _ST,
         old="""        self.device._check()
         self.device._observed(self.vc)
         self.device._raise_host_error()""",
@@ -98,7 +99,7 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
-        "sim", "race_event_sync_unobserved", _S,
+        "sim", "race_event_sync_unobserved", _ST,
         old="""            self.device._observed(rec.vc)
             self.device._raise_host_error()""",
         new="""            self.device._raise_host_error()""",
@@ -115,7 +116,7 @@ MUTANTS = [
         tests=_HAZ_TESTS,
     ),
     Mutant(
-        "sim", "race_wait_on_executed_record_orders_nothing", _S,
+        "sim", "race_wait_on_executed_record_orders_nothing", _ST,
         old="""            if self.device.race_check:
                 self.device._hz.wait(self, rec.vc)""",
         new="""            if self.device.race_check and not rec.done:
@@ -125,7 +126,7 @@ MUTANTS = [
     ),
     # -- the asynchronous model: in-order streams, work executes only when something waits for it
     Mutant(
-        "sim", "queue_bound_off_by_one", _S,
+        "sim", "queue_bound_off_by_one", _ST,
         old="if len(self.queue) > dev.queue_bound:",
         new="if len(self.queue) >= dev.queue_bound:",
         breaks="a stream queue holds queue_bound entries; only the next enqueue executes the oldest",
@@ -143,14 +144,14 @@ MUTANTS = [
         tests=_DEV_TESTS, ci=True,
     ),
     Mutant(
-        "sim", "stream_sync_runs_head_only", _S,
+        "sim", "stream_sync_runs_head_only", _ST,
         old="self.device._run_through(self.queue[-1])",
         new="self.device._run_through(self.queue[0])",
         breaks="a stream synchronize executes everything enqueued on the stream",
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "wait_not_enqueued", _S,
+        "sim", "wait_not_enqueued", _ST,
         old="""            if not rec.done:
                 self._enqueue("wait", target=rec)""",
         new="""            if rec.done:
@@ -167,21 +168,21 @@ MUTANTS = [
     ),
     # -- events
     Mutant(
-        "sim", "unrecorded_event_not_done", _S,
+        "sim", "unrecorded_event_not_done", _ST,
         old="return rec is None or rec.done",
         new="return rec is not None and rec.done",
         breaks="Event.query is True for an event never recorded",
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "event_rerecord_keeps_first", _S,
+        "sim", "event_rerecord_keeps_first", _ST,
         old='event._last_record = self._enqueue("record")',
         new='event._last_record = event._last_record or self._enqueue("record")',
         breaks="an event recorded again stands for its latest record (query, wait, synchronize follow it)",
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "event_sync_drains_its_stream", _S,
+        "sim", "event_sync_drains_its_stream", _ST,
         old="""        if rec is not None:
             self.device._run_through(rec)""",
         new="""        if rec is not None:
@@ -253,7 +254,7 @@ MUTANTS = [
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "host_error_not_raised_at_launch", _S,
+        "sim", "host_error_not_raised_at_launch", _ST,
         old="""        self.device._check()
         self.device._raise_host_error()
         if self._capture is not None:
@@ -273,7 +274,7 @@ MUTANTS = [
     ),
     # -- capture and replay
     Mutant(
-        "sim", "query_in_capture_keeps_capture", _S,
+        "sim", "query_in_capture_keeps_capture", _ST,
         old="""            self._capture.invalidated = "stream query during capture"
 """,
         new="",
@@ -299,7 +300,7 @@ MUTANTS = [
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "capture_record_enqueued_too", _S,
+        "sim", "capture_record_enqueued_too", _ST,
         old="""            self._capture.nodes.append(("record", dict(event=event)))
             return""",
         new="""            self._capture.nodes.append(("record", dict(event=event)))""",
@@ -323,14 +324,14 @@ MUTANTS = [
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "replay_dtod_unchecked_for_races", _S,
+        "sim", "replay_dtod_unchecked_for_races", _ST,
         old="""                accesses += [("graph memcpy DtoD", node["dst"], True), ("graph memcpy DtoD", node["src"], False)]""",
         new="""                pass""",
         breaks="a replay's DtoD copy is a write the race checker sees: an unordered cross-stream read races",
         tests=_DEV_TESTS,
     ),
     Mutant(
-        "sim", "end_capture_keeps_capturing_when_invalidated", _S,
+        "sim", "end_capture_keeps_capturing_when_invalidated", _ST,
         old="""        self._capture = None
         if cap.invalidated:""",
         new="""        if cap.invalidated:""",
