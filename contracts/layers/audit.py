@@ -9,6 +9,7 @@ from lockstep.contracts.mutation import Mutant
 _A = "lockstep.contracts.audit"  # the driver, allowlist and CLI
 _INDEX, _VALUES, _GUARDS = f"{_A}_index", f"{_A}_values", f"{_A}_guards"  # tables; value tracking and sinks; guards
 _ENTRIES, _REPORT = f"{_A}_entries", f"{_A}_report"  # kernel entry points; text/JSON/SARIF output
+_RESOLVE = f"{_A}_resolve"  # name resolution: calls, instances, methods
 _T = ("tests/test_audit.py",)
 
 
@@ -127,7 +128,7 @@ MUTANTS = [
     _m("staticmethod_not_followed",
        "if self._is_class(fn, base):  # Helper.static_or_class_method(...)", "if False:",
        "a static or class method called on the class (`Stats.peak(x)`) is followed",
-       "planted and (staticmethod or classmethod)", module=_VALUES),
+       "planted and (staticmethod or classmethod)", module=_RESOLVE),
     _m("bound_method_compute_unresolved",
        "elif isinstance(n, ast.Attribute):  # a bound method: Norm().compute, NORM.compute, Helper.static",
        "elif False:",
