@@ -5,6 +5,7 @@ launch and index checks into the latch (reference_runtime/executor.py, symbols.p
 from lockstep.contracts.mutation import Mutant
 
 _E = "lockstep.reference_runtime.executor"
+_ST = "lockstep.reference_runtime.steps"  # a model's nodes as steps
 _S = "lockstep.reference_runtime.symbols"
 _EX = ("tests/test_executor.py",)
 _P = "lockstep.reference_runtime.plan"
@@ -183,7 +184,7 @@ MUTANTS = [
         tests=_EX, select="constant_attribute",
     ),
     Mutant(
-        "executor", "compute_shape_unchecked", _E,
+        "executor", "compute_shape_unchecked", _ST,
         old="if tuple(res.shape) != tuple(out.shape):",
         new="if res.ndim != len(out.shape):",
         breaks="a compute result of another shape than shapes() promised is an error naming the node, never broadcast",
@@ -233,7 +234,7 @@ MUTANTS = [
         tests=("tests/test_launch_replay.py",), select="byte_identical",
     ),
     Mutant(
-        "executor", "transpose_always_a_view", _E,
+        "executor", "transpose_always_a_view", _ST,
         old="        return moved == sorted(moved)",
         new="        return True",
         breaks="a Transpose is a view only when it moves dims of size 1 past each other (the elements keep their order)",
