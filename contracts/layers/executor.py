@@ -11,6 +11,7 @@ _EX = ("tests/test_executor.py",)
 _P = "lockstep.reference_runtime.plan"
 _PLANS = ("tests/test_execution_plans.py",)
 _CF = "lockstep.reference_runtime.control_flow"
+_CB = "lockstep.reference_runtime.control_body"  # Body and the _Control base
 _CFT = ("tests/test_control_flow.py",)
 
 MUTANTS = [
@@ -276,7 +277,7 @@ MUTANTS = [
         tests=_CFT, select="superseded",
     ),
     Mutant(
-        "executor", "body_sequence_elements_not_handed", _CF,
+        "executor", "body_sequence_elements_not_handed", _CB,
         old="return Seq(tuple(hand_over(item, o) for item in v.items), v.dtype)",
         new="return v",
         breaks="the tensors a body's output sequence holds are handed to the caller, not freed with the body's run",
@@ -297,14 +298,14 @@ MUTANTS = [
         tests=_CFT, select="reverse",
     ),
     Mutant(
-        "executor", "body_view_output_escapes", _CF,
+        "executor", "body_view_output_escapes", _CB,
         old="elif t is not None and id(t) not in passed:  # a view of a temporary: its own copy",
         new="elif False:  # a view of a temporary: its own copy",
         breaks="a subgraph output that is a view of the subgraph's temporary is copied before the body frees it",
         tests=_CFT, select="view_of_a_branch",
     ),
     Mutant(
-        "executor", "control_flow_frees_while_recording", _CF,
+        "executor", "control_flow_frees_while_recording", _CB,
         old="""        if self.runtime.is_capturing:
             return
         held = {id(x) for lv in live for x in _tensors(lv)}""",
@@ -314,7 +315,7 @@ MUTANTS = [
         tests=_CFT, select="capture and scan", ci=True,
     ),
     Mutant(
-        "executor", "body_temporaries_freed_while_recording", _CF,
+        "executor", "body_temporaries_freed_while_recording", _CB,
         old="            if rt.is_capturing:  # recorded in a segment: the graph bakes every temporary's address",
         new="            if False:  # recorded in a segment: the graph bakes every temporary's address",
         breaks="a body recorded in a segment keeps its temporaries (the graph's replay reads them)",
