@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from ._fast import ITEM_CTYPE, is_cupy, launch, launch_1d, raw_kernel, same_buffer
+from ._launch import ITEM_CTYPE, is_cupy, launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
 __all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into",

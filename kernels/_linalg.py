@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import launch, launch_1d, raw_kernel, same_buffer
+from ._launch import launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
 __all__ = ["matmul", "matmul_into", "matmul_shape"]

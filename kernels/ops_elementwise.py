@@ -15,7 +15,8 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _elementwise_util as U
-from ._fast import binary_into, same_buffer, where_into
+from ._fast import binary_into, where_into
+from ._launch import same_buffer
 from ._op import NodeInfo, OpKernel, Spec, broadcast
 
 __all__ = ["OPS"]

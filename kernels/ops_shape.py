@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ._fast import fill_value, permute_into, range_into, same_buffer, strided_copy_into
+from ._fast import fill_value, permute_into, range_into, strided_copy_into
+from ._launch import same_buffer
 from ._op import NodeInfo, OpKernel, Spec, broadcast, normalize_axis
 from ._shape_util import (
     I64,

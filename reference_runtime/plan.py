@@ -26,7 +26,7 @@ executor does the same (``RuntimeConfig.execution_plans``, on by default):
   tensors (planned buffers, constants, the same bound feeds and outputs: compared by identity)
   ``Runtime.relaunch`` the record, skipping the kernel's host code (argument checks, launch
   geometry, packing). On CuPy a record exists only when the body's device work was RawKernel
-  launches alone (``kernels._fast.LaunchRecorder``); otherwise, or when the tensors differ, the node
+  launches alone (``kernels._launch.LaunchRecorder``); otherwise, or when the tensors differ, the node
   runs its body as before (recorded again on the next run only when the old record had served
   ``StepPlan.REARM`` relaunches: a cache reallocated per sequence, not tensors new every step). A
   dynamic node's output read by a static node is written into a planned buffer (its shape is

@@ -18,7 +18,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 
-from lockstep.kernels import _fast, _fused, _linalg
+from lockstep.kernels import _fast, _fused, _launch, _linalg
 from lockstep.kernels._op import NodeInfo, Spec
 from lockstep.kernels.registry import REGISTRY
 from lockstep.reference_runtime.executor import _attrs
@@ -410,12 +410,12 @@ def test_a_recorded_into_relaunches_its_bytes_on_cupy(name, call):
     if any(dt.name not in CupyDevice.ARRAY_DTYPES for dt in dtypes):
         pytest.skip("CuPy holds the small ONNX types as raw bits: compute's business")
     dev = [None if a is None else cp.asarray(a) for a in arrays]
-    rec = _fast.LaunchRecorder()
+    rec = _launch.LaunchRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outs = tuple(cp.asarray(o) for o in _sentinel_outs(info.out_specs))
-        with _fast.recording(rec):
-            took = kernel.into(_fast.RecordingModule(cp, rec), info, outs, *dev)
+        with _launch.recording(rec):
+            took = kernel.into(_launch.RecordingModule(cp, rec), info, outs, *dev)
     if not took or not rec.complete:
         pytest.skip(f"not recorded: {'into declined' if not took else rec.refused or 'no launch'}")
     for i, (a, d) in enumerate(zip(arrays, dev)):

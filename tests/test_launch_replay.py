@@ -12,7 +12,7 @@ import onnx
 import pytest
 from lockstep.decoding import greedy
 from lockstep.golden.anchors import MODEL_DIR
-from lockstep.kernels import _fast
+from lockstep.kernels import _fast, _launch
 from lockstep.kernels._kernel import Kernel
 from lockstep.reference_runtime import DeviceAssert, RuntimeConfig
 from lockstep.reference_runtime.engine import RefDecoder
@@ -199,17 +199,17 @@ class _FakeRaw:
 
 
 def test_the_recorder_keeps_launches_only_while_recording():
-    """Contract: ``_fast.launch`` launches always and appends (function, grid, block, args,
+    """Contract: ``_launch.launch`` launches always and appends (function, grid, block, args,
     shared_mem) to the active recorder only; ``recording`` nests and restores."""
     k = _FakeRaw()
-    _fast.launch(k, (1,), (32,), (1, 2))
-    outer, inner = _fast.LaunchRecorder(), _fast.LaunchRecorder()
-    with _fast.recording(outer):
-        _fast.launch_1d(k, 600, ("a",))
-        with _fast.recording(inner):
-            _fast.launch(k, (2,), (64,), ("b",), 128)
-        _fast.launch(k, (3,), (32,), ("c",))
-    _fast.launch(k, (4,), (32,), ("d",))
+    _launch.launch(k, (1,), (32,), (1, 2))
+    outer, inner = _launch.LaunchRecorder(), _launch.LaunchRecorder()
+    with _launch.recording(outer):
+        _launch.launch_1d(k, 600, ("a",))
+        with _launch.recording(inner):
+            _launch.launch(k, (2,), (64,), ("b",), 128)
+        _launch.launch(k, (3,), (32,), ("c",))
+    _launch.launch(k, (4,), (32,), ("d",))
     assert len(k.calls) == 5
     assert [r[1:] for r in outer.launches] == [((3,), (256,), ("a",), 0), ((3,), (32,), ("c",), 0)]
     assert inner.launches == [(k.kernel, (2,), (64,), ("b",), 128)]
@@ -220,18 +220,18 @@ def test_the_recording_module_refuses_what_may_launch():
     """Contract: through ``RecordingModule`` a body may reach types and kernel constructors; any other
     attribute (a ufunc, ``copyto``, ``empty``) refuses the record, naming the first one; so does
     ``unrecordable``; a record with no launch is not complete."""
-    rec = _fast.LaunchRecorder()
-    xp = _fast.RecordingModule(np, rec)
+    rec = _launch.LaunchRecorder()
+    xp = _launch.RecordingModule(np, rec)
     assert xp.__name__ == "numpy" and xp.float32 is np.float32 and xp.int64 is np.int64
     assert rec.refused is None and not rec.complete, "contract: nothing launched is not a record"
     assert xp.copyto is np.copyto
     xp.add  # noqa: B018
     assert rec.refused == "xp.copyto"
-    other = _fast.LaunchRecorder()
-    _fast.unrecordable("outside any recording: ignored")
-    with _fast.recording(other):
-        _fast.launch(_FakeRaw(), (1,), (1,), ())
-        _fast.unrecordable("ndarray.fill")
+    other = _launch.LaunchRecorder()
+    _launch.unrecordable("outside any recording: ignored")
+    with _launch.recording(other):
+        _launch.launch(_FakeRaw(), (1,), (1,), ())
+        _launch.unrecordable("ndarray.fill")
     assert other.refused == "ndarray.fill" and not other.complete
 
 

@@ -184,7 +184,7 @@ MUTANTS = [
         tests=_CASES, select="latch", devices=("cupy",),
     ),
     Mutant(
-        "kernels", "recording_module_refuses_nothing", _K + "_fast",
+        "kernels", "recording_module_refuses_nothing", _K + "_launch",
         old='        if name not in self.SAFE:\n            self._rec.refuse(f"xp.{name}")',
         new="        if False:\n            pass",
         breaks="a body whose device work is more than RawKernel launches (CuPy ops) is never relaunched from a partial record",

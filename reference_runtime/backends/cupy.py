@@ -205,7 +205,7 @@ class CupyStream(Stream):
         self._note(kernel.name)
 
     def launch_recorded(self, kernel: Kernel, arrays: list[ArrayRef], scalars: dict[str, Any]) -> Any | None:
-        """``launch`` with the body's RawKernel launches recorded (``kernels._fast.LaunchRecorder``):
+        """``launch`` with the body's RawKernel launches recorded (``kernels._launch.LaunchRecorder``):
         the handle is ``(name, packed launches, arguments)`` when every device operation of the
         body was one of them and their arguments could be packed (``_pack``), else None (a ufunc,
         an ElementwiseKernel, an allocation: the body must run again next time). Not during a
@@ -213,7 +213,7 @@ class CupyStream(Stream):
         if self._capture_keep is not None:
             self.launch(kernel, arrays, scalars)
             return None
-        from lockstep.kernels._fast import LaunchRecorder, RecordingModule, recording
+        from lockstep.kernels._launch import LaunchRecorder, RecordingModule, recording
 
         dev = self.device
         if dev._sticky is not None:
