@@ -199,7 +199,7 @@ def _decode(args: argparse.Namespace) -> int:
     from lockstep.errors import FeedError
     from lockstep.golden.catalog import builtin_models, export_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
-    from lockstep.kernels._op import OpError
+    from lockstep.kernels import OpError
     from lockstep.loading import ModelError, load_model
     from lockstep.reference_runtime.errors import CudaError
 

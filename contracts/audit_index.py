@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from lockstep.errors import LockstepError
 from lockstep.reference_runtime.primitive import audit_tables as _declared_tables
 from lockstep.reference_runtime.primitive_table import primitives as _runtime_primitives
-from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
+from lockstep.kernels import DATA_DEPENDENT_SHAPE, HOST_RESULT
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TREE = ("kernels", "reference_runtime")

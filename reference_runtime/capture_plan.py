@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels._op import Spec
+from lockstep.kernels import Spec
 
 from .symbols import Symbol
 

@@ -13,9 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels import Kernel, primitives
-from lockstep.kernels._host import Seq
-from lockstep.kernels._op import NodeInfo, OpError, Spec
+from lockstep.kernels import Kernel, NodeInfo, OpError, primitives, Seq, Spec
 
 from .values import Run, Value
 from lockstep.loading import np_dtype

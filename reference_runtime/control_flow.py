@@ -41,11 +41,18 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels import Kernel, primitives
-from lockstep.kernels._attention import flex_output, flex_precision, flex_scores, flex_softmax
-from lockstep.kernels._cast_util import SMALL_DTYPES
-from lockstep.kernels._host import Seq
-from lockstep.kernels._op import NodeInfo, Spec
+from lockstep.kernels import (
+    SMALL_DTYPES,
+    flex_output,
+    flex_precision,
+    flex_scores,
+    flex_softmax,
+    Kernel,
+    NodeInfo,
+    primitives,
+    Seq,
+    Spec,
+)
 
 from .control_body import (
     _CAST,

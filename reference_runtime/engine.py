@@ -99,7 +99,7 @@ class RefEngine:
         cls = self._device_class()
         holds = cls.ARRAY_DTYPES
         if holds is not None and cls.RAW_STORAGE:  # the small types live there as raw bits
-            from lockstep.kernels._cast_util import SMALL_DTYPES
+            from lockstep.kernels import SMALL_DTYPES
 
             holds = holds | SMALL_DTYPES
         exotic = _dtypes(model) - holds if holds is not None else set()

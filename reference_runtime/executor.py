@@ -31,11 +31,17 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels._attr_check import validate as validate_node
-from lockstep.kernels._kernel import KernelHostError, is_host_error
-from lockstep.kernels._latch import as_check
-from lockstep.kernels._op import MEMO_MIN_MODEL_BYTES, NodeInfo, OpError, Spec
-from lockstep.kernels._small import in_dtypes as small_in_dtypes
+from lockstep.kernels import (
+    MEMO_MIN_MODEL_BYTES,
+    as_check,
+    is_host_error,
+    KernelHostError,
+    NodeInfo,
+    OpError,
+    small_in_dtypes,
+    Spec,
+    validate_node,
+)
 from lockstep.kernels.registry import EXECUTOR_OPS, REGISTRY, Registry
 
 from lockstep.errors import FeedError

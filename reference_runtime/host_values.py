@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from lockstep.kernels._host import Seq
-from lockstep.kernels._kernel import Kernel, is_host_error
-from lockstep.kernels._op import NodeInfo, OpError, Spec
+from lockstep.kernels import is_host_error, Kernel, NodeInfo, OpError, Seq, Spec
 
 from .errors import IllegalState
 from .values import Value

@@ -23,9 +23,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from lockstep.kernels import primitives
-from lockstep.kernels._kernel import Kernel, KernelHostError
-from lockstep.kernels._op import dtype_name
+from lockstep.kernels import dtype_name, Kernel, KernelHostError, primitives
 
 from . import primitive as _primitive
 from . import sync_debug as _sd

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx
-from lockstep.kernels import Kernel
-from lockstep.kernels._latch import flag_check
-from lockstep.kernels._op import NodeInfo, OpKernel, Spec
-from lockstep.kernels._small import run as run_small
+from lockstep.kernels import flag_check, Kernel, NodeInfo, OpKernel, run_small, Spec
 from onnx import helper
 
 from lockstep.loading import ModelError, tensor_to_numpy

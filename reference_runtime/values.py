@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from lockstep.kernels._op import Spec
+from lockstep.kernels import Spec
 
 from .runtime import Tensor
 

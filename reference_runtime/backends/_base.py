@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from lockstep.kernels._kernel import Kernel
+from lockstep.kernels import Kernel
 
 from ..errors import InvalidValue
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.kernels._xp_facts import DATA_DEPENDENT_SHAPE, HOST_RESULT
+from lockstep.kernels import DATA_DEPENDENT_SHAPE, HOST_RESULT
 
 from ..errors import HostReadInCapture
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from lockstep.kernels._kernel import Kernel
+from lockstep.kernels import Kernel
 
 from ..errors import (
     CaptureOnLegacyStream,

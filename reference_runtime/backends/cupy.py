@@ -14,8 +14,7 @@ import ctypes
 from typing import Any
 
 import numpy as np
-from lockstep.kernels._cast_util import storage_dtype
-from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
+from lockstep.kernels import is_host_error, Kernel, KernelHostError, storage_dtype
 
 from ..errors import (
     CaptureD2HRefused,
@@ -213,7 +212,7 @@ class CupyStream(Stream):
         if self._capture_keep is not None:
             self.launch(kernel, arrays, scalars)
             return None
-        from lockstep.kernels._launch import LaunchRecorder, RecordingModule, recording
+        from lockstep.kernels import LaunchRecorder, RecordingModule, recording
 
         dev = self.device
         if dev._sticky is not None:

@@ -51,8 +51,7 @@ from typing import Any
 
 import numpy as np
 from lockstep.host_memory import host_budget
-from lockstep.kernels._cast_util import storage_dtype
-from lockstep.kernels._kernel import Kernel, KernelHostError, is_host_error
+from lockstep.kernels import is_host_error, Kernel, KernelHostError, storage_dtype
 
 from ..errors import (
     CaptureD2HRefused,
