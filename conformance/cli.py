@@ -409,21 +409,73 @@ def _parity(args: argparse.Namespace) -> int:
     return parity.main(argv)
 
 
+def _audit(argv: list[str]) -> int:
+    from lockstep.contracts.audit import main as audit_main
+
+    return audit_main(argv)
+
+
+def _expectations(argv: list[str]) -> int:
+    from lockstep.conformance.expectations import main as expectations_main
+
+    return expectations_main(argv)
+
+
+def _fuzz(argv: list[str]) -> int:
+    from lockstep.conformance.fuzz.command import main as fuzz_main
+
+    return fuzz_main(argv)
+
+
+def _cases(argv: list[str]) -> int:
+    from lockstep.reference_runtime.node_cases import main as cases_main
+
+    return cases_main(argv)
+
+
+def _capture_guard(argv: list[str]) -> int:
+    from lockstep.reference_runtime.capture_guard_pass import main as capture_guard_main
+
+    return capture_guard_main(argv)
+
+
+# the commands with an argument parser of their own, in their module: `lockstep NAME ARGS...` is that
+# module's main(ARGS), its exit codes; (handler, the help line of `lockstep --help`)
+_OWN_PARSER = {
+    "audit": (_audit, "static audit of capture-unsafe synchronisation: "
+                      "`lockstep audit [PATHS...] [--format text|json|sarif] [--explain]`"),
+    "expectations": (_expectations, "write an engine's expectations entries (TOML) from a run's report: "
+                                    "`lockstep expectations --from-report reports/report.json --engine NAME [--new]`"),
+    "cases": (_cases, "run ONNX's backend node cases on an engine, each case's outcome and a summary: "
+                      "`lockstep cases --engine ref-sim --match 'test_add*' [--emit-expectations]`"),
+    "capture-guard": (_capture_guard, "the capture guard's pass over ONNX's node cases (captured bytes against "
+                                      "eager, host reads): `lockstep capture-guard [--match PATTERN]`"),
+    "fuzz": (_fuzz, "fuzz the reference runtime (with ONNX Runtime beside) and the CLI from a seed, reproducers "
+                    "per crash: `lockstep fuzz --cases N --seed S`, `lockstep fuzz --replay DIR`"),
+}
+
+
+def _own_parser(handler, argv: list[str]) -> int:
+    """A command of ``_OWN_PARSER``: its exit status, argparse's too (``--help``: 0, a usage error: 2)."""
+    try:
+        return handler(argv)
+    except SystemExit as exc:
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 2
+
+
 def main(argv: list[str] | None = None) -> int:
     import sys
 
     raw = list(sys.argv[1:] if argv is None else argv)
-    if raw[:1] == ["audit"]:  # its own argument parser (contracts/audit.py), exit codes 0/1/2
-        from lockstep.contracts.audit import main as audit_main
-
-        return audit_main(raw[1:])
+    if raw[:1] and raw[0] in _OWN_PARSER:
+        return _guarded(lambda: _own_parser(_OWN_PARSER[raw[0]][0], raw[1:]))
     from lockstep import __version__
 
     ap = argparse.ArgumentParser(prog="lockstep", description="Conformance and correctness suite for CUDA inference runtimes.")
     ap.add_argument("--version", action="version", version=f"lockstep {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("audit", help="static audit of capture-unsafe synchronisation: "
-                   "`lockstep audit [PATHS...] [--format text|json|sarif] [--explain]`", add_help=False)
+    for name, (_, help_line) in _OWN_PARSER.items():
+        sub.add_parser(name, help=help_line, add_help=False)
 
     m = sub.add_parser("mutants", help="prove the tests can fail: run them against catalogues of broken code "
                        "(default: the runtime's contract tests against broken runtimes)")
@@ -519,12 +571,21 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_parity)
 
     args, extra = ap.parse_known_args(argv)
-    try:
+
+    def run() -> int:
         if args.command == "check":
             return _check(args, extra)
         if extra:
             ap.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.func(args)
+
+    return _guarded(run)
+
+
+def _guarded(run) -> int:
+    """``run()``'s exit status; lockstep's errors as one line, exit status 2."""
+    try:
+        return run()
     except CliError as exc:  # one line, whatever the message held
         line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"lockstep: error: {line}", file=sys.stderr)

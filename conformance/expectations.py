@@ -26,8 +26,8 @@ engine's that declares the file, and of each engine that declares it when varian
 (two factories, two names) share one file. An entry that names an engine is that engine's alone (a
 variant's own difference), left out for the other engines sharing the file. A declared file that
 does not exist yet holds no entry: every case the engine cannot run fails (the run says how to
-write it). The writers (``python -m lockstep.conformance.expectations --from-report``, ``python -m
-lockstep.reference_runtime.node_cases --emit-expectations``) write entries without ``engine``;
+write it). The writers (``lockstep expectations --from-report``, ``lockstep cases
+--emit-expectations``) write entries without ``engine``;
 ``--engine-field`` adds it, for a file several engines share (lockstep's packaged one).
 
 An entry whose ``when`` holds and that matches no case is stale: a usage error. ``when`` keys are
@@ -282,14 +282,15 @@ def rows_from_report(report: dict, engine: str, *, new_only: bool = False) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lockstep.conformance.expectations --from-report reports/report.json --engine NAME [--new]
+    """``lockstep expectations --from-report reports/report.json --engine NAME [--new]
     [--when onnxruntime==1.31.*] [--engine-field]``: TOML ``unsupported`` entries for what the engine
     could not run, for its own expectations file."""
-    import argparse
     import json
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m lockstep.conformance.expectations", description=main.__doc__.splitlines()[0])
+    from lockstep.errors import command_parser
+
+    ap = command_parser("lockstep expectations", description=main.__doc__.splitlines()[0])
     ap.add_argument("--from-report", required=True, help="a report.json written by --lockstep-report-dir "
                                                          "(lockstep check writes reports/report.json)")
     ap.add_argument("--engine", action="append", required=True, help="the engine's name (repeatable)")
@@ -304,28 +305,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = json.loads(Path(args.from_report).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: {args.from_report}: {exc}", file=sys.stderr)
+        print(f"{ap.prog}: error: {args.from_report}: {exc}", file=sys.stderr)
         return 2
     when = {}
     for w in args.when:
         m = re.match(r"^([A-Za-z0-9_.-]+)\s*([<>=!~].*)$", w)
         if not m:
-            print(f"error: --when {w!r}: expected dist<specifier>", file=sys.stderr)
+            print(f"{ap.prog}: error: --when {w!r}: expected dist<specifier>", file=sys.stderr)
             return 2
         when[m.group(1)] = m.group(2)
     known = sorted({o.get("engine") for o in report.get("tests", {}).values()} - {None, "-"})
     unknown = [e for e in args.engine if e not in known]
     if unknown:
-        print(f"error: --engine {', '.join(unknown)}: not in {args.from_report} (its engines: {', '.join(known)})",
+        print(f"{ap.prog}: error: --engine {', '.join(unknown)}: not in {args.from_report} (its engines: {', '.join(known)})",
               file=sys.stderr)
         return 2
     for engine in args.engine:
         print(emit(engine, rows_from_report(report, engine, new_only=args.new), when or None,
                    engine_field=args.engine_field, source=args.from_report))
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

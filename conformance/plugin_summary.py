@@ -86,7 +86,7 @@ def record_command(config, st: SuiteState, engine: str) -> list[str]:
             target, field = _shown(shared), " --engine-field"
             where = f"the expectations file in use, {target}"
     lines = [f"  intended? record them in {where}:",
-             f"  python -m lockstep.conformance.expectations --from-report {report} --engine {engine} --new{field} >> {target}"]
+             f"  lockstep expectations --from-report {report} --engine {engine} --new{field} >> {target}"]
     if not report_dir:
         lines.insert(0, "  (this run wrote no report: rerun with --lockstep-report-dir reports, as `lockstep check` does)")
     return lines

@@ -332,7 +332,3 @@ def main(argv: list[str] | None = None) -> int:
 
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1 if res.findings else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ from here; nothing here imports the rest of lockstep.
 
 from __future__ import annotations
 
-__all__ = ["LockstepError", "FeedError", "ModelError"]
+__all__ = ["LockstepError", "FeedError", "ModelError", "command_parser"]
 
 
 class LockstepError(Exception):
@@ -25,3 +25,16 @@ class ModelError(LockstepError, ValueError):
 class FeedError(LockstepError, ValueError):
     """A feed is missing, unknown, or of the wrong dtype or shape; names the input (any engine's
     session: the reference runtime's executor, ONNX Runtime's refusal of a step's feeds)."""
+
+
+def command_parser(prog: str, **kwargs):
+    """The argument parser of a ``lockstep`` subcommand whose module parses its own arguments
+    (``lockstep expectations``, ``fuzz``, ``cases``, ``capture-guard``): a usage error is one
+    ``PROG: error: ...`` line, exit status 2, like the CLI's own (argparse's default adds the usage)."""
+    import argparse
+
+    class _OneLine(argparse.ArgumentParser):
+        def error(self, message):
+            self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+    return _OneLine(prog=prog, **kwargs)

@@ -21,13 +21,12 @@ Outcomes (``GuardOutcome.status``):
   and it holds an unseeded random op (Bernoulli, RandomUniformLike, ... without ``seed``: each run
   draws afresh; the host-read guard still ran).
 
-As a command: ``python -m lockstep.reference_runtime.capture_guard_pass [--match PATTERN]`` prints
+As a command: ``lockstep capture-guard [--match PATTERN]`` prints
 each finding and a summary of outcomes and skip reasons.
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import sys
 import time
@@ -163,7 +162,10 @@ def skip_reason(detail: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lockstep.reference_runtime.capture_guard_pass")
+    from lockstep.errors import command_parser
+
+    ap = command_parser("lockstep capture-guard", description="The capture guard's pass over ONNX's node cases: "
+                        "each finding and a summary of outcomes and skip reasons.")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     args = ap.parse_args(argv)
     cases = [c for c in load_cases() if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
@@ -184,7 +186,3 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in skips.most_common():
         print(f"  skipped {v:5}  {k}")
     return 1 if any(counts[k] for k in ("host_read", "recording_failed", "mismatch")) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,13 +9,11 @@ sequences element by element, an empty optional as None: ``assert_similar``). Ca
 or optional inputs/outputs go only to an engine that declares it takes them (``values``); to any
 other engine they are ``unsupported``.
 
-As a command, for working on kernels: ``python -m lockstep.reference_runtime.node_cases --engine ref-sim
---match 'test_add*'`` prints each case's outcome and a summary.
+As a command, for working on kernels: ``lockstep cases --engine ref-sim --match 'test_add*'`` prints each case's outcome and a summary.
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import pickle
 import re
@@ -224,7 +222,10 @@ def run_case(engine, case: NodeCase) -> Outcome:
 def main(argv: list[str] | None = None) -> int:
     from lockstep.engines.registry import EngineLoadError, load_engine
 
-    ap = argparse.ArgumentParser(prog="python -m lockstep.reference_runtime.node_cases")
+    from lockstep.errors import command_parser
+
+    ap = command_parser("lockstep cases", description="Run ONNX's backend node cases on an engine: each case's "
+                        "outcome and a summary, or --emit-expectations entries for what it fails.")
     ap.add_argument("--engine", default="ref-sim")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
@@ -238,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = load_engine(args.engine)
     except EngineLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
         return 2
     ok, why = engine.available()
     if not ok:
-        print(f"error: engine {engine.name} is unavailable here: {why}", file=sys.stderr)
+        print(f"{ap.prog}: error: engine {engine.name} is unavailable here: {why}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
     show = set(args.show.split(","))
     cases = [c for c in load_cases() if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
     if not cases:
-        print(f"error: --match {args.match}: no node case matches (onnx {onnx.__version__} has {len(load_cases())})",
+        print(f"{ap.prog}: error: --match {args.match}: no node case matches (onnx {onnx.__version__} has {len(load_cases())})",
               file=sys.stderr)
         return 2
     for case in cases:
@@ -275,7 +276,3 @@ def _engine_version(engine) -> str:
     info = describe() if callable(describe) else {}
     versions = [f"{k} {v}" for k, v in info.items() if re.fullmatch(r"\d+(\.\d+)+\S*", str(v))]
     return ", ".join(versions) or engine.name
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -119,7 +119,7 @@ LOCKSTEP_REQUIRE_ENGINES=${LOCKSTEP_REQUIRE_ENGINES%,ort-cuda-tf32} \
 step node-suite    timeout 330 python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=${engines%,ort-cuda-tf32} --lockstep-report-dir "$out/node-report"
 if [ "$ORT_CUDA" = 1 ]; then
   # every failing or erroring ort-cuda case, as expectation entries to review (not applied here)
-  step ort-expect  timeout 200 bash -c "python3 -m lockstep.reference_runtime.node_cases --engine ort-cuda --emit-expectations --engine-field > '$out/ort-cuda-expectations.toml'"
+  step ort-expect  timeout 200 bash -c "python3 -m lockstep cases --engine ort-cuda --emit-expectations --engine-field > '$out/ort-cuda-expectations.toml'"
 fi
 if [ "$ORT_CUDA" = 1 ]; then
   # the minimal case of each ORT CUDA finding (docs/ort-cuda-findings.md): first node departing from ort-cpu

@@ -268,3 +268,97 @@ def test_cli_mutants_one_source_mutant(capsys, tmp_path):
 
     data = json.loads(out.read_text())
     assert [m["status"] for m in data["mutants"]] == ["killed"] and data["scores"]["sim"]["killed"] == 1
+
+
+# the tools that parse their own arguments (_OWN_PARSER): `lockstep NAME ARGS...` runs the module's main(ARGS)
+
+
+def test_cli_cases_runs_node_cases_and_prints_the_outcome(capsys):
+    assert main(["cases", "--engine", "ref-sim", "--match", "test_abs"]) == 0
+    assert capsys.readouterr().out.strip() == "passed=1", "result: test_abs passes on ref-sim, the summary printed"
+
+
+def test_cli_cases_emits_expectations_through_to_the_module(capsys):
+    # the rest of the command line reaches node_cases.main unchanged: --emit-expectations changes the output
+    assert main(["cases", "--engine", "ref-sim", "--match", "test_abs", "--emit-expectations"]) == 0
+    assert capsys.readouterr().out.strip() == "# passed=1"
+
+
+def test_cli_cases_unknown_engine_is_one_line(capsys):
+    assert main(["cases", "--engine", "nope", "--match", "test_abs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep cases: error: ") and "nope" in err and err.count("\n") == 1, err
+
+
+def test_cli_expectations_from_a_report(tmp_path, capsys):
+    import json
+
+    def case(key, op, outcome, o):
+        return f"t.py::test_node_case[myengine-{key}]", {"engine": "myengine", "key": key, "op": op,
+                                                          "outcome": outcome, **o}
+
+    rep = tmp_path / "report.json"
+    rep.write_text(json.dumps({"tests": dict([
+        case("test_acos", "Acos", "failed", {"message": "lockstep: myengine newly cannot run test_acos: no kernel "
+                                                        "for Acos", "newly_unsupported": "test_acos"}),
+        case("test_abs", "Abs", "skipped", {"reason": "unsupported: myengine: no kernel for Abs"}),
+        case("test_add", "Add", "passed", {})])}))
+    # the rest of the command line reaches expectations.main unchanged: --new and --engine-field both count
+    assert main(["expectations", "--from-report", str(rep), "--engine", "myengine", "--new", "--engine-field"]) == 0
+    out = capsys.readouterr().out
+    assert '"test_acos"' in out and '"test_abs"' not in out and 'engine = "myengine"' in out, out
+    assert main(["expectations", "--from-report", str(rep), "--engine", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep expectations: error: --engine nope: not in") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--from-report"], []])
+def test_cli_expectations_with_a_bad_argument_is_one_usage_line(capsys, argv):
+    assert main(["expectations", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep expectations: error: ") and err.count("\n") == 1, err
+
+
+def test_cli_expectations_through_the_real_command(tmp_path):
+    proc = _lockstep("expectations", "--from-report", "absent.json", "--engine", "x", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("lockstep expectations: error: absent.json: ") and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["fuzz", "capture-guard", "cases", "expectations", "audit"])
+def test_cli_own_parser_help_exits_0_and_names_the_command(capsys, name):
+    assert main([name, "--help"]) == 0
+    assert capsys.readouterr().out.startswith(f"usage: lockstep {name} ")
+
+
+def test_cli_help_lists_the_tools(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("expectations", "cases", "capture-guard", "fuzz", "audit"):
+        assert f"\n    {name} " in out, (name, out)
+
+
+def test_cli_capture_guard_runs_the_pass(capsys):
+    assert main(["capture-guard", "--match", "test_add_bcast"]) == 0
+    assert "passed=1" in capsys.readouterr().out
+    assert main(["capture-guard", "--match", "no_such_case*"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lockstep capture-guard: error: ") and err.count("\n") == 1, err
+
+
+def test_cli_fuzz_usage_errors_are_one_line(capsys, tmp_path):
+    assert main(["fuzz", "--cases", "0"]) == 2
+    assert capsys.readouterr().err.startswith("lockstep fuzz: error: --cases >= 1")
+    assert main(["fuzz", "--replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lockstep fuzz: error: --replay {tmp_path}: no case.json there\n", err
+
+
+def test_fuzz_reproducer_command_is_the_cli():
+    from pathlib import Path
+
+    from lockstep.conformance.fuzz.report import replay_command
+
+    assert " -m lockstep fuzz --replay " in replay_command(Path("repro/x"))

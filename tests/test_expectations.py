@@ -1,5 +1,5 @@
 """The expectation writers and their files (``conformance/expectations.py``,
-``python -m lockstep.reference_runtime.node_cases --emit-expectations``): reasons grouped by the
+``lockstep cases --emit-expectations``): reasons grouped by the
 operator a case is about, entries an engine's own file takes (and its variants sharing it), only the
 newly unsupported for appending, and variant factories of one plugin sharing one file in a run."""
 

@@ -83,13 +83,13 @@ def _plugin_recipe() -> tuple[str, list[tuple[str, list[str]]]]:
 
 def test_the_plugin_recipe_fails_closed_then_one_command_makes_it_green(tmp_path):
     """Contract (README, "Testing your own runtime"): its engine file and commands, run literally in an
-    empty folder with the installed `lockstep` and `python`, do what it shows: the first check fails
+    empty folder with the installed `lockstep`, do what it shows: the first check fails
     closed and prints the one command that records what the engine cannot run, that command writes
     the engine's expectations, and the next check is green; every output line the README shows
     under a command is in that command's output ("..." standing for anything)."""
     code, steps = _plugin_recipe()
     assert [cmd.split()[:3] for cmd, _ in steps] == [["lockstep", "check", "--engines"],
-                                                     ["python", "-m", "lockstep.conformance.expectations"],
+                                                     ["lockstep", "expectations", "--from-report"],
                                                      ["lockstep", "check", "--engines"]], steps
     (tmp_path / "myengine.py").write_text(code)
     # the console script beside this python (a venv) or beside the package (an install by --target, as on

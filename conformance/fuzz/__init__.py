@@ -8,8 +8,9 @@ an isolated worker on the reference runtime (simulated device), with ONNX Runtim
   ``lockstep.errors.LockstepError``).
 - ``runner.py``: one forked worker per case and target, address-space limit, per-case timeout.
 - ``report.py``: ``fuzz()``, the tables, crash signatures, reproducers, ``replay()``.
+- ``command.py``: the command, ``lockstep fuzz`` (its ``main``).
 
-Command: ``python -m lockstep.conformance.fuzz --cases N --seed S`` (``scripts/fuzz.py`` is the same); the
+Command: ``lockstep fuzz --cases N --seed S`` (``scripts/fuzz.py`` is the same); the
 test is ``tests/test_fuzz.py`` (marker ``fuzz``). See ``docs/fuzzing.md``.
 """
 

@@ -29,7 +29,7 @@ BAD = ("crash", "hang", "memory")
 
 
 def replay_command(folder: Path) -> str:
-    return f"{shlex.quote(sys.executable)} -m lockstep.conformance.fuzz --replay {shlex.quote(str(folder))}"
+    return f"{shlex.quote(sys.executable)} -m lockstep fuzz --replay {shlex.quote(str(folder))}"
 
 
 def signature(mutation: str, out: dict[str, Any]) -> str:

@@ -1,18 +1,19 @@
-"""``python -m lockstep.conformance.fuzz``: run N cases with a seed, print the class table (by mutation family,
+"""``lockstep fuzz``: run N cases with a seed, print the class table (by mutation family,
 ONNX Runtime's classes beside) and the distinct crash signatures, write a JSON report and a
 reproducer folder per crash, hang and memory case; ``--replay DIR`` runs one reproducer again.
 Exit status: 0 when no case crashed, hung or blew up memory, 1 otherwise, 2 for a usage error."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lockstep.conformance.fuzz", description=__doc__)
+    from lockstep.errors import command_parser
+
+    ap = command_parser("lockstep fuzz", description=__doc__)
     ap.add_argument("--cases", type=int, default=300, help="number of cases (default %(default)s)")
     ap.add_argument("--seed", type=int, default=15, help="seed (default %(default)s)")
     ap.add_argument("--start", type=int, default=0, help="first case index (default 0)")
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         return _replay(Path(args.replay), args.timeout, mem, not args.no_ort)
     if args.cases < 1 or args.start < 0 or args.jobs < 0 or args.timeout <= 0 or mem <= 0:
-        print("python -m lockstep.conformance.fuzz: error: --cases >= 1, --start >= 0, --jobs >= 0, --timeout and --mem-gib > 0",
+        print("lockstep fuzz: error: --cases >= 1, --start >= 0, --jobs >= 0, --timeout and --mem-gib > 0",
               file=sys.stderr)
         return 2
     from . import fuzz
@@ -68,7 +69,7 @@ def _replay(folder: Path, timeout: float, mem: int, ort: bool) -> int:
     from .case import Case
 
     if not (folder / "case.json").is_file():
-        print(f"python -m lockstep.conformance.fuzz: error: --replay {folder}: no case.json there", file=sys.stderr)
+        print(f"lockstep fuzz: error: --replay {folder}: no case.json there", file=sys.stderr)
         return 2
     case = Case.read(folder)
     print(f"case {case.index} of seed {case.seed}: {case.mutation} on {case.source} {json.dumps(case.detail, default=repr)}")
@@ -79,7 +80,3 @@ def _replay(folder: Path, timeout: float, mem: int, ort: bool) -> int:
         if text and res["cls"] != "ok":
             print("  " + "\n  ".join(str(text).rstrip().splitlines()[-25:]))
     return 1 if outcomes.get("ref", {}).get("cls") in BAD else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
