@@ -12,13 +12,13 @@ import pytest
 
 from lockstep.conformance import expectations
 from lockstep.conformance.plugin_expectations import skip_reason
-from lockstep.conformance.plugin_state import state
+from lockstep.conformance.plugin_state import MARKERS, state
+from lockstep.contracts.pytest_plugin import MARKER_NAMES as RUNTIME_MARKER_NAMES
 from lockstep.engines import selection
 from lockstep.engines.selection import UNAVAILABLE
 
 # lockstep's own markers, by name (its and the reference runtime's plugins')
-MARKER_NAMES = frozenset({"node_suite", "golden", "golden_kinds", "capture", "fuzz",
-                          "contract", "gpu", "parity", "capture_guard", "paging"})
+MARKER_NAMES = frozenset(m.split("(")[0].split(":")[0] for m in MARKERS) | RUNTIME_MARKER_NAMES
 
 
 _LABELLED = pytest.StashKey[bool]()
@@ -141,7 +141,6 @@ def first_line(report) -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st = state(session.config)
-    st.exitstatus = int(exitstatus)
     if getattr(session.config, "workerinput", None) is not None:
         return  # a pytest-xdist worker: the controller, which receives every report, writes the reports
     path = session.config.getoption("--lockstep-report")

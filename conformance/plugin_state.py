@@ -11,6 +11,16 @@ from typing import Any
 import pytest
 
 
+# the suite's markers (registered by pytest_plugin; the outcome labels name them and the runtime plugin's)
+MARKERS = (
+    "node_suite: ONNX backend node cases per engine",
+    "golden: golden token locks",
+    "golden_kinds(*kinds): parametrize golden_model over models of these kinds only (builtin, trained, export, user)",
+    "capture: CUDA graph capture checks",
+    "fuzz: the fuzzer (lockstep.conformance.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
+)
+
+
 @dataclass
 class SuiteState:
     # configuration (pytest_configure); the selected engines are lockstep.engines.selection's
@@ -28,7 +38,6 @@ class SuiteState:
     tripwires: list = field(default_factory=list)
     newly_runs: list = field(default_factory=list)          # (engine, key)
     newly_unsupported: list = field(default_factory=list)   # (engine, key)
-    exitstatus: int = 1
     report_paths: Any = None
 
 

@@ -29,19 +29,12 @@ from pathlib import Path
 import pytest
 
 from lockstep.conformance import plugin_collection, plugin_expectations, plugin_outcomes
-from lockstep.conformance.plugin_state import STATE, SuiteState, golden_models, state
+from lockstep.conformance.plugin_state import MARKERS, STATE, SuiteState, golden_models, state
 from lockstep.engines import selection
 from lockstep.engines.registry import EngineLoadError
 from lockstep.engines.selection import unavailable
 from lockstep.paths import package_path
 
-MARKERS = (
-    "node_suite: ONNX backend node cases per engine",
-    "golden: golden token locks",
-    "golden_kinds(*kinds): parametrize golden_model over models of these kinds only (builtin, trained, export, user)",
-    "capture: CUDA graph capture checks",
-    "fuzz: the fuzzer (lockstep.conformance.fuzz): mutated models, feeds and command lines; --fuzz-cases, --fuzz-seed",
-)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -138,16 +131,11 @@ def _runs_lockstep_suite(config: pytest.Config) -> bool:
     return False
 
 
-def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
-    """True if the test's module or conftest defines ``name`` itself (lockstep leaves it alone)."""
-    return bool(metafunc._arg2fixturedefs.get(name))
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
-    if "engine_name" in names and not _own_fixture(metafunc, "engine_name"):
+    if "engine_name" in names and not selection.own_fixture(metafunc, "engine_name"):
         metafunc.parametrize("engine_name", list(selection.engines(metafunc.config)))
-    if "golden_model_name" in names and not _own_fixture(metafunc, "golden_model_name"):
+    if "golden_model_name" in names and not selection.own_fixture(metafunc, "golden_model_name"):
         kinds = metafunc.definition.get_closest_marker("golden_kinds")
         models = [m.name for m in golden_models(metafunc.config) if kinds is None or m.kind in kinds.args]
         metafunc.parametrize("golden_model_name", models or [pytest.param(None, id="none", marks=pytest.mark.skip(

@@ -133,18 +133,13 @@ def _availability(config: pytest.Config) -> dict[str, tuple[bool, str]]:
     return st.availability
 
 
-def _own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
-    """True if the test's module or conftest defines ``name`` itself (lockstep leaves it alone)."""
-    return bool(metafunc._arg2fixturedefs.get(name))
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
-    if "device_name" in names and not _own_fixture(metafunc, "device_name"):
+    if "device_name" in names and not selection.own_fixture(metafunc, "device_name"):
         metafunc.parametrize("device_name", _selected(metafunc.config) or [pytest.param(
             None, marks=pytest.mark.skip(reason="no reference-runtime device selected: --engines names no reference "
                                                 "engine (--devices=sim,cupy runs the runtime's own contract tests)"))])
-    if "ref_engine_name" in names and not _own_fixture(metafunc, "ref_engine_name"):
+    if "ref_engine_name" in names and not selection.own_fixture(metafunc, "ref_engine_name"):
         refs = [n for n, e in selection.engines(metafunc.config).items() if selection.runtime_device(e)]
         metafunc.parametrize("ref_engine_name", refs or [pytest.param(
             None, marks=pytest.mark.skip(reason="no reference-runtime engine selected (--engines): "

@@ -17,7 +17,7 @@ import pytest
 
 from .registry import EngineLoadError, load_engine, registered
 
-__all__ = ["Selection", "of", "engines", "runtime_device", "split", "unavailable", "UNAVAILABLE"]
+__all__ = ["Selection", "of", "engines", "own_fixture", "runtime_device", "split", "unavailable", "UNAVAILABLE"]
 
 UNAVAILABLE = "lockstep: unavailable: "  # the prefix of every such skip (the terminal summary counts them)
 
@@ -84,6 +84,11 @@ def engines(config: pytest.Config) -> dict:
         return of(config).engines()
     except EngineLoadError as exc:
         raise pytest.UsageError(f"lockstep: {exc}") from None
+
+
+def own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
+    """True if the test's module or conftest defines ``name`` itself (lockstep's plugins leave it alone)."""
+    return bool(metafunc._arg2fixturedefs.get(name))
 
 
 def runtime_device(engine: Any) -> str | None:
