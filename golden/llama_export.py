@@ -56,8 +56,7 @@ from onnx import TensorProto, helper
 from .forward import forward as _core_forward
 from .forward import rope_tables as _rope_tables
 from .int4 import Int4Weight, dequantize_int4, quantize_q4_1
-from .models.build import _Graph as _BaseGraph
-from .models.build import _swiglu
+from .decoder_graph import GENAI, MS_DOMAIN, OPTIMUM, Graph, gqa_layers, llama_layers, rotary_embedding
 
 __all__ = [
     "CONVENTIONS", "EXPORTER_VERSION", "IR_VERSION", "OPSET", "ExportSession", "Int4Weight", "LlamaConfig",
@@ -70,7 +69,6 @@ IR_VERSION = 10
 OPSET = 24
 CONVENTIONS = ("optimum", "genai")
 _DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-_MS = "com.microsoft"
 
 
 @dataclass(frozen=True)
@@ -229,23 +227,6 @@ class _CoreWeights(Mapping):
 
 # -- the graph ----------------------------------------------------------------------------------
 
-class _Graph(_BaseGraph):
-    """The golden generator's graph builder (nodes and initializers in insertion order, small
-    constants deduplicated by value), recording whether a contrib-domain op was used."""
-
-    def __init__(self, dtype: str):
-        super().__init__(dtype)
-        self.contrib = False
-
-    def op(self, op_type: str, inputs: list[str], name: str, outputs: list[str] | None = None, **attrs: Any):
-        outs = outputs if outputs is not None else [name]
-        domain = attrs.pop("domain", "")
-        if domain == _MS:
-            self.contrib = True
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs))
-        return outs[0] if len(outs) == 1 else outs
-
-
 def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, convention: str,
                      dtype: str = "float32", int4: Mapping[str, Int4Weight | tuple] | None = None,
                      position_ids: bool = True, name: str = "llama") -> onnx.ModelProto:
@@ -271,7 +252,7 @@ def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, con
 
     odt = _DTYPES[dtype]
     KV, D, L = cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
-    g = _Graph(dtype)
+    g = Graph(dtype)
 
     def cast(a) -> np.ndarray:
         return np.asarray(a, np.float64).astype(dtype)
@@ -298,7 +279,7 @@ def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, con
         ins = [g.init(key + ".qweight", q.packed.astype(np.uint8)), g.init(key + ".scales", cast(q.scales))]
         if q.zero_points is not None:
             ins.append(g.init(key + ".zero_points", cast(q.zero_points)))
-        return g.op("MatMulNBits", [x] + ins, node, domain=_MS, K=k_in, N=n_out, bits=4, block_size=q.block_size)
+        return g.op("MatMulNBits", [x] + ins, node, domain=MS_DOMAIN, K=k_in, N=n_out, bits=4, block_size=q.block_size)
 
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])]
@@ -318,7 +299,7 @@ def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, con
     if convention == "optimum":
         x = _optimum_layers(g, cfg, x, ids_shape, proj, position_ids, scale)
     else:
-        x = _genai_layers(g, cfg, x, proj, scale)
+        x = _genai_layers(g, cfg, x, proj)
 
     # LM head: Gemm(transB=1) on [B*S, hidden] against the [vocab, hidden] matrix, then [B, S, vocab]
     flat = g.op("Reshape", [x, g.i64([-1, cfg.hidden])], "lm_head/flatten")
@@ -327,7 +308,7 @@ def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, con
     g.op("Reshape", [logits2, out_shape], "lm_head", outputs=["logits"])
 
     graph = helper.make_graph(g.nodes, name, inputs, outputs, initializer=g.inits)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(_MS, 1)] if g.contrib else [])
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if g.contrib else [])
     model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                               producer_name="lockstep.golden.llama_export", producer_version=EXPORTER_VERSION)
     meta = {"config": cfg.as_dict(), "convention": convention, "dtype": dtype, "position_ids": bool(position_ids),
@@ -352,18 +333,8 @@ def _check_int4(cfg: LlamaConfig, key: str, q: Int4Weight) -> None:
             raise ValueError(f"int4[{key!r}]: {what} must have N*K/block = {n * (k // bs)} values, got {np.size(a)}")
 
 
-def _rms(g: _Graph, cfg: LlamaConfig, x: str, scale: str, name: str) -> str:
-    return g.op("RMSNormalization", [x, scale], name, axis=-1, epsilon=float(cfg.rms_eps), stash_type=1)
-
-
-def _mlp(g: _Graph, proj: Callable, h: str, p: str, n: str) -> str:
-    return _swiglu(g, proj, h, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"),
-                   f"{n}/mlp")
-
-
-def _optimum_layers(g: _Graph, cfg: LlamaConfig, x: str, ids_shape: str, proj: Callable, has_positions: bool,
+def _optimum_layers(g: Graph, cfg: LlamaConfig, x: str, ids_shape: str, proj: Callable, has_positions: bool,
                     scale: float) -> str:
-    H, KV, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     # key t is attended by query s (cache index P + s) iff t <= P + s and (mask[b, t] or t == P + s)
     past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
                     "mask/past_length", axis=0)
@@ -385,63 +356,30 @@ def _optimum_layers(g: _Graph, cfg: LlamaConfig, x: str, ids_shape: str, proj: C
         positions = g.op("Expand", [g.op("Unsqueeze", [qidx, g.i64([0])], "rope/positions_row"), ids_shape],
                          "rope/positions")  # [B, S]
 
-    def heads(t: str, n: int, name: str) -> str:  # [B, S, n*D] -> [B, n, S, D]
-        r = g.op("Reshape", [t, g.i64([0, 0, n, D])], f"{name}/reshape")
-        return g.op("Transpose", [r], f"{name}/transpose", perm=[0, 2, 1, 3])
+    def attend(i: int, q: str, k: str, v: str) -> str:
+        name = OPTIMUM.n("attention", i)
+        return g.op("Attention", [q, k, v, allowed, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+                    name, outputs=[name, f"present.{i}.key", f"present.{i}.value"], scale=scale)[0]
 
-    for i in range(cfg.n_layers):
-        p, n = f"model.layers.{i}.", f"layers.{i}"
-        h = _rms(g, cfg, x, p + "input_layernorm.weight", f"{n}/input_layernorm")
-        q = heads(proj(h, p + "self_attn.q_proj.weight", f"{n}/attn/q_proj"), H, f"{n}/attn/q")
-        k = heads(proj(h, p + "self_attn.k_proj.weight", f"{n}/attn/k_proj"), KV, f"{n}/attn/k")
-        v = heads(proj(h, p + "self_attn.v_proj.weight", f"{n}/attn/v_proj"), KV, f"{n}/attn/v")
-        q = g.op("RotaryEmbedding", [q, "rope.cos_cache", "rope.sin_cache", positions], f"{n}/attn/q_rope",
-                 interleaved=0)
-        k = g.op("RotaryEmbedding", [k, "rope.cos_cache", "rope.sin_cache", positions], f"{n}/attn/k_rope",
-                 interleaved=0)
-        att = g.op("Attention", [q, k, v, allowed, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
-                   f"{n}/attn/attention", outputs=[f"{n}/attn/attention", f"present.{i}.key", f"present.{i}.value"],
-                   scale=scale)[0]
-        att = g.op("Transpose", [att], f"{n}/attn/merge_transpose", perm=[0, 2, 1, 3])
-        att = g.op("Reshape", [att, g.i64([0, 0, H * D])], f"{n}/attn/merge")
-        x = g.op("Add", [x, proj(att, p + "self_attn.o_proj.weight", f"{n}/attn/o_proj")], f"{n}/attn_residual")
-        h = _rms(g, cfg, x, p + "post_attention_layernorm.weight", f"{n}/post_attention_layernorm")
-        x = g.op("Add", [x, _mlp(g, proj, h, p, n)], f"{n}/mlp_residual")
-    return _rms(g, cfg, x, "model.norm.weight", "norm")
+    return llama_layers(g, OPTIMUM, x, n_layers=cfg.n_layers, heads=(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+                        proj=proj, rms=lambda x, w, name: _rms(g, cfg, x, w, name),
+                        rope=rotary_embedding(g, positions), attend=attend)
 
 
-def _genai_layers(g: _Graph, cfg: LlamaConfig, x: str, proj: Callable, scale: float) -> str:
-    L = cfg.n_layers
+def _rms(g: Graph, cfg: LlamaConfig, x: str, scale: str, name: str) -> str:
+    return g.op("RMSNormalization", [x, scale], name, axis=-1, epsilon=float(cfg.rms_eps), stash_type=1)
+
+
+def _genai_layers(g: Graph, cfg: LlamaConfig, x: str, proj: Callable) -> str:
     mask_sum = g.op("ReduceSum", ["attention_mask", g.i64([1])], "attn_mask/reduce_sum", keepdims=0)
     seqlens = g.op("Cast", [g.op("Sub", [mask_sum, g.i64(1)], "attn_mask/sub")], "attn_mask/seqlens_k",
                    to=TensorProto.INT32)  # [B]
     total = g.op("Cast", [g.op("Gather", [g.op("Shape", ["attention_mask"], "attn_mask/shape"), g.i64(1)],
                                "attn_mask/total_length", axis=0)],
                  "attn_mask/total_sequence_length", to=TensorProto.INT32)  # int32 scalar
-    h = _rms(g, cfg, x, "model.layers.0.input_layernorm.weight", "layers.0/input_layernorm")
-    for i in range(L):
-        p, n = f"model.layers.{i}.", f"layers.{i}"
-        q = proj(h, p + "self_attn.q_proj.weight", f"{n}/attn/q_proj")
-        k = proj(h, p + "self_attn.k_proj.weight", f"{n}/attn/k_proj")
-        v = proj(h, p + "self_attn.v_proj.weight", f"{n}/attn/v_proj")
-        att = g.op("GroupQueryAttention",
-                   [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total,
-                    "rope.cos_cache", "rope.sin_cache"], f"{n}/attn/gqa",
-                   outputs=[f"{n}/attn/gqa", f"present.{i}.key", f"present.{i}.value"], domain=_MS,
-                   num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
-                   scale=scale)[0]
-        o = proj(att, p + "self_attn.o_proj.weight", f"{n}/attn/o_proj")
-        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [o, x, p + "post_attention_layernorm.weight"],
-                          f"{n}/post_attention_layernorm",
-                          outputs=[f"{n}/post_attention_layernorm", "", "", f"{n}/attn_residual"], domain=_MS,
-                          epsilon=float(cfg.rms_eps))
-        down = _mlp(g, proj, h, p, n)
-        last = i + 1 == L
-        gamma = "model.norm.weight" if last else f"model.layers.{i + 1}.input_layernorm.weight"
-        norm = "norm" if last else f"layers.{i + 1}/input_layernorm"
-        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [down, x, gamma], norm,
-                          outputs=[norm, "", "", f"{n}/mlp_residual"], domain=_MS, epsilon=float(cfg.rms_eps))
-    return h
+    return gqa_layers(g, GENAI, x, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                      head_dim=cfg.head_dim, eps=cfg.rms_eps, proj=proj, seqlens_k=seqlens,
+                      total_sequence_length=total)
 
 
 # -- decoding through an engine's run ------------------------------------------------------------

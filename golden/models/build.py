@@ -24,6 +24,7 @@ from lockstep.paths import atomic_write
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..decoder_graph import GOLDEN, MS_DOMAIN, Graph, gqa_layers, llama_layers, rotary_embedding
 from ..forward import forward as _core_forward
 from ..forward import rope_tables
 from ..int4 import dequantize_int4, quantize_symmetric
@@ -189,42 +190,9 @@ def _plant_near_tie(spec: ModelSpec, w: dict[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
-# -- the graph ----------------------------------------------------------------------------------
+# -- the graph (the layers are golden/decoder_graph.py's, shared with the exporter) -------------
 
-class _Graph:
-    def __init__(self, dtype: str):
-        self.dtype = dtype
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._consts: dict[tuple, str] = {}
-        self._n = 0
-
-    def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
-        return name
-
-    def const(self, value, dtype) -> str:
-        """A small constant initializer, deduplicated by value."""
-        a = np.asarray(value, dtype=dtype)
-        key = (a.dtype.str, a.shape, a.tobytes())
-        if key not in self._consts:
-            self._consts[key] = self.init(f"const.{len(self._consts)}", a)
-        return self._consts[key]
-
-    def i64(self, value) -> str:
-        return self.const(value, np.int64)
-
-    def f(self, value) -> str:
-        return self.const(value, self.dtype)
-
-    def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, outputs: list[str] | None = None,
-           **attrs: Any) -> Any:
-        outs = outputs if outputs is not None else [name if n_out == 1 else f"{name}:{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
-        return outs[0] if n_out == 1 else outs
-
-
-def _rms_node(g: _Graph, spec: ModelSpec, x: str, scale: str, name: str) -> str:
+def _rms_node(g: Graph, spec: ModelSpec, x: str, scale: str, name: str) -> str:
     if spec.flavour == "standard":
         return g.op("RMSNormalization", [x, scale], name, axis=-1, epsilon=float(spec.eps), stash_type=1)
     # decomposed: x * Reciprocal(Sqrt(ReduceMean(x*x) + eps)) * scale, in float32 like stash_type=1
@@ -241,28 +209,6 @@ def _rms_node(g: _Graph, spec: ModelSpec, x: str, scale: str, name: str) -> str:
     return y
 
 
-def _mlp_weights(p: str) -> tuple[str, str, str]:
-    return p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"
-
-
-def _swiglu(g: _Graph, proj: Callable[[str, str, str], str], h: str, weights: tuple[str, str, str],
-            prefix: str) -> str:
-    """``down(SiLU(gate(h)) * up(h))``, the MLP of this generator and of golden/llama_export.py:
-    ``proj(x, weight, node)`` emits one projection (MatMul or MatMulNBits); nodes ``{prefix}/``
-    ``gate_proj``, ``up_proj``, ``gate_sigmoid``, ``gate_silu``, ``gated``, ``down_proj`` in this order."""
-    gate_w, up_w, down_w = weights
-    gate = proj(h, gate_w, f"{prefix}/gate_proj")
-    up = proj(h, up_w, f"{prefix}/up_proj")
-    act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{prefix}/gate_sigmoid")], f"{prefix}/gate_silu")
-    return proj(g.op("Mul", [act, up], f"{prefix}/gated"), down_w, f"{prefix}/down_proj")
-
-
-def _heads(g: _Graph, x: str, n: int, d: int, name: str) -> str:
-    """(B, S, n*d) -> (B, n, S, d)."""
-    r = g.op("Reshape", [x, g.i64([0, 0, n, d])], f"{name}/reshape")
-    return g.op("Transpose", [r], name, perm=[0, 2, 1, 3])
-
-
 def build(spec: ModelSpec) -> onnx.ModelProto:
     """The ONNX model of a spec (see golden/models/README.md). Pure: same spec, same bytes."""
     if spec.flavour == "genai":
@@ -270,7 +216,7 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     w = stored_weights(spec)
     dt, odt = spec.dtype, _ONNX_DTYPE[spec.dtype]
     H, KV, D, L = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_layers
-    g = _Graph(dt)
+    g = Graph(dt)
     for k, v in w.items():
         g.init(k, v.astype(dt))
 
@@ -300,80 +246,84 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
         allowed = g.op("LessOrEqual", [kpos, qpos], "mask/allowed")  # (B, 1, S, T) bool
     if spec.flavour == "decomposed" and not spec.attention_mask:
         bias = g.op("Where", [allowed, g.f(0.0), g.f(-np.inf)], "mask/bias")  # (B, 1, S, T): 0 / -inf
-    if spec.flavour == "decomposed":
-        half = D // 2
-        cos = g.op("Gather", ["rope.cos_cache", "position_ids"], "rope/cos_half", axis=0)  # (B, S, D/2)
-        sin = g.op("Gather", ["rope.sin_cache", "position_ids"], "rope/sin_half", axis=0)
-        cos = g.op("Unsqueeze", [g.op("Concat", [cos, cos], "rope/cos_full", axis=-1), g.i64([1])], "rope/cos")
-        sin = g.op("Unsqueeze", [g.op("Concat", [sin, sin], "rope/sin_full", axis=-1), g.i64([1])], "rope/sin")
+    scale = float(1.0 / np.sqrt(D))
 
-        def rope(x: str, name: str) -> str:  # x * cos + rotate_half(x) * sin, rotate_half = [-x2, x1]
-            x1 = g.op("Slice", [x, g.i64([0]), g.i64([half]), g.i64([-1])], f"{name}/x1")
-            x2 = g.op("Slice", [x, g.i64([half]), g.i64([D]), g.i64([-1])], f"{name}/x2")
-            rot = g.op("Concat", [g.op("Neg", [x2], f"{name}/neg_x2"), x1], f"{name}/rotate_half", axis=-1)
-            return g.op("Add", [g.op("Mul", [x, cos], f"{name}/x_cos"), g.op("Mul", [rot, sin], f"{name}/rot_sin")],
-                        name)
+    def presents(l: int) -> tuple[str, str, str, str]:
+        return (f"past_key_values.{l}.key", f"past_key_values.{l}.value", f"present.{l}.key", f"present.{l}.value")
 
-        def repeat_kv(x: str, name: str) -> str:  # (B, KV, T, D) -> (B, H, T, D), head h uses kv head h // G
-            if H == KV:
-                return x
-            u = g.op("Unsqueeze", [x, g.i64([2])], f"{name}/unsqueeze")
-            e = g.op("Expand", [u, g.i64([1, 1, H // KV, 1, 1])], f"{name}/expand")
-            return g.op("Reshape", [e, g.i64([0, H, -1, D])], name)
+    if spec.flavour == "standard":
+        rope = rotary_embedding(g, "position_ids")
 
-    x = g.op("Gather", ["embed_tokens.weight", "input_ids"], "embed", axis=0)
-    for l in range(L):
-        p, n = f"layers.{l}.", f"layers.{l}"
-        h = _rms_node(g, spec, x, p + "attn_norm.weight", f"{n}/attn_norm")
-        q = _heads(g, g.op("MatMul", [h, p + "q_proj.weight"], f"{n}/q_proj"), H, D, f"{n}/q")
-        k = _heads(g, g.op("MatMul", [h, p + "k_proj.weight"], f"{n}/k_proj"), KV, D, f"{n}/k")
-        v = _heads(g, g.op("MatMul", [h, p + "v_proj.weight"], f"{n}/v_proj"), KV, D, f"{n}/v")
-        past_k, past_v = f"past_key_values.{l}.key", f"past_key_values.{l}.value"
-        pres_k, pres_v = f"present.{l}.key", f"present.{l}.value"
-        if spec.flavour == "standard":
-            q = g.op("RotaryEmbedding", [q, "rope.cos_cache", "rope.sin_cache", "position_ids"], f"{n}/q_rope",
-                     interleaved=0)
-            k = g.op("RotaryEmbedding", [k, "rope.cos_cache", "rope.sin_cache", "position_ids"], f"{n}/k_rope",
-                     interleaved=0)
+        def attend(l: int, q: str, k: str, v: str) -> str:
+            n, (past_k, past_v, pres_k, pres_v) = f"layers.{l}", presents(l)
             if C:  # write in place (functionally) at the write index, attend over all C slots
                 kk = g.op("TensorScatter", [past_k, k, start], f"{n}/present_key", outputs=[pres_k], axis=2)
                 vv = g.op("TensorScatter", [past_v, v, start], f"{n}/present_value", outputs=[pres_v], axis=2)
-                att = g.op("Attention", [q, kk, vv, allowed], f"{n}/attention", scale=float(1.0 / np.sqrt(D)))
-            else:  # the mask: boolean (True = attend), or the additive bias of an attention_mask input
-                mask = bias if spec.attention_mask else allowed
-                att = g.op("Attention", [q, k, v, mask, past_k, past_v], f"{n}/attention", n_out=3,
-                           outputs=[f"{n}/attention", pres_k, pres_v], scale=float(1.0 / np.sqrt(D)))[0]
-        else:
-            q, k = rope(q, f"{n}/q_rope"), rope(k, f"{n}/k_rope")
-            if C:  # present = past * keep + onehot^T @ new: elementwise and MatMul only
-                def write(past: str, new: str, out: str, name: str) -> str:
-                    kept = g.op("Mul", [past, keep], f"{name}/kept")
-                    return g.op("Add", [kept, g.op("MatMul", [onehot_t, new], f"{name}/scattered")], name,
-                                outputs=[out])
-                kk = write(past_k, k, pres_k, f"{n}/present_key")
-                vv = write(past_v, v, pres_v, f"{n}/present_value")
-            else:
-                kk = g.op("Concat", [past_k, k], f"{n}/present_key", axis=2, outputs=[pres_k])
-                vv = g.op("Concat", [past_v, v], f"{n}/present_value", axis=2, outputs=[pres_v])
-            kr, vr = repeat_kv(kk, f"{n}/k_repeat"), repeat_kv(vv, f"{n}/v_repeat")
-            kt = g.op("Transpose", [kr], f"{n}/k_t", perm=[0, 1, 3, 2])
-            s = g.op("Mul", [g.op("MatMul", [q, kt], f"{n}/qk"), g.f(1.0 / np.sqrt(D))], f"{n}/scores")
-            s = g.op("Add", [s, bias], f"{n}/masked_scores")
-            pr = g.op("Softmax", [s], f"{n}/probs", axis=-1)
-            att = g.op("MatMul", [pr, vr], f"{n}/attention")
-        att = g.op("Transpose", [att], f"{n}/attention_t", perm=[0, 2, 1, 3])
-        att = g.op("Reshape", [att, g.i64([0, 0, H * D])], f"{n}/attention_merged")
-        x = g.op("Add", [x, g.op("MatMul", [att, p + "o_proj.weight"], f"{n}/o_proj")], f"{n}/attn_residual")
-        h = _rms_node(g, spec, x, p + "mlp_norm.weight", f"{n}/mlp_norm")
-        down = _swiglu(g, lambda x, w, node: g.op("MatMul", [x, w], node), h, _mlp_weights(p), n)
-        x = g.op("Add", [x, down], f"{n}/mlp_residual")
-    x = _rms_node(g, spec, x, "norm.weight", "final_norm")
-    g.op("MatMul", [x, "lm_head.weight"], "lm_head", outputs=["logits"])
+                return g.op("Attention", [q, kk, vv, allowed], f"{n}/attention", scale=scale)
+            # the mask: boolean (True = attend), or the additive bias of an attention_mask input
+            mask = bias if spec.attention_mask else allowed
+            return g.op("Attention", [q, k, v, mask, past_k, past_v], f"{n}/attention",
+                        outputs=[f"{n}/attention", pres_k, pres_v], scale=scale)[0]
+    else:
+        rope, attend = _decomposed_attention(g, spec, bias, onehot_t if C else None, keep if C else None, presents)
 
+    x = g.op("Gather", ["embed_tokens.weight", "input_ids"], "embed", axis=0)
+    x = llama_layers(g, GOLDEN, x, n_layers=L, heads=(H, KV, D),
+                     proj=lambda x, w, node: g.op("MatMul", [x, w], node),
+                     rms=lambda x, scale, name: _rms_node(g, spec, x, scale, name), rope=rope, attend=attend)
+    g.op("MatMul", [x, "lm_head.weight"], "lm_head", outputs=["logits"])
     return _finish(spec, g, inputs, outputs)
 
 
-def _hf_mask_bias(g: _Graph, spec: ModelSpec, past_len: str, seq_len: str, kpos: str) -> str:
+def _decomposed_attention(g: Graph, spec: ModelSpec, bias: str, onehot_t: str | None, keep: str | None,
+                          presents: Callable[[int], tuple[str, str, str, str]]):
+    """``rope`` and ``attend`` of the decomposed flavour: elementwise ops, Gather, Slice, Concat,
+    MatMul and Softmax only (rotate-half rotary, repeated KV heads, a fixed-capacity write as
+    ``past * keep + onehot^T @ new``)."""
+    H, KV, D = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    half = D // 2
+    cos = g.op("Gather", ["rope.cos_cache", "position_ids"], "rope/cos_half", axis=0)  # (B, S, D/2)
+    sin = g.op("Gather", ["rope.sin_cache", "position_ids"], "rope/sin_half", axis=0)
+    cos = g.op("Unsqueeze", [g.op("Concat", [cos, cos], "rope/cos_full", axis=-1), g.i64([1])], "rope/cos")
+    sin = g.op("Unsqueeze", [g.op("Concat", [sin, sin], "rope/sin_full", axis=-1), g.i64([1])], "rope/sin")
+
+    def rope(x: str, name: str) -> str:  # x * cos + rotate_half(x) * sin, rotate_half = [-x2, x1]
+        x1 = g.op("Slice", [x, g.i64([0]), g.i64([half]), g.i64([-1])], f"{name}/x1")
+        x2 = g.op("Slice", [x, g.i64([half]), g.i64([D]), g.i64([-1])], f"{name}/x2")
+        rot = g.op("Concat", [g.op("Neg", [x2], f"{name}/neg_x2"), x1], f"{name}/rotate_half", axis=-1)
+        return g.op("Add", [g.op("Mul", [x, cos], f"{name}/x_cos"), g.op("Mul", [rot, sin], f"{name}/rot_sin")],
+                    name)
+
+    def repeat_kv(x: str, name: str) -> str:  # (B, KV, T, D) -> (B, H, T, D), head h uses kv head h // G
+        if H == KV:
+            return x
+        u = g.op("Unsqueeze", [x, g.i64([2])], f"{name}/unsqueeze")
+        e = g.op("Expand", [u, g.i64([1, 1, H // KV, 1, 1])], f"{name}/expand")
+        return g.op("Reshape", [e, g.i64([0, H, -1, D])], name)
+
+    def attend(l: int, q: str, k: str, v: str) -> str:
+        n, (past_k, past_v, pres_k, pres_v) = f"layers.{l}", presents(l)
+        if onehot_t is not None:  # present = past * keep + onehot^T @ new: elementwise and MatMul only
+            def write(past: str, new: str, out: str, name: str) -> str:
+                kept = g.op("Mul", [past, keep], f"{name}/kept")
+                return g.op("Add", [kept, g.op("MatMul", [onehot_t, new], f"{name}/scattered")], name,
+                            outputs=[out])
+            kk = write(past_k, k, pres_k, f"{n}/present_key")
+            vv = write(past_v, v, pres_v, f"{n}/present_value")
+        else:
+            kk = g.op("Concat", [past_k, k], f"{n}/present_key", axis=2, outputs=[pres_k])
+            vv = g.op("Concat", [past_v, v], f"{n}/present_value", axis=2, outputs=[pres_v])
+        kr, vr = repeat_kv(kk, f"{n}/k_repeat"), repeat_kv(vv, f"{n}/v_repeat")
+        kt = g.op("Transpose", [kr], f"{n}/k_t", perm=[0, 1, 3, 2])
+        s = g.op("Mul", [g.op("MatMul", [q, kt], f"{n}/qk"), g.f(1.0 / np.sqrt(D))], f"{n}/scores")
+        s = g.op("Add", [s, bias], f"{n}/masked_scores")
+        pr = g.op("Softmax", [s], f"{n}/probs", axis=-1)
+        return g.op("MatMul", [pr, vr], f"{n}/attention")
+
+    return rope, attend
+
+
+def _hf_mask_bias(g: Graph, spec: ModelSpec, past_len: str, seq_len: str, kpos: str) -> str:
     """The additive mask of a Hugging Face export (transformers' ``masking_utils``: ``sdpa_mask``
     and ``eager_mask``, as Optimum exports them): query ``q`` at cache position ``past + q`` attends
     key ``t`` iff ``t <= past + q`` AND ``attention_mask[b, t]``, with no escape for a query's own
@@ -406,26 +356,24 @@ def _io(spec: ModelSpec) -> tuple[list, list]:
 
 
 def _build_genai(spec: ModelSpec) -> onnx.ModelProto:
-    """ONNX Runtime GenAI style: MatMulNBits int4 projections, GroupQueryAttention with rotary
-    inside, SkipSimplifiedLayerNormalization carrying the residual. The fp32 oracle runs the
-    standard flavour of the same spec (same dequantized weights)."""
+    """ONNX Runtime GenAI style (``decoder_graph.gqa_layers``): MatMulNBits int4 projections,
+    GroupQueryAttention with rotary inside, SkipSimplifiedLayerNormalization carrying the residual.
+    The fp32 oracle runs the standard flavour of the same spec (same dequantized weights)."""
     w = stored_weights(spec)
     raw = {k: _round(v, spec.dtype) for k, v in _raw_weights(spec).items()}
     dt = spec.dtype
-    H, KV, D, L = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.n_layers
-    g = _Graph(dt)
+    g = Graph(dt)
     for k, v in w.items():
         if k.split(".")[-2] not in _PROJECTIONS:
             g.init(k, v.astype(dt))
     inputs, outputs = _io(spec)
 
-    def nbits(x: str, name: str, weight: str) -> str:
+    def nbits(x: str, weight: str, name: str) -> str:
         q = quantize_symmetric(raw[weight].T, spec.int4_block)
-        packed, scales = q.packed, q.scales
         k, n = raw[weight].shape
-        g.init(weight + ".qweight", packed)
-        g.init(weight + ".scales", scales.astype(dt))
-        return g.op("MatMulNBits", [x, weight + ".qweight", weight + ".scales"], name, domain="com.microsoft",
+        g.init(weight + ".qweight", q.packed)
+        g.init(weight + ".scales", q.scales.astype(dt))
+        return g.op("MatMulNBits", [x, weight + ".qweight", weight + ".scales"], name, domain=MS_DOMAIN,
                     K=k, N=n, bits=4, block_size=spec.int4_block)
 
     past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "gqa/past_shape"), g.i64(2)],
@@ -438,36 +386,15 @@ def _build_genai(spec: ModelSpec) -> onnx.ModelProto:
                                    to=TensorProto.INT32), batch], "gqa/seqlens_k")
 
     x = g.op("Gather", ["embed_tokens.weight", "input_ids"], "embed", axis=0)
-    h = g.op("RMSNormalization", [x, "layers.0.attn_norm.weight"], "layers.0/attn_norm", axis=-1,
-             epsilon=float(spec.eps), stash_type=1)
-    for l in range(L):
-        p, n = f"layers.{l}.", f"layers.{l}"
-        q = nbits(h, f"{n}/q_proj", p + "q_proj.weight")
-        k = nbits(h, f"{n}/k_proj", p + "k_proj.weight")
-        v = nbits(h, f"{n}/v_proj", p + "v_proj.weight")
-        att = g.op("GroupQueryAttention",
-                   [q, k, v, f"past_key_values.{l}.key", f"past_key_values.{l}.value", seqlens, total_i32,
-                    "rope.cos_cache", "rope.sin_cache"],
-                   f"{n}/attention", n_out=3, outputs=[f"{n}/attention", f"present.{l}.key", f"present.{l}.value"],
-                   domain="com.microsoft", num_heads=H, kv_num_heads=KV, do_rotary=1, rotary_interleaved=0,
-                   scale=float(1.0 / np.sqrt(D)))[0]
-        o = nbits(att, f"{n}/o_proj", p + "o_proj.weight")
-        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [o, x, p + "mlp_norm.weight"], f"{n}/mlp_norm", n_out=4,
-                          outputs=[f"{n}/mlp_norm", "", "", f"{n}/attn_residual"], domain="com.microsoft",
-                          epsilon=float(spec.eps))
-        down = _swiglu(g, lambda x, w, node: nbits(x, node, w), h, _mlp_weights(p), n)
-        gamma = f"layers.{l + 1}.attn_norm.weight" if l + 1 < L else "norm.weight"
-        norm_name = f"layers.{l + 1}/attn_norm" if l + 1 < L else "final_norm"
-        h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [down, x, gamma], norm_name, n_out=4,
-                          outputs=[norm_name, "", "", f"{n}/mlp_residual"], domain="com.microsoft",
-                          epsilon=float(spec.eps))
+    h = gqa_layers(g, GOLDEN, x, n_layers=spec.n_layers, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+                   head_dim=spec.head_dim, eps=spec.eps, proj=nbits, seqlens_k=seqlens, total_sequence_length=total_i32)
     g.op("MatMul", [h, "lm_head.weight"], "lm_head", outputs=["logits"])
-    return _finish(spec, g, inputs, outputs, contrib=True)
+    return _finish(spec, g, inputs, outputs)
 
 
-def _finish(spec: ModelSpec, g: _Graph, inputs: list, outputs: list, contrib: bool = False) -> onnx.ModelProto:
+def _finish(spec: ModelSpec, g: Graph, inputs: list, outputs: list) -> onnx.ModelProto:
     graph = helper.make_graph(g.nodes, spec.name, inputs, outputs, initializer=g.inits)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if contrib else [])
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS_DOMAIN, 1)] if g.contrib else [])
     model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                               producer_name="lockstep.golden.models", producer_version=GENERATOR_VERSION)
     meta = {"spec": spec_dict(spec), "generator_version": GENERATOR_VERSION}
