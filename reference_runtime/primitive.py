@@ -127,15 +127,24 @@ def declared(obj: Any) -> Primitive | None:
 
 def collect(*owners: Any) -> list[Primitive]:
     """The primitives marked in ``owners`` (classes or modules), in each owner's definition order;
-    for a module, only functions defined in it."""
+    for a class, then its bases' (MRO order, an overridden method once); for a module, only
+    functions defined in it."""
     out: list[Primitive] = []
     for owner in owners:
-        for value in vars(owner).values():
-            if not inspect.isfunction(value) or (inspect.ismodule(owner) and value.__module__ != owner.__name__):
-                continue
-            p = declared(value)
-            if p is not None:
-                out.append(p)
+        if inspect.ismodule(owner):
+            scopes: list[dict[str, Any]] = [vars(owner)]
+        else:  # a class: its own definitions, then each base's (MRO order) that it does not override
+            scopes = [vars(k) for k in owner.__mro__ if k is not object]
+        seen: set[str] = set()
+        for scope in scopes:
+            for name, value in scope.items():
+                if name in seen or not inspect.isfunction(value) or (
+                        inspect.ismodule(owner) and value.__module__ != owner.__name__):
+                    continue
+                seen.add(name)
+                p = declared(value)
+                if p is not None:
+                    out.append(p)
     return out
 
 

@@ -27,21 +27,20 @@ from lockstep.kernels import dtype_name, Kernel, KernelHostError, primitives
 
 from . import primitive as _primitive
 from . import sync_debug as _sd
-from .backends._base import ArrayRef, Buffer, Device, Event, Graph, Stream
+from .backends._base import ArrayRef, Buffer, Device, Event, Stream
 from .config import RuntimeConfig
 from .errors import (
     CaptureD2HRefused,
     CudaError,
     DeviceAssert,
     IllegalState,
-    InvalidResourceHandle,
     InvalidValue,
     MemoryAllocation,
-    StreamCaptureInvalidated,
     StreamCaptureUnsupported,
     UseAfterFree,
 )
 from .primitive import primitive
+from .runtime_capture import CaptureAPI
 from .runtime_types import (
     _SLOTS,
     Counters,
@@ -82,8 +81,9 @@ def _release(res: _Resources) -> None:
     res.live.clear()
 
 
-class Runtime:
-    """One runtime per device. See the module docstring for the guarantee of each primitive."""
+class Runtime(CaptureAPI):
+    """One runtime per device. See the module docstring for the guarantee of each primitive (the
+    capture primitives, graph slots and segment graphs, are ``runtime_capture.CaptureAPI``'s)."""
 
     # Mutants replace this to model a runtime dropped without its drain.
     _release_resources = staticmethod(_release)
@@ -561,143 +561,6 @@ class Runtime:
                 subject=self._sites.get(site, site),
             )
         self._latch_quiet = True
-
-    # -- capture into graph slots
-    @primitive(
-        capture="lifecycle",
-        guarantee="open a capture into graph slot PRIMARY or VERIFY (independent lifecycles); one capture at a "
-                  "time on the compute stream (`IllegalState` otherwise)")
-    def begin_capture(self, slot: GraphSlot | str) -> None:
-        slot = GraphSlot.parse(slot)
-        if self._capturing is not None:
-            raise IllegalState(f"already capturing into slot {self._capturing.value}", subject=slot)
-        self.compute.begin_capture()
-        self._slots[slot].graph = None  # re-capturing a slot replaces that slot's graph only
-        self._capturing = slot
-
-    @primitive(
-        capture="lifecycle",
-        guarantee="close the slot's capture: its graph replaces the slot's; frees issued during the capture are "
-                  "released after it")
-    def end_capture(self, slot: GraphSlot | str) -> None:
-        slot = GraphSlot.parse(slot)
-        if self._capturing is not slot:
-            what = "no capture is open" if self._capturing is None else f"slot {self._capturing.value} is capturing"
-            raise IllegalState(f"end_capture({slot.value}): {what}", subject=slot)
-        self._slots[slot].graph = self._close_capture(abort=False)
-        self.counters.captures_by_slot[slot.value] += 1
-
-    @primitive(
-        capture="lifecycle",
-        guarantee="close the slot's capture without a graph (an invalidated capture is expected); the slot is "
-                  "emptied, frees issued during it are released")
-    def abort_capture(self, slot: GraphSlot | str) -> None:
-        slot = GraphSlot.parse(slot)
-        if self._capturing is not slot:
-            raise IllegalState(f"abort_capture({slot.value}): that slot is not capturing", subject=slot)
-        self._close_capture(abort=True)
-        self._slots[slot].graph = None
-
-    def _close_capture(self, *, abort: bool) -> Graph | None:
-        """End the open capture (slot or segment): its graph, or None when aborting, where an
-        invalidated capture is expected. Frees issued during the capture are released after it."""
-        self._capturing = None
-        try:
-            graph = self.compute.end_capture()
-        except StreamCaptureInvalidated:
-            if not abort:
-                raise
-            graph = None
-        finally:
-            self._flush_frees_after_capture()
-        if abort:
-            self.counters.capture_aborts += 1
-            return None
-        self.counters.captures += 1
-        return graph
-
-    def _flush_frees_after_capture(self) -> None:
-        for buf in self._frees_after_capture:
-            self._release_after_queued_work(buf)
-        self._frees_after_capture.clear()
-
-    @primitive(
-        capture="refused",
-        guarantee="launch the slot's graph on the compute stream (`InvalidResourceHandle` if empty); a replay "
-                  "while any capture is open is `IllegalState` (the capture stays valid)")
-    def replay(self, slot: GraphSlot | str) -> None:
-        slot = GraphSlot.parse(slot)
-        graph = self._slots[slot].graph
-        if graph is None:
-            raise InvalidResourceHandle(f"replay({slot.value}): the slot holds no graph", subject=slot)
-        if self._capturing is not None:
-            raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)
-        graph.launch(self._res.compute)
-        self._enqueued += 1
-        self._latch_quiet = False  # a graph's kernels may set the latch
-        self._on_compute += 1
-        self.counters.replays += 1
-        self.counters.replays_by_slot[slot.value] += 1
-
-    @primitive(
-        capture="host",
-        guarantee="empty the slot; refused (`IllegalState`) for the slot that is capturing")
-    def reset(self, slot: GraphSlot | str) -> None:
-        slot = GraphSlot.parse(slot)
-        if self._capturing is slot:
-            raise IllegalState(f"reset({slot.value}) while it is capturing; abort_capture first", subject=slot)
-        self._slots[slot].graph = None
-
-    def has_graph(self, slot: GraphSlot | str) -> bool:
-        return self._slots[GraphSlot.parse(slot)].graph is not None
-
-    # -- capture into segment graphs (handles outside the slots)
-    @primitive(
-        capture="lifecycle",
-        guarantee="open a capture into a new segment graph, a handle outside the two slots (segmented capture: "
-                  "one per captured segment of a step); same rules as the slots")
-    def begin_segment(self, label: str) -> SegmentGraph:
-        if self._capturing is not None:
-            raise IllegalState(f"already capturing into {self._capturing.value}", subject=label)
-        seg = SegmentGraph(label)
-        self.compute.begin_capture()
-        self._capturing = seg
-        return seg
-
-    @primitive(
-        capture="lifecycle",
-        guarantee="close the segment's capture into its own graph")
-    def end_segment(self, seg: SegmentGraph) -> None:
-        if self._capturing is not seg:
-            what = "no capture is open" if self._capturing is None else f"{self._capturing.value} is capturing"
-            raise IllegalState(f"end_segment({seg.label}): {what}", subject=seg)
-        seg.graph = self._close_capture(abort=False)
-        self.counters.segment_captures += 1
-
-    @primitive(
-        capture="lifecycle",
-        guarantee="close the segment's capture without a graph")
-    def abort_segment(self, seg: SegmentGraph) -> None:
-        if self._capturing is not seg:
-            raise IllegalState(f"abort_segment({seg.label}): it is not capturing", subject=seg)
-        self._close_capture(abort=True)
-        seg.graph = None
-
-    @primitive(
-        capture="refused",
-        guarantee="launch the segment's graph; never touches a slot or another segment; `IllegalState` while "
-                  "any capture is open")
-    def replay_segment(self, seg: SegmentGraph) -> None:
-        if seg.graph is None:
-            raise InvalidResourceHandle(f"replay_segment({seg.label}): it holds no graph", subject=seg)
-        if self._capturing is not None:
-            raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)
-        seg.graph.launch(self._res.compute)
-        self._enqueued += 1
-        self._latch_quiet = False  # a graph's kernels may set the latch
-        self._on_compute += 1
-        self.counters.replays += 1
-        self.counters.segment_replays += 1
 
     # -- lifetime
     @primitive(

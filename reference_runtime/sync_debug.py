@@ -71,7 +71,7 @@ class SyncEvent:
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_PKG_DIR)  # the source checkout, or the installed lockstep package
-_INTERNAL_FILES = {os.path.join(_PKG_DIR, "runtime.py"), os.path.join(_PKG_DIR, "sync_debug.py")}
+_INTERNAL_FILES = {os.path.join(_PKG_DIR, f) for f in ("runtime.py", "runtime_capture.py", "sync_debug.py")}
 _BACKENDS_DIR = os.path.join(_PKG_DIR, "backends") + os.sep
 _internal_cache: dict[str, bool] = {}
 _relpath_cache: dict[str, str] = {}

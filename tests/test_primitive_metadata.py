@@ -37,9 +37,13 @@ _DEVICE_CALLS = ("memcpy_", "event")
 
 
 def _methods(cls: type) -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    (node,) = tree.body
-    return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+    """The methods of ``cls`` and its bases (the most derived definition of each name)."""
+    out: dict[str, ast.FunctionDef] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        (node,) = tree.body
+        out.update({f.name: f for f in node.body if isinstance(f, ast.FunctionDef)})
+    return out
 
 
 def _is_property(f: ast.FunctionDef) -> bool:
@@ -155,7 +159,7 @@ def test_records_are_the_names_each_body_hands_to_sync_debug():
 def test_the_marker_returns_the_function_itself():
     """Contract: no wrapper, so sync-debug's call sites and barrier checks see the primitive's own code."""
     for p in PRIMS():
-        assert p.code.co_filename.endswith(("runtime.py", "sync_debug.py")), p.qualname
+        assert p.code.co_filename.endswith(("runtime.py", "runtime_capture.py", "sync_debug.py")), p.qualname
     assert P.declared(R.Runtime.download).code is R.Runtime.download.__code__
     assert P.declared(R.Runtime.download).qualname == "Runtime.download"
 

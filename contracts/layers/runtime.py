@@ -1,4 +1,4 @@
-"""Source mutants of the runtime (reference_runtime/runtime.py), beside the class-based catalogue.
+"""Source mutants of the runtime (reference_runtime/runtime.py and runtime_capture.py), beside the class-based catalogue.
 
 ``lockstep.contracts.mutants`` overrides whole primitives (killed by the packaged contract tests);
 these are one-line edits inside the primitives' bodies, killed by the contract tests and the
@@ -8,6 +8,7 @@ runtime's unit tests.
 from lockstep.contracts.mutation import Mutant
 
 _R = "lockstep.reference_runtime.runtime"
+_C = "lockstep.reference_runtime.runtime_capture"  # the capture primitives (Runtime's base class)
 _T = ("tests/test_runtime_unit.py", "tests/test_sim_device.py", "tests/test_hazards.py", "contracts/suite/runtime")
 # The parity scenario use_after_unmap times an unmap against a spinning kernel on the raw device: on a GPU
 # shared by the runner's parallel children its outcome depends on the load, and it judges no runtime code.
@@ -90,21 +91,21 @@ MUTANTS = [
         tests=_T, select=_SEL,
     ),
     Mutant(
-        "runtime", "replay_while_capturing", _R,
+        "runtime", "replay_while_capturing", _C,
         old="""            raise IllegalState(f"replay({slot.value}) while capturing into {self._capturing.value}", subject=slot)""",
         new="""            pass""",
         breaks="replaying a slot's graph while a capture is open is refused (IllegalState), the capture stays valid",
         tests=_T, select=_SEL, ci=True,
     ),
     Mutant(
-        "runtime", "replay_segment_while_capturing", _R,
+        "runtime", "replay_segment_while_capturing", _C,
         old="""            raise IllegalState(f"replay_segment({seg.label}) while capturing into {self._capturing.value}", subject=seg)""",
         new="""            pass""",
         breaks="replaying a segment's graph while a capture is open is refused (IllegalState)",
         tests=_T, select=_SEL,
     ),
     Mutant(
-        "runtime", "reset_while_capturing", _R,
+        "runtime", "reset_while_capturing", _C,
         old="if self._capturing is slot:\n            raise IllegalState(f\"reset(",
         new="if False:\n            raise IllegalState(f\"reset(",
         breaks="resetting the slot that is capturing is refused (abort_capture first)",
@@ -119,7 +120,7 @@ MUTANTS = [
         tests=_T, select=_SEL,
     ),
     Mutant(
-        "runtime", "aborted_capture_keeps_frees", _R,
+        "runtime", "aborted_capture_keeps_frees", _C,
         old="""        finally:
             self._flush_frees_after_capture()""",
         new="""        finally:
@@ -129,7 +130,7 @@ MUTANTS = [
         tests=_T, select=_SEL,
     ),
     Mutant(
-        "runtime", "capture_counted_on_wrong_slot", _R,
+        "runtime", "capture_counted_on_wrong_slot", _C,
         old="self.counters.captures_by_slot[slot.value] += 1",
         new="self.counters.captures_by_slot['primary'] += 1",
         breaks="captures are counted per slot (capture statistics name the slot that captured)",
@@ -196,7 +197,7 @@ MUTANTS = [
         tests=_T + ("tests/test_index_checks.py",), select=_SEL + " or out_of_range or golden_model_past",
     ),
     Mutant(
-        "runtime", "latch_replay_keeps_quiet", _R,
+        "runtime", "latch_replay_keeps_quiet", _C,
         old="        seg.graph.launch(self._res.compute)\n        self._enqueued += 1\n        self._latch_quiet = False",
         new="        seg.graph.launch(self._res.compute)\n        self._enqueued += 1",
         breaks="a replayed graph's kernels may set the error latch: the next synchronising read looks at it",
