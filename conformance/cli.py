@@ -91,6 +91,14 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
                 dir_models(d)
             except GoldenError as exc:  # before pytest starts: one line, no run, no report
                 raise CliError(str(exc)) from None
+    if args.cases_dir:
+        from lockstep.reference_runtime.node_cases import CaseDirError, load_case_dirs
+
+        for d in args.cases_dir:
+            try:
+                load_case_dirs(d)
+            except CaseDirError as exc:
+                raise CliError(str(exc)) from None
     argv = ["--pyargs", "lockstep.conformance", *_self_tests(args.engines), f"--lockstep-report-dir={args.report_dir}",
             # xunit1: the JUnit family whose testcases may carry properties (engine, op, key, markers,
             # precision, the golden plot data); under xunit2 pytest warns once per recorded property
@@ -101,6 +109,7 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     if args.engines:
         argv.append(f"--engines={args.engines}")
     argv += [f"--golden-dir={d}" for d in args.golden_dir]
+    argv += [f"--lockstep-cases-dir={d}" for d in args.cases_dir]
     argv += _workers(args.jobs, passthrough)
     started = time.time()
     rc = int(pytest.main(argv + passthrough))
@@ -433,6 +442,12 @@ def _cases(argv: list[str]) -> int:
     return cases_main(argv)
 
 
+def _locate(argv: list[str]) -> int:
+    from lockstep.conformance.locate.command import main as locate_main
+
+    return locate_main(argv)
+
+
 def _capture_guard(argv: list[str]) -> int:
     from lockstep.reference_runtime.capture_guard_pass import main as capture_guard_main
 
@@ -450,6 +465,8 @@ _OWN_PARSER = {
                       "`lockstep cases --engine ref-sim --match 'test_add*' [--emit-expectations]`"),
     "capture-guard": (_capture_guard, "the capture guard's pass over ONNX's node cases (captured bytes against "
                                       "eager, host reads): `lockstep capture-guard [--match PATTERN]`"),
+    "locate": (_locate, "the first node whose value leaves its error band on an engine, and a minimal case: "
+                        "`lockstep locate MODEL --engine SPEC [--position N] [--reduce DIR] [--format json]`"),
     "fuzz": (_fuzz, "fuzz the reference runtime (with ONNX Runtime beside) and the CLI from a seed, reproducers "
                     "per crash: `lockstep fuzz --cases N --seed S`, `lockstep fuzz --replay DIR`"),
 }
@@ -512,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--report-dir", default="reports", help="where report.json and report.md go (default: reports/)")
     c.add_argument("--golden-dir", action="append", default=[],
                    help="a folder of snapshots from `lockstep golden add` to lock too (repeatable)")
+    c.add_argument("--cases-dir", action="append", default=[],
+                   help="a folder of ONNX backend node cases (model.onnx, test_data_set_0/) to run in the node suite "
+                        "with its expectations (repeatable): your own, or those `lockstep locate --reduce` writes")
     c.add_argument("-j", "--jobs", default="auto",
                    help="pytest-xdist worker processes: auto (default: one per CPU, where pytest-xdist is "
                         "installed) or a number; 1 runs in this process")

@@ -18,6 +18,8 @@ The test entries read (other keys are ignored):
 - ``"op": str`` with ``"engine"`` and ``"outcome"`` (passed|failed|xfailed|skipped): one node case.
   ``scoreboard`` draws the op-by-engine grid, ``scoreboard.png`` (over 60 ops: side-by-side panels,
   over 240: ``scoreboard-1.png``, ``scoreboard-2.png``, ...), and writes ``scoreboard.html``.
+- ``"locate": {"model", "engine", "mode", "position", "first", "points": [[depth, error, band, status,
+  node]]}``: a failing lock located (``lockstep.conformance.locate``): ``locate-<model>-<engine>-<mode>.png``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 from lockstep.paths import atomic_write
 from typing import Any
 
-__all__ = ["CELL_STATUSES", "golden_plots", "op_cells", "scoreboard", "write_plots"]
+__all__ = ["CELL_STATUSES", "golden_plots", "locate_plot", "locate_plots", "op_cells", "scoreboard", "write_plots"]
 
 log = logging.getLogger(__name__)
 
@@ -555,7 +557,49 @@ def _scoreboard_html(ops: list[str], engines: list[str], cells, report: dict) ->
 # ------------------------------------------------------------------------------------------- both
 
 
+def locate_plot(entry: dict, path) -> Path:
+    """One located lock (``"locate"``: ``lockstep.conformance.locate.lock.plot_data``, or ``locate
+    --plot``'s JSON): each value's error against the float64 oracle and its band by depth, log scale,
+    out-of-band values red, an infinite error on the top edge, the first divergent node ringed."""
+    Figure, Canvas = _matplotlib()
+    pts = entry.get("points") or [[v["depth"], None if v["error"] == "inf" else v["error"], v["band"], v["status"],
+                                   v["node"]] for v in entry.get("values", []) if v["status"] in ("in", "out")]
+    floor = min([p[2] for p in pts if p[2]] + [p[1] for p in pts if p[1]] or [1e-12]) / 10
+    top = max([p[2] for p in pts if p[2]] + [p[1] for p in pts if p[1]] or [1.0]) * 10
+    first = (entry.get("first") or entry.get("first_divergent_node") or {})
+    fig = Figure(figsize=(9, 4.8))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_yscale("log")
+    ax.scatter([p[0] for p in pts], [p[2] or floor for p in pts], marker="_", s=90, c=NEAR_TIE, label="band")
+    for status, colour in (("in", ENGINE_COLOURS[0]), ("out", VIOLATION)):
+        sel = [p for p in pts if p[3] == status]
+        ax.scatter([p[0] for p in sel], [min(top, p[1] if p[1] is not None else top) or floor for p in sel], s=14,
+                   c=colour, label=f"error ({status} of band)", zorder=3)
+    ring = [p for p in pts if p[4] == first.get("node", first.get("index"))]
+    if ring:
+        ax.scatter([p[0] for p in ring], [min(top, p[1] if p[1] is not None else top) or floor for p in ring], s=160,
+                   facecolors="none", edgecolors=VIOLATION, linewidths=1.6, zorder=4,
+                   label=f"first divergent: {first.get('name')} ({first.get('op_type')})")
+    ax.set_ylim(floor, top * 1.5)
+    ax.set_xlabel("depth (roundings from the inputs)")
+    ax.set_ylabel("max |engine - float64 oracle|")
+    where = "prefill" if entry.get("position") is None else f"position {entry['position']}"
+    ax.set_title(f"{entry.get('model', entry.get('subject', ''))} on {entry.get('engine')} "
+                 f"({entry.get('mode', 'locate')}, {where})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, Canvas, Path(path))
+
+
+def locate_plots(report: dict, out_dir) -> list[Path]:
+    """``locate-<model>-<engine>-<mode>.png`` for every failing lock the suite located."""
+    out = []
+    for entry in (t["locate"] for t in report.get("tests", {}).values() if "locate" in t):
+        name = f"locate-{_file_part(entry['model'])}-{_file_part(entry['engine'])}-{_file_part(entry['mode'])}.png"
+        out.append(locate_plot(entry, _out(out_dir) / name))
+    return out
+
+
 def write_plots(report: dict, out_dir) -> list[Path]:
-    """The golden plots and the scoreboard (PNG part(s) and HTML): every file written."""
+    """The golden plots, the located failures and the scoreboard (PNG part(s) and HTML): every file written."""
     report = _load(report)
-    return golden_plots(report, out_dir) + _scoreboard_files(report, out_dir)
+    return golden_plots(report, out_dir) + locate_plots(report, out_dir) + _scoreboard_files(report, out_dir)

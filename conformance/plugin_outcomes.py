@@ -104,7 +104,7 @@ class OutcomeRecorder:
             if key in props:
                 entry[key] = props[key]
         if report.when == "call":  # properties recorded by the test arrive with every later report too
-            for key in ("tripwire", "golden"):
+            for key in ("tripwire", "golden", "locate"):
                 if key in props and key not in entry:
                     entry[key] = json.loads(props[key])
                     if key == "tripwire":

@@ -58,6 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--golden-dir", action="append", default=[],
                 help="a folder of golden snapshots written by `lockstep golden add` (repeatable): its models are "
                      "locked next to the built-in ones")
+    g.addoption("--lockstep-cases-dir", action="append", default=[],
+                help="a folder of ONNX backend node cases (model.onnx, test_data_set_0/) to run in the node suite "
+                     "with its expectations (repeatable): a user's own, or `lockstep locate --reduce`'s")
     g.addoption("--lockstep-expectations", default=None,
                 help="expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml; "
                      "'none': only the engines' own files)")
@@ -135,6 +138,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
     if "engine_name" in names and not selection.own_fixture(metafunc, "engine_name"):
         metafunc.parametrize("engine_name", list(selection.engines(metafunc.config)))
+    if "case" in names and callable(getattr(metafunc.module, "node_cases", None)):
+        # the node suite's cases (ONNX's and --lockstep-cases-dir's), after the engines: ids ENGINE-CASE
+        metafunc.parametrize("case", metafunc.module.node_cases(metafunc.config), ids=lambda c: c.name)
     if "golden_model_name" in names and not selection.own_fixture(metafunc, "golden_model_name"):
         kinds = metafunc.definition.get_closest_marker("golden_kinds")
         models = [m.name for m in golden_models(metafunc.config) if kinds is None or m.kind in kinds.args]

@@ -30,7 +30,7 @@ from lockstep.engines.protocol import Unsupported
 
 from lockstep.loading import ModelError
 
-__all__ = ["NodeCase", "load_cases", "run_case", "Outcome", "assert_similar"]
+__all__ = ["NodeCase", "load_cases", "load_case_dirs", "run_case", "Outcome", "assert_similar", "CaseDirError"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,65 @@ def _load_cases() -> list[NodeCase]:
     # atomic: concurrent workers never read half a file
     atomic_write(path, lambda f: pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL))
     return cases
+
+
+class CaseDirError(ModelError):
+    """A node-case folder that cannot be read (no model.onnx, no test_data_set_*, a file that is not a
+    TensorProto, a data.json without numbers); the message names the file."""
+
+
+def _read_tensors(data: Path, prefix: str) -> list[np.ndarray]:
+    files = sorted(data.glob(f"{prefix}_*.pb"), key=lambda p: (len(p.stem), p.stem))
+    out = []
+    for f in files:
+        t = onnx.TensorProto()
+        try:
+            t.ParseFromString(f.read_bytes())
+            out.append(onnx.numpy_helper.to_array(t))
+        except Exception as exc:
+            raise CaseDirError(f"{f}: not a TensorProto ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def load_case_dirs(root: str | Path) -> list[NodeCase]:
+    """The ONNX backend cases in a folder (a user's own, or ``lockstep locate --reduce``'s): every folder
+    under ``root`` (``root`` itself included) holding ``model.onnx`` and ``test_data_set_<k>/input_<i>.pb``,
+    ``output_<i>.pb``, one case per data set, named by the folder's path under ``root`` (and
+    ``/test_data_set_<k>`` beyond the first); tolerances from its ``data.json`` (``rtol``, ``atol``) as
+    onnx's loader reads them, else onnx's defaults (1e-3, 1e-7)."""
+    import json
+
+    root = Path(root)
+    if not root.is_dir():
+        raise CaseDirError(f"--cases-dir {root}: not a folder")
+    cases = []
+    for model in sorted(root.rglob("model.onnx")):
+        d = model.parent
+        rtol, atol = 1e-3, 1e-7
+        if (d / "data.json").is_file():
+            try:
+                meta = json.loads((d / "data.json").read_text())
+                rtol, atol = float(meta.get("rtol", rtol)), float(meta.get("atol", atol))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise CaseDirError(f"{d / 'data.json'}: not JSON with numeric rtol/atol ({exc})") from None
+        sets = sorted(d.glob("test_data_set_*"), key=lambda p: (len(p.name), p.name))
+        if not sets:
+            raise CaseDirError(f"{d}: model.onnx without a test_data_set_0 folder")
+        name = d.relative_to(root).as_posix() if d != root else d.name
+        for k, data in enumerate(sets):
+            cases.append(NodeCase(name if k == 0 else f"{name}/{data.name}", model.read_bytes(),
+                                  _read_tensors(data, "input"), _read_tensors(data, "output"), rtol, atol))
+    if not cases:
+        raise CaseDirError(f"--cases-dir {root}: no node case in it (a folder with model.onnx and test_data_set_0/)")
+    return cases
+
+
+def locate_command(case_name: str, engine: str, cases_dir: str | Path | None = None) -> str:
+    """The command that locates a failing case's first divergent node."""
+    import shlex
+
+    where = str(Path(cases_dir) / case_name.split("/test_data_set_")[0]) if cases_dir is not None else case_name
+    return f"lockstep locate {shlex.quote(where)} --engine {shlex.quote(engine)}"
 
 
 def _feeds(model: onnx.ModelProto, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -229,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="ref-sim")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
+    ap.add_argument("--cases-dir", action="append", default=[],
+                    help="a folder of node cases (model.onnx, test_data_set_0/) to run instead of ONNX's (repeatable): "
+                         "a user's own, or those `lockstep locate --reduce` writes")
     ap.add_argument("--emit-expectations", action="store_true",
                     help="print TOML [[expect]] entries (strict xfail) for every failed or erroring case, for the "
                          "engine's own expectations file (and the variants sharing it)")
@@ -247,12 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts: dict[str, int] = {}
     show = set(args.show.split(","))
-    cases = [c for c in load_cases() if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
-    if not cases:
-        print(f"{ap.prog}: error: --match {args.match}: no node case matches (onnx {onnx.__version__} has {len(load_cases())})",
-              file=sys.stderr)
+    try:
+        pool = [(c, d) for d in args.cases_dir for c in load_case_dirs(d)] or [(c, None) for c in load_cases()]
+    except CaseDirError as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
         return 2
-    for case in cases:
+    cases = [(c, d) for c, d in pool if not args.match or any(fnmatch.fnmatch(c.name, p) for p in args.match)]
+    if not cases:
+        print(f"{ap.prog}: error: --match {args.match}: no node case matches ({len(pool)} cases)", file=sys.stderr)
+        return 2
+    for case, where in cases:
         out = run_case(engine, case)
         counts[out.status] = counts.get(out.status, 0) + 1
         if args.emit_expectations:
@@ -265,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if out.status in show:
             print(f"{out.status:11} {case.name}: {out.detail.splitlines()[0] if out.detail else ''}")
+            if out.status == "failed":
+                print(f"{'':11} locate it: {locate_command(case.name, args.engine, where)}")
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     print(f"# {summary}" if args.emit_expectations else summary)
     return 0

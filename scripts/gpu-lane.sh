@@ -121,12 +121,9 @@ if [ "$ORT_CUDA" = 1 ]; then
   # every failing or erroring ort-cuda case, as expectation entries to review (not applied here)
   step ort-expect  timeout 200 bash -c "python3 -m lockstep cases --engine ort-cuda --emit-expectations --engine-field > '$out/ort-cuda-expectations.toml'"
 fi
-if [ "$ORT_CUDA" = 1 ]; then
-  # the minimal case of each ORT CUDA finding (docs/ort-cuda-findings.md): first node departing from ort-cpu
-  step ort-divergence timeout 150 python3 scripts/ort_first_divergence.py test_attention_causal_boolmask_nan_robustness_expanded \
-    test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded test_attention_local_window_gqa_rank4_mask_expanded \
-    test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded test_attention_4d_fp16 test_max_int16
-fi
+# lockstep locate: ORT CUDA's findings located by the command (F2: the first node leaving its band is a
+# ReduceMax), clean engines locating nothing on golden models and exports (scripts/locate_lane.py)
+step locate        timeout 300 python3 scripts/locate_lane.py --json "$out/locate.json"
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
 step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden lockstep.contracts.suite -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,

@@ -25,6 +25,16 @@ from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import same_anchors
 from lockstep.golden.locks import teacher_forced_lock, tripwire
 
+from ..locate.lock import for_lock
+
+
+def _locate(engine, golden_model, position, mode, request, record_property) -> str:
+    """The first divergent node of a broken lock (``lockstep.conformance.locate``), for its message."""
+    where, plot = for_lock(engine, golden_model, position, mode, request.config.getoption("golden_dir"))
+    if plot is not None:
+        record_property("locate", json.dumps(plot))
+    return where
+
 
 def _session(engine, golden_model, record_property):
     model = golden_model.load()
@@ -39,19 +49,21 @@ def _session(engine, golden_model, record_property):
 
 @pytest.mark.golden
 @pytest.mark.parametrize("mode", ["prefill", "stepwise"])
-def test_teacher_forced_lock(engine, golden_model, mode, record_property):
+def test_teacher_forced_lock(engine, golden_model, mode, record_property, request):
     snap = golden_model.snapshot()
     golden_model.check_provenance(snap)
     session, precision = _session(engine, golden_model, record_property)
     res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise")
     record_property("golden", json.dumps(res.plot_data(golden_model.name, engine.name, precision)))
     assert res.checked > 0, "result: the lock checked no position (every position a near-tie?)"
+    where = _locate(engine, golden_model, None if mode == "prefill" else res.violations[0]["pos"], mode, request,
+                    record_property) if res.violations else ""
     assert not res.violations, (f"result: {engine.name} ({precision}) breaks the lock on {golden_model.name} "
-                                f"({mode}): {res.describe()}; the first ones: {res.violations[:4]}")
+                                f"({mode}): {res.describe()}; the first ones: {res.violations[:4]}; {where}")
 
 
 @pytest.mark.golden
-def test_tripwire(engine, golden_model, record_property):
+def test_tripwire(engine, golden_model, record_property, request):
     snap = golden_model.snapshot()
     golden_model.check_provenance(snap)
     session, precision = _session(engine, golden_model, record_property)
@@ -59,9 +71,10 @@ def test_tripwire(engine, golden_model, record_property):
     if trip.divergence is not None:
         record_property("tripwire", json.dumps({"engine": engine.name, "model": golden_model.name,
                                                 "precision": precision, **trip.divergence}))
+    where = _locate(engine, golden_model, trip.divergence["pos"], "tripwire", request, record_property) if trip.fatal else ""
     assert not trip.fatal, (f"result: {engine.name} ({precision}) diverges from the recorded stream of "
                             f"{golden_model.name} at position {trip.divergence and trip.divergence['pos']}, "
-                            f"not a near-tie: {trip.divergence}")
+                            f"not a near-tie: {trip.divergence}; {where}")
 
 
 @pytest.mark.golden

@@ -4,23 +4,44 @@ A case an engine cannot run (an operator it lacks, an IR version or opset newer 
 sequence values) is a skip whose reason starts with ``unsupported:``, counted per engine in the
 terminal summary and the report; a case it runs must match ONNX's expected outputs the way ONNX's
 runner compares them. Known failures are listed in ``expectations.toml`` (strict xfails, each with
-its reason).
+its reason). ``--lockstep-cases-dir DIR`` (``lockstep check --cases-dir DIR``) adds the node cases
+of a folder in the same format (a user's own, or those ``lockstep locate --reduce`` writes), their
+ids ``DIR-NAME/CASE``, under the same expectations. A failing case names the command that locates
+its first divergent node.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
-from lockstep.reference_runtime.node_cases import load_cases, run_case
+from lockstep.reference_runtime.node_cases import load_case_dirs, load_cases, locate_command, run_case
 
 from lockstep.engines import unsupported_reason
+from lockstep.engines.registry import spec_of
 
 CASES = load_cases()
+_FOLDER: dict[str, tuple[str, str]] = {}  # a folder case's id -> (its folder, its name there)
+
+
+def node_cases(config) -> list:
+    """ONNX's cases and those of ``--lockstep-cases-dir``: the plugin parametrizes ``case`` with them
+    after the engines (a test id is ``ENGINE-CASE``)."""
+    dirs = []
+    for d in config.getoption("lockstep_cases_dir") or []:
+        for c in load_case_dirs(d):
+            named = dataclasses.replace(c, name=f"{Path(d).name}/{c.name}")
+            _FOLDER[named.name] = (d, c.name)
+            dirs.append(named)
+    return CASES + dirs
 
 
 @pytest.mark.node_suite
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_node_case(engine, case):
+    where, name = _FOLDER.get(case.name, (None, case.name))
     outcome = run_case(engine, case)
     if outcome.status == "unsupported":
         pytest.skip(unsupported_reason(engine.name, outcome.detail[:300]))
-    assert outcome.status == "passed", f"{engine.name} {outcome.status}: {outcome.detail}"
+    assert outcome.status == "passed", (f"{engine.name} {outcome.status}: {outcome.detail}\n"
+                                        f"locate it: {locate_command(name, spec_of(engine), where)}")

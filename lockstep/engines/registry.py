@@ -29,7 +29,7 @@ from lockstep.errors import LockstepError
 
 from .protocol import PRECISIONS
 
-__all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate"]
+__all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate", "spec_of"]
 
 GROUP = "lockstep.engines"
 OWN_DISTRIBUTION = "lockstep-conformance"
@@ -121,7 +121,20 @@ def load_engine(name_or_spec: str) -> Any:
         engine = factory()
     except Exception as exc:
         raise EngineLoadError(f"{origin}: the factory raised {type(exc).__name__}: {exc}") from exc
-    return validate(engine, origin, expected_name)
+    validate(engine, origin, expected_name)
+    _SPECS[id(engine)] = (engine, text)
+    return engine
+
+
+# engine -> what it was loaded by (the object kept, so that its id is never reused while here)
+_SPECS: dict[int, tuple[Any, str]] = {}
+
+
+def spec_of(engine: Any) -> str:
+    """What loads ``engine`` again on a command line: its registered name, or the ``pkg.module:factory``
+    it was built by (its name for an engine built any other way)."""
+    held = _SPECS.get(id(engine))
+    return held[1] if held is not None and held[0] is engine else engine.name
 
 
 def validate(engine: Any, origin: str = "engine", expected_name: str | None = None) -> Any:

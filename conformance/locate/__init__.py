@@ -1,0 +1,11 @@
+"""``lockstep locate``: the first node of a model whose value on an engine leaves its error band,
+and the minimal failing subgraph as a node case (``--reduce``). ``subject`` resolves what runs,
+``search`` finds the node (values exposed as outputs, or bisection), ``judge`` holds the bands,
+``reduce`` writes the case, ``command`` is the CLI."""
+
+from .judge import Judged, first_divergence
+from .oracle import LocateError
+from .search import Located, locate
+from .subject import Subject, read_case_dir, subject
+
+__all__ = ["Judged", "Located", "LocateError", "Subject", "first_divergence", "locate", "read_case_dir", "subject"]

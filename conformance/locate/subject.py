@@ -1,0 +1,206 @@
+"""What ``locate`` runs: a model and the feeds it is located on.
+
+- a golden model's name (``lockstep golden``'s catalogue: the built-in, trained and export models,
+  and those of ``golden_dirs``, as ``lockstep check --golden-dir`` adds them):
+  the teacher-forced prefill of its golden context (the prompt and the recorded prefix, as the
+  prefill lock runs it), or with ``position`` the one-token step at that position, its past the
+  float64 oracle's present of the context before it (the same past for the engine and the oracle);
+- a decoder ``.onnx`` file, with ``prompt`` (through the tokenizer beside it, else UTF-8 bytes) or
+  ``golden`` (another golden model's context, for a model of the same vocabulary);
+- an ONNX backend node-case folder (``model.onnx``, ``test_data_set_0/input_*.pb``), as ``--reduce``
+  writes them, or the name of one of ONNX's node cases (``test_...``): their inputs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from lockstep.decoder_io import DecoderIO, NotADecoder
+from lockstep.loading import load_model
+
+from .oracle import LocateError, evaluate, widen_feeds, widened
+
+__all__ = ["Subject", "subject", "golden_subject", "read_case_dir"]
+
+
+@dataclass
+class Subject:
+    """A model and its feeds, with what the report says of them."""
+
+    label: str                 # "tiny-fp32-standard, prefill of 42 tokens"
+    model: onnx.ModelProto
+    feeds: dict[str, Any]
+    dtype: str                 # the model's float type (its logits' or its first float value's)
+    args: list[str] = field(default_factory=list)  # the command-line arguments that select it
+
+    @property
+    def command(self) -> str:
+        return " ".join(shlex.quote(a) for a in self.args)
+
+
+def read_case_dir(path: Path) -> tuple[onnx.ModelProto, list[Any], list[Any], dict[str, float]]:
+    """An ONNX backend case folder: the model, ``test_data_set_0``'s inputs and outputs in order,
+    and ``data.json``'s tolerances (rtol, atol) where it has them."""
+    import json
+
+    model_path = path / "model.onnx"
+    data = path / "test_data_set_0"
+    if not model_path.is_file() or not data.is_dir():
+        raise LocateError(f"{path}: not a node-case folder (it needs model.onnx and test_data_set_0/input_*.pb)")
+    model, _ = load_model(model_path)
+
+    def tensors(prefix: str) -> list[Any]:
+        files = sorted(data.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.rpartition("_")[2] or 0))
+        out = []
+        for f in files:
+            t = onnx.TensorProto()
+            try:
+                t.ParseFromString(f.read_bytes())
+            except Exception as exc:
+                raise LocateError(f"{f}: not a TensorProto ({type(exc).__name__}: {exc})") from None
+            out.append(numpy_helper.to_array(t))
+        return out
+
+    tol = {}
+    if (path / "data.json").is_file():
+        try:
+            raw = json.loads((path / "data.json").read_text())
+            tol = {k: float(raw[k]) for k in ("rtol", "atol") if k in raw}
+        except (ValueError, TypeError) as exc:
+            raise LocateError(f"{path / 'data.json'}: not JSON with numeric rtol/atol ({exc})") from None
+    return model, tensors("input"), tensors("output"), tol
+
+
+def _float_dtype(model: onnx.ModelProto, feeds: dict[str, Any]) -> str:
+    for v in feeds.values():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            return np.dtype(v.dtype).name
+    for vi in model.graph.output:
+        t = vi.type.tensor_type.elem_type
+        if t in (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16):
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)).name
+    return "float32"
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[str]:
+    init = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in init]
+
+
+def _case(model: onnx.ModelProto, inputs: list[Any], label: str, args: list[str]) -> Subject:
+    names = _graph_inputs(model)
+    if len(inputs) != len(names):
+        raise LocateError(f"{label}: {len(inputs)} input tensors for the model's {len(names)} inputs ({', '.join(names)})")
+    feeds = dict(zip(names, inputs))
+    return Subject(f"{label} ({len(model.graph.node)} nodes)", model, feeds, _float_dtype(model, feeds), args)
+
+
+def _decoder_feeds(model: onnx.ModelProto, io: DecoderIO, context: list[int], position: int | None) -> tuple[dict, str]:
+    """The prefill of ``context`` or, at ``position``, the step of ``context[position]`` after the
+    float64 oracle's present of ``context[:position]``."""
+    if position is None:
+        feeds = io.step_feeds(context, 0)
+        feeds.update(io.empty_caches())
+        return feeds, f"prefill of {len(context)} tokens"
+    if not 0 <= position < len(context):
+        raise LocateError(f"--position {position}: the context has positions 0..{len(context) - 1}")
+    feeds = io.step_feeds([context[position]], position)
+    if position == 0:
+        feeds.update(io.empty_caches())
+    else:
+        before = io.step_feeds(context[:position], 0)
+        before.update(io.empty_caches())
+        values = evaluate(widened(model), widen_feeds(before), where="float64, the past of the step")
+        for past, present in io.present_of.items():
+            feeds[past] = np.asarray(values[present]).astype(io.kv_dtype)
+    return feeds, f"step at position {position} (token {context[position]}) after a past of {position}"
+
+
+def golden_subject(gm, position: int | None = None, golden_dirs: list[str] = ()) -> Subject:
+    """A golden model (``lockstep.golden.catalog.GoldenModel``) on its own context, as its locks run it."""
+    model = gm.load()
+    snap = gm.snapshot()
+    context = (list(snap["prompt"]) + list(snap["prefix"]))[:-1]
+    io = gm.io(model)
+    feeds, what = _decoder_feeds(model, io, context, position)
+    dirs = [a for d in golden_dirs for a in ("--golden-dir", str(d))] if gm.kind == "user" else []
+    return Subject(f"{gm.name}, {what}", model, feeds, np.dtype(io.logits_dtype).name,
+                   [gm.name, *dirs, *(["--position", str(position)] if position is not None else [])])
+
+
+def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, position: int | None = None,
+            golden_dirs: list[str] = ()) -> Subject:
+    """Resolve ``lockstep locate``'s MODEL argument (module docstring)."""
+    from lockstep.golden.catalog import GoldenError, catalog
+
+    path = Path(spec)
+    extra = ([f"--prompt={prompt}"] if prompt is not None else []) + (["--golden", golden] if golden else []) + (
+        ["--position", str(position)] if position is not None else []) + [
+        a for d in golden_dirs for a in ("--golden-dir", str(d))]
+    try:
+        known = {m.name: m for m in catalog(list(golden_dirs))}
+    except GoldenError as exc:
+        raise LocateError(str(exc)) from None
+    if spec in known and not path.exists() and golden is None and prompt is None:
+        gm = known[spec]
+        ok, why = gm.available()
+        if not ok:
+            raise LocateError(f"golden model {spec} is unavailable here: {why}")
+        return golden_subject(gm, position, golden_dirs)
+    if path.is_dir():
+        if prompt is not None or golden or position is not None:
+            raise LocateError(f"{spec}: a node-case folder brings its own inputs (no --prompt, --golden, --position)")
+        model, inputs, _, _ = read_case_dir(path)
+        return _case(model, inputs, str(path), [spec])
+    if not path.is_file() and spec.startswith("test_") and spec not in known:
+        from lockstep.reference_runtime.node_cases import _value, load_cases
+
+        case = next((c for c in load_cases() if c.name == spec), None)
+        if case is None:
+            raise LocateError(f"{spec}: no such ONNX node case (nor a file or golden model)")
+        return _case(case.proto(), [_value(x) for x in case.inputs], spec, [spec])
+    if path.is_file():
+        model, _ = load_model(path)
+        label = path.name
+    elif spec in known:
+        gm = known[spec]
+        ok, why = gm.available()
+        if not ok:
+            raise LocateError(f"golden model {spec} is unavailable here: {why}")
+        model, label = gm.load(), spec
+    else:
+        raise LocateError(f"{spec!r}: neither a file, a node-case folder, an ONNX node case nor a golden model "
+                          f"({', '.join(sorted(known))})")
+    card = known[spec].card if spec in known else None
+    try:
+        io = DecoderIO.of(model, card)
+    except NotADecoder as exc:
+        raise LocateError(f"{label}: not a decoder ({exc}); give a node-case folder (model.onnx, "
+                          "test_data_set_0/input_*.pb) to locate on its inputs") from None
+    if golden is not None:
+        if golden not in known:
+            raise LocateError(f"--golden {golden}: no such golden model ({', '.join(sorted(known))})")
+        snap = known[golden].snapshot()
+        context = (list(snap["prompt"]) + list(snap["prefix"]))[:-1]  # what the prefill lock feeds
+    elif prompt is not None:
+        from lockstep.genai_config import tokenizer_for
+        from lockstep.golden.text import Text
+
+        context = Text.load(tokenizer_for(path) if path.is_file() else known[spec].tokenizer_path(), io.vocab).encode(prompt)
+    else:
+        raise LocateError(f"{label}: a model file needs --prompt TEXT or --golden NAME (whose context it runs)")
+    if not context:
+        raise LocateError("--prompt: empty prompt (it must encode to at least one token)")
+    if max(context) >= io.vocab:
+        raise LocateError(f"the context has token {max(context)}, beyond the model's vocabulary of {io.vocab}")
+    if io.capacity and len(context) > io.capacity:
+        context = context[:io.capacity]
+    feeds, what = _decoder_feeds(model, io, context, position)
+    return Subject(f"{label}, {what}", model, feeds, np.dtype(io.logits_dtype).name, [spec, *extra])

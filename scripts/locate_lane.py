@@ -1,0 +1,71 @@
+"""``lockstep locate`` on the GPU lane: ORT CUDA's findings (docs/ort-cuda-findings.md) located by the
+command with no case-specific code, and clean engines locating nothing on golden models and exports.
+
+    python3 scripts/locate_lane.py [--json FILE]
+
+Each row runs the library behind ``lockstep locate SUBJECT --engine ENGINE`` and checks what is
+expected of it: the op type of the first divergent node (F2: ReduceMax over a row of only -inf), or
+no divergence (the clean rows; F3 is precision, not a defect: inside the fp16 band). A row whose
+engine is unavailable is printed as such and counted. Exit status 1 when a row is not as expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from lockstep.conformance.locate import LocateError, locate, subject
+from lockstep.engines import load_engine
+
+F2 = ["test_attention_causal_boolmask_nan_robustness_expanded",
+      "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
+      "test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded",
+      "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
+      "test_attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
+      "test_attention_local_window_gqa_rank4_mask_expanded"]
+ROWS = ([(c, "ort-cuda", "ReduceMax") for c in F2] + [(c, "ort-cpu", None) for c in F2]
+        + [("test_attention_4d_fp16", "ort-cuda", None)]
+        + [(m, e, None) for m in ("tiny-fp32-standard", "tiny-fp16-standard", "genai-llama-fp32-cpu", "optimum-llama-fp32")
+           for e in ("ort-cuda", "ort-cuda-tf32", "ref-cuda")])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write every row's result here")
+    args = ap.parse_args(argv)
+    rows, bad = [], 0
+    engines = {}
+    for spec, eng_name, want in ROWS:
+        t0 = time.time()
+        eng = engines.setdefault(eng_name, load_engine(eng_name))
+        ok, why = eng.available()
+        if not ok:
+            rows.append({"subject": spec, "engine": eng_name, "result": f"unavailable: {why}", "as_expected": None})
+            continue
+        try:
+            loc = locate(eng, subject(spec))
+            f = loc.finding
+            got = f.op_type if f else None
+            res = f"{f.name} ({f.op_type}): {f.outputs[0].why or f.outputs[0].error}" if f else "no divergence"
+        except LocateError as exc:
+            got, res = "error", f"LocateError: {exc}"
+        good = got == want
+        bad += not good
+        rows.append({"subject": spec, "engine": eng_name, "expected": want or "none", "result": res,
+                     "as_expected": good, "seconds": round(time.time() - t0, 2)})
+    for r in rows:
+        mark = {True: "ok  ", False: "BAD ", None: "n/a "}[r["as_expected"]]
+        print(f"{mark} {r['engine']:14} {r['subject']:72} {str(r['result'])[:160]}")
+    ran = [r for r in rows if r["as_expected"] is not None]
+    print(f"locate-lane: {sum(r['as_expected'] for r in ran)}/{len(ran)} as expected, "
+          f"{len(rows) - len(ran)} unavailable")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

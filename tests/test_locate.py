@@ -1,0 +1,170 @@
+"""``lockstep locate``: planted kernel bugs are located at exactly their node, clean engines locate
+nothing, ``--reduce`` writes a node case that fails on the buggy engine and passes on clean ones, and a
+failing lock names the node and the command.
+
+Each planted bug is ONNX Runtime's CPU provider behind a rewrite of one node (``fixtures/planted_engines.py``):
+a fusion pass that scales one MatMul weight, a normalisation's epsilon 10,000 times too large, a Softmax
+output transposed (square at the prefill), rotary embedding pairing the wrong halves. Assertions here
+are results (which node), and the clean runs' are the contract that locate reports nothing on a correct
+engine (no false positive, on the golden models and on real exports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lockstep.conformance.locate import LocateError, locate, subject
+from lockstep.conformance.locate.reduce import reduce_to_case, write_case
+from lockstep.engines import load_engine
+from lockstep.reference_runtime.node_cases import load_case_dirs, run_case
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+from planted_engines import make  # noqa: E402
+
+# (bug, model, node): golden models and real exports (GenAI's builder, Optimum), prefill and a decode step
+PLANTED = [
+    ("matmul_scale", "tiny-fp32-standard", "layers.1/up_proj"),
+    ("matmul_scale", "genai-llama-fp32-cpu", "/model/layers.0/mlp/gate_proj/MatMul"),
+    ("matmul_scale", "optimum-llama-fp32", "/model/layers.1/self_attn/v_proj/MatMul"),
+    ("epsilon", "tiny-fp32-standard", "layers.0/mlp_norm"),
+    ("epsilon", "tiny-fp32-decomposed", "layers.1/attn_norm/add_eps"),
+    ("epsilon", "genai-llama-fp32-cpu", "/model/layers.1/post_attention_layernorm/SkipLayerNorm"),
+    ("epsilon", "optimum-llama-fp32", "/model/layers.1/input_layernorm/Add"),
+    ("transposed", "tiny-fp32-decomposed", "layers.1/probs"),
+    ("transposed", "optimum-llama-fp32", "/model/layers.0/self_attn/Softmax"),
+    ("rotary_half", "tiny-fp32-standard", "layers.1/k_rope"),
+    ("rotary_half", "tiny-fp32-decomposed", "layers.0/q_rope/rotate_half"),
+    ("rotary_half", "genai-llama-fp32-cpu", "/model/layers.1/attn/GroupQueryAttention"),
+    ("rotary_half", "optimum-llama-fp32", "/model/layers.0/self_attn/Concat_3"),
+]
+CLEAN_MODELS = ["tiny-fp32-standard", "tiny-fp16-standard", "tiny-fp32-decomposed-kv64", "tiny-int4-genai",
+                "genai-llama-fp32-cpu", "genai-gemma3-fp16-cpu", "optimum-llama-fp32", "optimum-qwen3-fp32"]
+
+
+@pytest.mark.parametrize("position", [None, 9], ids=["prefill", "step9"])
+@pytest.mark.parametrize("bug,model,node", PLANTED, ids=[f"{b}-{m}" for b, m, _ in PLANTED])
+def test_planted_bug_is_located_at_its_node(bug, model, node, position):
+    loc = locate(make(bug, node), subject(model, position=position))
+    assert loc.finding is not None, f"result: {bug} on {model} was not located"
+    assert loc.finding.name == node, f"result: {bug} located at {loc.finding.name}, planted at {node}"
+    d = loc.as_dict()["first_divergent_node"]
+    assert d["name"] == node and d["op_type"] == loc.finding.op_type
+    ins = [i for i in d["inputs"] if i["status"] not in ("exact", "unknown")]
+    assert all(i["status"] == "in" for i in ins), f"result: an input of the first node is out of band: {ins}"
+
+
+@pytest.mark.parametrize("engine", ["ort-cpu", "ref-sim"])
+@pytest.mark.parametrize("model", CLEAN_MODELS)
+def test_clean_engine_locates_nothing(engine, model):
+    for position in (None, 7):
+        loc = locate(load_engine(engine), subject(model, position=position))
+        assert loc.method == "exposed", loc.note
+        assert loc.finding is None, f"result: a false divergence on clean {engine}: {loc.finding.as_dict()}"
+        assert sum(j.status == "in" for j in loc.judged) > 10
+
+
+def test_reduce_writes_a_case_failing_on_the_buggy_engine_only(tmp_path):
+    for bug, model, node in [PLANTED[0], PLANTED[5], PLANTED[8], PLANTED[11]]:
+        buggy, s = make(bug, node), subject(model)
+        loc = locate(buggy, s)
+        red = reduce_to_case(buggy, s, loc)
+        out = write_case(tmp_path / bug, red, engine=bug, command="test")
+        assert red.nodes == 1 and (out / "test_data_set_0" / "input_0.pb").is_file()
+        (case,) = load_case_dirs(out)
+        assert run_case(buggy, case).status == "failed", f"result: the reduced {bug} case passes on the buggy engine"
+        for clean in ("ort-cpu", "ref-sim"):
+            got = run_case(load_engine(clean), case)
+            assert got.status == "passed", f"result: the reduced {bug} case fails on clean {clean}: {got.detail}"
+        again = locate(buggy, subject(str(out)))
+        assert again.finding is not None and again.finding.name == node
+
+
+def test_divergence_in_a_shape_is_located_by_bisection():
+    """A transposed output at a decode step is not square: the engine fails on the model itself, and
+    bisection over extracted prefixes names the node whose output changed shape."""
+    loc = locate(make("transposed", "layers.1/probs"), subject("tiny-fp32-decomposed", position=9))
+    assert loc.method == "bisect" and loc.finding.name == "layers.1/probs"
+    assert "shape" in loc.finding.outputs[0].why
+
+
+class _NoExposure:
+    """An engine that runs a model only with the outputs it declares (a compiled engine)."""
+
+    name = "no-exposure"
+
+    def __init__(self, inner, outputs: int):
+        self.inner, self.outputs = inner, outputs
+
+    def available(self):
+        return True, ""
+
+    def prepare(self, model):
+        if len(model.graph.output) > self.outputs:
+            raise RuntimeError("this engine runs a model's own outputs only")
+        return self.inner.prepare(model)
+
+
+def test_an_engine_that_refuses_exposed_values_is_bisected():
+    buggy = make("matmul_scale", "layers.1/up_proj")
+    loc = locate(_NoExposure(buggy, 8), subject("tiny-fp32-standard"))
+    assert loc.method == "bisect" and "refused" in loc.note
+    assert loc.finding.name == "layers.1/up_proj" and loc.runs < 16
+
+
+def test_node_case_by_name_and_bad_input(tmp_path):
+    loc = locate(load_engine("ort-cpu"), subject("test_softmax_axis_0"))
+    assert loc.finding is None and loc.judged
+    with pytest.raises(LocateError, match="no such ONNX node case"):
+        subject("test_no_such_case")
+    with pytest.raises(LocateError, match="neither a file"):
+        subject("no-such-model")
+    with pytest.raises(LocateError, match="positions 0..41"):
+        subject("tiny-fp32-standard", position=42)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(LocateError, match="not a node-case folder"):
+        subject(str(tmp_path / "m"))
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "lockstep", "locate", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(FIXTURES), **(env or {})}, timeout=300)
+
+
+def test_cli_text_json_exit_status_and_reduce(tmp_path):
+    env = {"PLANTED_NODE": "layers.0/mlp_norm"}
+    r = _cli("tiny-fp32-standard", "--engine", "planted_engines:make_epsilon", "--format", "json", "-q",
+             "--reduce", str(tmp_path / "case"), "--plot", str(tmp_path / "p.png"), env=env)
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first_divergent_node"]["name"] == "layers.0/mlp_norm"
+    assert out["first_divergent_node"]["op_type"] == "RMSNormalization"
+    assert out["command"] == "lockstep locate tiny-fp32-standard --engine planted_engines:make_epsilon"
+    assert out["reduced"]["nodes"] == 1 and (tmp_path / "case" / "model.onnx").is_file()
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    r = _cli("tiny-fp32-standard", "--engine", "ort-cpu", "-q")
+    assert r.returncode == 0 and "no divergence" in r.stdout, r.stdout + r.stderr
+    r = _cli("tiny-fp32-standard", "--engine", "planted_engines:make_epsilon", "--reduce", str(tmp_path / "case"),
+             env=env)
+    assert r.returncode == 2 and "not empty" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("nope.onnx", "--engine", "ort-cpu")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_case_dir_runs_in_the_node_suite_with_a_locate_command(tmp_path):
+    buggy, s = make("matmul_scale", "layers.1/up_proj"), subject("tiny-fp32-standard")
+    write_case(tmp_path / "cases" / "up_proj", reduce_to_case(buggy, s, locate(buggy, s)), engine="x", command="y")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                        "lockstep.conformance.node_suite", "--engines", "ort-cpu,planted_engines:make_matmul_scale",
+                        f"--lockstep-cases-dir={tmp_path / 'cases'}", "-k", "cases/", "-q", "-n", "0"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(FIXTURES), "PLANTED_NODE": "layers.1/up_proj"})
+    assert "1 failed, 1 passed" in r.stdout, r.stdout[-2000:]
+    assert (f"locate it: lockstep locate {tmp_path / 'cases' / 'up_proj'} --engine planted_engines:make_matmul_scale"
+            in r.stdout)
