@@ -168,3 +168,19 @@ def test_case_dir_runs_in_the_node_suite_with_a_locate_command(tmp_path):
     assert "1 failed, 1 passed" in r.stdout, r.stdout[-2000:]
     assert (f"locate it: lockstep locate {tmp_path / 'cases' / 'up_proj'} --engine planted_engines:make_matmul_scale"
             in r.stdout)
+
+
+def test_a_failing_lock_names_its_node_and_command_and_the_report_plots_it(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                        "lockstep.conformance.golden", "--engines", "planted_engines:make_matmul_scale",
+                        "-k", "test_teacher_forced_lock and tiny-fp32-standard-prefill", "-q", "-n", "0",
+                        f"--lockstep-report-dir={tmp_path / 'rep'}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(FIXTURES), "PLANTED_NODE": "layers.1/up_proj"})
+    assert "1 failed" in r.stdout, r.stdout[-3000:]
+    assert "first divergent node: layers.1/up_proj (MatMul)" in r.stdout
+    assert "lockstep locate tiny-fp32-standard --engine planted_engines:make_matmul_scale" in r.stdout
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    (entry,) = [t["locate"] for t in report["tests"].values() if "locate" in t]
+    assert entry["first"]["name"] == "layers.1/up_proj" and entry["points"]
+    assert (tmp_path / "rep" / "locate-tiny-fp32-standard-planted-matmul_scale-prefill.png").is_file()
