@@ -99,7 +99,7 @@ step() {
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
   local last
-  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match|^\| .* \| captured \||^paging check|^\| paged, captured)" "$out/$name.log" | tail -n 1)
+  last=$(grep -E "(passed|failed|PASS:|FAIL:|scenarios match|as expected, |^\| .* \| captured \||^paging check|^\| paged, captured)" "$out/$name.log" | tail -n 1)
   rows+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$last")")
 }
 
