@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "test_data_set_0/) or an ONNX node case's name (test_...)")
     ap.add_argument("--engine", required=True, help="a registered engine or pkg.module:factory")
     ap.add_argument("--prompt", help="a decoder file's prompt (through its tokenizer.json, else UTF-8 bytes)")
+    ap.add_argument("--io", help="a decoder file's roles as role=name,... (default: its genai_config.json or "
+                                 "<model>.lockstep.toml, else detected)")
     ap.add_argument("--golden", help="the golden model whose context is fed (default: MODEL's own)")
     ap.add_argument("--position", type=int, help="locate the one-token step at this position (its past from the "
                                                  "float64 oracle) instead of the prefill")
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         raise LocateError(f"engine {engine.name} is unavailable here: {why}")
     s = subject(args.model, prompt=args.prompt, golden=args.golden, position=args.position,
-                golden_dirs=args.golden_dir)
+                golden_dirs=args.golden_dir, io=args.io)
     loc = locate(engine, s, progress=say)
     result = loc.as_dict()
     result["command"] = command_line(s.args, args.engine)

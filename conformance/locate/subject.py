@@ -136,14 +136,14 @@ def golden_subject(gm, position: int | None = None, golden_dirs: list[str] = ())
 
 
 def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, position: int | None = None,
-            golden_dirs: list[str] = ()) -> Subject:
+            golden_dirs: list[str] = (), io: str | None = None) -> Subject:
     """Resolve ``lockstep locate``'s MODEL argument (module docstring)."""
     from lockstep.golden.catalog import GoldenError, catalog
 
     path = Path(spec)
     extra = ([f"--prompt={prompt}"] if prompt is not None else []) + (["--golden", golden] if golden else []) + (
         ["--position", str(position)] if position is not None else []) + [
-        a for d in golden_dirs for a in ("--golden-dir", str(d))]
+        a for d in golden_dirs for a in ("--golden-dir", str(d))] + ([f"--io={io}"] if io else [])
     try:
         known = {m.name: m for m in catalog(list(golden_dirs))}
     except GoldenError as exc:
@@ -178,9 +178,16 @@ def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, 
     else:
         raise LocateError(f"{spec!r}: neither a file, a node-case folder, an ONNX node case nor a golden model "
                           f"({', '.join(sorted(known))})")
-    card = known[spec].card if spec in known else None
+    if path.is_file():
+        from lockstep.genai_config import card_for
+        from lockstep.model_source import mark_source
+
+        card = card_for(path, io)  # genai_config.json, <model>.lockstep.toml, --io
+        mark_source(model, path)  # an engine that runs the model's folder (ort-genai) finds it
+    else:
+        card = known[spec].card
     try:
-        io = DecoderIO.of(model, card)
+        dio = DecoderIO.of(model, card)
     except NotADecoder as exc:
         raise LocateError(f"{label}: not a decoder ({exc}); give a node-case folder (model.onnx, "
                           "test_data_set_0/input_*.pb) to locate on its inputs") from None
@@ -193,14 +200,14 @@ def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, 
         from lockstep.genai_config import tokenizer_for
         from lockstep.golden.text import Text
 
-        context = Text.load(tokenizer_for(path) if path.is_file() else known[spec].tokenizer_path(), io.vocab).encode(prompt)
+        context = Text.load(tokenizer_for(path) if path.is_file() else known[spec].tokenizer_path(), dio.vocab).encode(prompt)
     else:
         raise LocateError(f"{label}: a model file needs --prompt TEXT or --golden NAME (whose context it runs)")
     if not context:
         raise LocateError("--prompt: empty prompt (it must encode to at least one token)")
-    if max(context) >= io.vocab:
-        raise LocateError(f"the context has token {max(context)}, beyond the model's vocabulary of {io.vocab}")
-    if io.capacity and len(context) > io.capacity:
-        context = context[:io.capacity]
-    feeds, what = _decoder_feeds(model, io, context, position)
-    return Subject(f"{label}, {what}", model, feeds, np.dtype(io.logits_dtype).name, [spec, *extra])
+    if max(context) >= dio.vocab:
+        raise LocateError(f"the context has token {max(context)}, beyond the model's vocabulary of {dio.vocab}")
+    if dio.capacity and len(context) > dio.capacity:
+        context = context[:dio.capacity]
+    feeds, what = _decoder_feeds(model, dio, context, position)
+    return Subject(f"{label}, {what}", model, feeds, np.dtype(dio.logits_dtype).name, [spec, *extra])
