@@ -25,6 +25,8 @@ from lockstep.engines import load_engine
 from lockstep.reference_runtime.node_cases import load_case_dirs, run_case
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# the fixtures' folder before what the environment already puts on the path (the GPU lane's site folders)
+PYPATH = os.pathsep.join(p for p in (str(FIXTURES), os.environ.get("PYTHONPATH", "")) if p)
 sys.path.insert(0, str(FIXTURES))
 from planted_engines import make  # noqa: E402
 
@@ -134,7 +136,7 @@ def test_node_case_by_name_and_bad_input(tmp_path):
 
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "lockstep", "locate", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(FIXTURES), **(env or {})}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": PYPATH, **(env or {})}, timeout=300)
 
 
 def test_cli_text_json_exit_status_and_reduce(tmp_path):
@@ -164,7 +166,7 @@ def test_case_dir_runs_in_the_node_suite_with_a_locate_command(tmp_path):
                         "lockstep.conformance.node_suite", "--engines", "ort-cpu,planted_engines:make_matmul_scale",
                         f"--lockstep-cases-dir={tmp_path / 'cases'}", "-k", "cases/", "-q", "-n", "0"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(FIXTURES), "PLANTED_NODE": "layers.1/up_proj"})
+                       env={**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"})
     assert "1 failed, 1 passed" in r.stdout, r.stdout[-2000:]
     assert (f"locate it: lockstep locate {tmp_path / 'cases' / 'up_proj'} --engine planted_engines:make_matmul_scale"
             in r.stdout)
@@ -176,7 +178,7 @@ def test_a_failing_lock_names_its_node_and_command_and_the_report_plots_it(tmp_p
                         "-k", "test_teacher_forced_lock and tiny-fp32-standard-prefill", "-q", "-n", "0",
                         f"--lockstep-report-dir={tmp_path / 'rep'}"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(FIXTURES), "PLANTED_NODE": "layers.1/up_proj"})
+                       env={**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"})
     assert "1 failed" in r.stdout, r.stdout[-3000:]
     assert "first divergent node: layers.1/up_proj (MatMul)" in r.stdout
     assert "lockstep locate tiny-fp32-standard --engine planted_engines:make_matmul_scale" in r.stdout
