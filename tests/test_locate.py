@@ -88,6 +88,24 @@ def test_reduce_writes_a_case_failing_on_the_buggy_engine_only(tmp_path):
         assert again.finding is not None and again.finding.name == node
 
 
+F2_CASES = ["test_attention_causal_boolmask_nan_robustness_expanded",
+            "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
+            "test_attention_4d_causal_nonpad_negative_offset_structural_empty_expanded",
+            "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
+            "test_attention_local_window_gqa_rank4_mask_expanded"]
+
+
+@pytest.mark.parametrize("case", F2_CASES)
+def test_ort_cuda_reducemax_finding_reproduced_on_cpu_is_located(case):
+    """F2 (docs/ort-cuda-findings.md) planted on the CPU provider: located at a ReduceMax of ONNX's own
+    node case, with no case-specific code; the clean provider locates nothing there. (The H200 lane runs
+    the same cases on ort-cuda itself: scripts/locate_lane.py.)"""
+    loc = locate(make("reducemax_floor", ""), subject(case))
+    assert loc.finding is not None and loc.finding.op_type == "ReduceMax", loc.as_dict()["first_divergent_node"]
+    assert "where the oracle has -inf" in loc.finding.outputs[0].why
+    assert locate(load_engine("ort-cpu"), subject(case)).finding is None
+
+
 def test_divergence_in_a_shape_is_located_by_bisection():
     """A transposed output at a decode step is not square: the engine fails on the model itself, and
     bisection over extracted prefixes names the node whose output changed shape."""
