@@ -204,7 +204,8 @@ def _decode(args: argparse.Namespace) -> int:
 
     from lockstep.decoder_io import ModelCardError, NotADecoder, StepError
     from lockstep.decoding import greedy, open_session
-    from lockstep.engines import EngineLoadError, Unsupported, load_engine
+    from lockstep.engines import EngineLoadError, Unsupported
+    from lockstep.engines.registry import load_available
     from lockstep.errors import FeedError
     from lockstep.golden.catalog import builtin_models, export_models, trained_models
     from lockstep.golden.text import Text, TokenizerError
@@ -229,12 +230,9 @@ def _decode(args: argparse.Namespace) -> int:
         if gm.kind == "builtin":  # generated to lock tokens: their weights are random
             random_weights = gm.name
     try:
-        engine = load_engine(args.engine)
+        engine = load_available(args.engine)
     except EngineLoadError as exc:
         raise CliError(str(exc)) from None
-    ok, why = engine.available()
-    if not ok:
-        raise CliError(f"engine {engine.name} is unavailable here: {why}")
     try:
         model, _ = load_model(path)
         from lockstep.decoder_io import DecoderIO

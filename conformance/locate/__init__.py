@@ -6,6 +6,6 @@ and the minimal failing subgraph as a node case (``--reduce``). ``subject`` reso
 from .judge import Judged, first_divergence
 from .oracle import LocateError
 from .search import Located, locate
-from .subject import Subject, read_case_dir, subject
+from .subject import Subject, subject
 
-__all__ = ["Judged", "Located", "LocateError", "Subject", "first_divergence", "locate", "read_case_dir", "subject"]
+__all__ = ["Judged", "Located", "LocateError", "Subject", "first_divergence", "locate", "subject"]

@@ -91,18 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, metavar="PNG", help="draw error against band by depth here")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
-    from lockstep.engines import EngineLoadError, load_engine
+    from lockstep.engines.registry import EngineLoadError, load_available
 
     say = (lambda _m: None) if args.quiet else (lambda m: print(f"locate: {m}", file=sys.stderr, flush=True))
     if args.reduce is not None and args.reduce.exists() and any(args.reduce.iterdir()):
         raise LocateError(f"--reduce {args.reduce}: the folder exists and is not empty (a case is never overwritten)")
     try:
-        engine = load_engine(args.engine)
+        engine = load_available(args.engine)
     except EngineLoadError as exc:
         raise LocateError(str(exc)) from None
-    ok, why = engine.available()
-    if not ok:
-        raise LocateError(f"engine {engine.name} is unavailable here: {why}")
     s = subject(args.model, prompt=args.prompt, golden=args.golden, position=args.position,
                 golden_dirs=args.golden_dir, io=args.io)
     loc = locate(engine, s, progress=say)

@@ -20,14 +20,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from lockstep.decoder_io import DecoderIO, NotADecoder
 from lockstep.loading import load_model
 
 from .oracle import LocateError, evaluate, widen_feeds, widened
 
-__all__ = ["Subject", "subject", "golden_subject", "read_case_dir"]
+__all__ = ["Subject", "subject", "golden_subject"]
 
 
 @dataclass
@@ -45,37 +44,18 @@ class Subject:
         return " ".join(shlex.quote(a) for a in self.args)
 
 
-def read_case_dir(path: Path) -> tuple[onnx.ModelProto, list[Any], list[Any], dict[str, float]]:
-    """An ONNX backend case folder: the model, ``test_data_set_0``'s inputs and outputs in order,
-    and ``data.json``'s tolerances (rtol, atol) where it has them."""
-    import json
+def _case_dir(path: Path) -> tuple[onnx.ModelProto, list[Any]]:
+    """A node-case folder's model and ``test_data_set_0`` inputs, read by the node harness's reader."""
+    from lockstep.reference_runtime.node_cases import CaseDirError, _value, load_case_dirs
 
-    model_path = path / "model.onnx"
-    data = path / "test_data_set_0"
-    if not model_path.is_file() or not data.is_dir():
+    if not (path / "model.onnx").is_file() or not (path / "test_data_set_0").is_dir():
         raise LocateError(f"{path}: not a node-case folder (it needs model.onnx and test_data_set_0/input_*.pb)")
-    model, _ = load_model(model_path)
-
-    def tensors(prefix: str) -> list[Any]:
-        files = sorted(data.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.rpartition("_")[2] or 0))
-        out = []
-        for f in files:
-            t = onnx.TensorProto()
-            try:
-                t.ParseFromString(f.read_bytes())
-            except Exception as exc:
-                raise LocateError(f"{f}: not a TensorProto ({type(exc).__name__}: {exc})") from None
-            out.append(numpy_helper.to_array(t))
-        return out
-
-    tol = {}
-    if (path / "data.json").is_file():
-        try:
-            raw = json.loads((path / "data.json").read_text())
-            tol = {k: float(raw[k]) for k in ("rtol", "atol") if k in raw}
-        except (ValueError, TypeError) as exc:
-            raise LocateError(f"{path / 'data.json'}: not JSON with numeric rtol/atol ({exc})") from None
-    return model, tensors("input"), tensors("output"), tol
+    try:
+        case = next(c for c in load_case_dirs(path) if c.name == path.name)
+    except CaseDirError as exc:
+        raise LocateError(str(exc)) from None
+    model, _ = load_model(path / "model.onnx")
+    return model, [_value(x) for x in case.inputs]
 
 
 def _float_dtype(model: onnx.ModelProto, feeds: dict[str, Any]) -> str:
@@ -157,7 +137,7 @@ def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, 
     if path.is_dir():
         if prompt is not None or golden or position is not None:
             raise LocateError(f"{spec}: a node-case folder brings its own inputs (no --prompt, --golden, --position)")
-        model, inputs, _, _ = read_case_dir(path)
+        model, inputs = _case_dir(path)
         return _case(model, inputs, str(path), [spec])
     if not path.is_file() and spec.startswith("test_") and spec not in known:
         from lockstep.reference_runtime.node_cases import _value, load_cases

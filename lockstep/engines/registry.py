@@ -29,7 +29,7 @@ from lockstep.errors import LockstepError
 
 from .protocol import PRECISIONS
 
-__all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate", "spec_of"]
+__all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate", "spec_of", "load_available"]
 
 GROUP = "lockstep.engines"
 OWN_DISTRIBUTION = "lockstep-conformance"
@@ -123,6 +123,16 @@ def load_engine(name_or_spec: str) -> Any:
         raise EngineLoadError(f"{origin}: the factory raised {type(exc).__name__}: {exc}") from exc
     validate(engine, origin, expected_name)
     _SPECS[id(engine)] = (engine, text)
+    return engine
+
+
+def load_available(name_or_spec: str) -> Any:
+    """``load_engine``, then its ``available()``: an ``EngineLoadError`` saying why it cannot run here
+    (what a command that runs one engine needs before it starts)."""
+    engine = load_engine(name_or_spec)
+    ok, why = engine.available()
+    if not ok:
+        raise EngineLoadError(f"engine {engine.name} is unavailable here: {why}")
     return engine
 
 
