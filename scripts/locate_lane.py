@@ -3,10 +3,16 @@ command with no case-specific code, and clean engines locating nothing on golden
 
     python3 scripts/locate_lane.py [--json FILE]
 
-Each row runs the library behind ``lockstep locate SUBJECT --engine ENGINE`` and checks what is
-expected of it: the op type of the first divergent node (F2: ReduceMax over a row of only -inf), or
-no divergence (the clean rows; F3 is precision, not a defect: inside the fp16 band). A row whose
-engine is unavailable is printed as such and counted. Exit status 1 when a row is not as expected.
+Each row runs the library behind ``lockstep locate SUBJECT [--position N] --engine ENGINE`` and checks
+what is expected of it, finding by finding:
+- F1 (no kernel: an internal check failure): ``error``, the one-line LocateError naming the engine's failure;
+- F2 (ReduceMax over a row of only -inf): the op type of the first divergent node, ReduceMax;
+- F3 (fp16 Attention 1-2 ulps off): precision, not a defect: no divergence, inside the fp16 band;
+- F4 (CUDA graphs replay a window-sized GroupQueryAttention cache differently): eager graph execution of
+  the export, prefill and the first replayed step, through ``prepare``: no divergence (the bug is in the
+  replay, which ``prepare`` does not run; the capture identity check finds it);
+and clean engines locating nothing on golden models and exports. A row whose engine is unavailable is
+printed as such and counted. Exit status 1 when a row is not as expected.
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ F2 = ["test_attention_causal_boolmask_nan_robustness_expanded",
       "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
       "test_attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
       "test_attention_local_window_gqa_rank4_mask_expanded"]
-ROWS = ([(c, "ort-cuda", "ReduceMax") for c in F2] + [(c, "ort-cpu", None) for c in F2]
-        + [("test_attention_4d_fp16", "ort-cuda", None)]
-        + [(m, e, None) for m in ("tiny-fp32-standard", "tiny-fp16-standard", "genai-llama-fp32-cpu", "optimum-llama-fp32")
+F1 = ["test_max_int16", "test_pow_types_float32_uint32"]
+# (subject, position, engine, expected op type | None | "error")
+ROWS = ([(c, None, "ort-cuda", "error") for c in F1]
+        + [(c, None, "ort-cuda", "ReduceMax") for c in F2] + [(c, None, "ort-cpu", None) for c in F2]
+        + [("test_attention_4d_fp16", None, "ort-cuda", None)]
+        + [("genai-gemma2-fp16-cuda", p, e, None) for p in (None, 10) for e in ("ort-cuda", "ref-cuda")]
+        + [(m, None, e, None) for m in ("tiny-fp32-standard", "tiny-fp16-standard", "genai-llama-fp32-cpu", "optimum-llama-fp32")
            for e in ("ort-cuda", "ort-cuda-tf32", "ref-cuda")])
 
 
@@ -37,15 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows, bad = [], 0
     engines = {}
-    for spec, eng_name, want in ROWS:
+    for spec, position, eng_name, want in ROWS:
         t0 = time.time()
         eng = engines.setdefault(eng_name, load_engine(eng_name))
         ok, why = eng.available()
         if not ok:
-            rows.append({"subject": spec, "engine": eng_name, "result": f"unavailable: {why}", "as_expected": None})
+            rows.append({"subject": spec, "position": position, "engine": eng_name, "result": f"unavailable: {why}", "as_expected": None})
             continue
         try:
-            loc = locate(eng, subject(spec))
+            loc = locate(eng, subject(spec, position=position))
             f = loc.finding
             got = f.op_type if f else None
             res = f"{f.name} ({f.op_type}): {f.outputs[0].why or f.outputs[0].error}" if f else "no divergence"
@@ -53,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
             got, res = "error", f"LocateError: {exc}"
         good = got == want
         bad += not good
-        rows.append({"subject": spec, "engine": eng_name, "expected": want or "none", "result": res,
+        rows.append({"subject": spec, "position": position, "engine": eng_name, "expected": want or "none", "result": res,
                      "as_expected": good, "seconds": round(time.time() - t0, 2)})
     for r in rows:
         mark = {True: "ok  ", False: "BAD ", None: "n/a "}[r["as_expected"]]
-        print(f"{mark} {r['engine']:14} {r['subject']:72} {str(r['result'])[:160]}")
+        at = r["subject"] + ("" if r["position"] is None else f" @{r['position']}")
+        print(f"{mark} {r['engine']:14} {at:72} {str(r['result'])[:200]}")
     ran = [r for r in rows if r["as_expected"] is not None]
     print(f"locate-lane: {sum(r['as_expected'] for r in ran)}/{len(ran)} as expected, "
           f"{len(rows) - len(ran)} unavailable")
