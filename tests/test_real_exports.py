@@ -228,6 +228,64 @@ def test_onnx_runtime_writes_a_window_sized_cache_in_place(fixed):
     assert tokens == e["transformers_greedy_ids"], "result: transformers' ids through the in-place window cache"
 
 
+def test_prepare_binds_a_window_sized_cache_in_place(monkeypatch):
+    """The engine protocol's ``prepare`` on ONNX Runtime binds a window-sized cache in place too (what
+    ``lockstep locate`` and the node suite run), with the plain session's results."""
+    # contract: ORT 1.31.1's CUDA provider refuses a window-sized cache not bound in place (H200, 2026-12-06:
+    # `lockstep locate genai-gemma2-fp16-cuda --engine ort-cuda` reported the refusal at layer 0's
+    # GroupQueryAttention); checked on the CPU provider, where the binding logic is the same
+    eng = load_engine("ort-cpu")
+    ok, why = eng.available()
+    if not ok:
+        pytest.skip(f"ort-cpu: {why}")
+    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    io = DecoderIO.of(model, card_for(path))
+    assert io.window_capacity, "the export has a window-sized layer"
+    bound: dict[str, dict[str, int]] = {"in": {}, "out": {}}
+    real_session = eng.session
+
+    class Binding:  # the real binding, its OrtValue bindings recorded by address
+        def __init__(self, b):
+            self.b = b
+
+        def bind_ortvalue_input(self, name, v):
+            bound["in"][name] = v.data_ptr()
+            self.b.bind_ortvalue_input(name, v)
+
+        def bind_ortvalue_output(self, name, v):
+            bound["out"][name] = v.data_ptr()
+            self.b.bind_ortvalue_output(name, v)
+
+        def __getattr__(self, a):
+            return getattr(self.b, a)
+
+    class Session:
+        def __init__(self, s):
+            self.s = s
+
+        def io_binding(self):
+            return Binding(self.s.io_binding())
+
+        def run_with_iobinding(self, binding, *a):
+            return self.s.run_with_iobinding(binding.b, *a)
+
+        def __getattr__(self, a):
+            return getattr(self.s, a)
+
+    monkeypatch.setattr(eng, "session", lambda m, o=None: Session(real_session(m, o)))
+    feeds = {**io.step_feeds(EXPORTS["genai/gemma2-fp32-cpu"]["prompt_ids"], 0), **io.empty_caches()}
+    got = eng.prepare(model)(feeds)
+    for past in io.window_capacity:
+        present = io.present_of[past]
+        assert present in bound["out"] and bound["out"][present] == bound["in"].get(past), \
+            f"contract: {present} is written into {past}'s buffer"
+    plain = real_session(model).run(None, feeds)
+    assert len(got) == len(plain)
+    for a, b in zip(got, plain):
+        np.testing.assert_array_equal(a, b, err_msg="result: the in-place run computes the plain run's values")
+
+
 def test_a_window_sized_cache_declared_fixed_is_taken_at_its_size_and_refused_under_the_window():
     # contract: a window cache whose rows the graph declares keeps them (ORT's CPU provider accepts any C >= W);
     # fewer rows than the window is NotADecoder naming the input, before anything runs

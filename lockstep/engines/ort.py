@@ -141,11 +141,18 @@ class OrtEngine:
         return "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
 
     def prepare(self, model: onnx.ModelProto) -> RunFn:
+        """``run(feeds)`` on a session of the model. A window-sized cache (GroupQueryAttention
+        ``sliding_window_cache=1`` reading a graph input and writing a graph output) is bound in place,
+        its present to its past's buffer, as ``OrtDecoder`` does: ONNX Runtime's CUDA provider refuses
+        it otherwise (H200, 1.31.1), so ``lockstep locate`` on such an export would report the refusal."""
         sess = self.session(model)
         names = [i.name for i in sess.get_inputs()]
+        in_place = _in_place_pairs(model)
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             try:
+                if in_place:
+                    return self._run_in_place(sess, feeds, names, in_place)
                 return sess.run(None, {n: feeds[n] for n in names if n in feeds})
             except RuntimeError as exc:
                 if "can't be converted to MLDataType" in str(exc):  # ml_dtypes feeds (bfloat16, float8, int4)
@@ -155,6 +162,31 @@ class OrtEngine:
 
         return run
 
+    def _run_in_place(self, sess, feeds: dict[str, np.ndarray], names: list[str],
+                      in_place: dict[str, str]) -> list[np.ndarray]:
+        """One run with each present in ``in_place`` (present -> past) written into its past's buffer
+        (a copy of the feed on the provider's device); every other value from and to the host."""
+        import onnxruntime as ort
+
+        binding = sess.io_binding()
+        buffers = {}
+        for n in names:
+            if n not in feeds:
+                continue
+            if n in in_place.values():
+                buffers[n] = ort.OrtValue.ortvalue_from_numpy(np.array(feeds[n]), self.device_type, 0)
+                binding.bind_ortvalue_input(n, buffers[n])
+            else:
+                binding.bind_cpu_input(n, feeds[n])
+        for o in sess.get_outputs():
+            past = in_place.get(o.name)
+            if past in buffers:
+                binding.bind_ortvalue_output(o.name, buffers[past])
+            else:
+                binding.bind_output(o.name, "cpu")
+        sess.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
     def decoder(self, model: onnx.ModelProto, *, capture: bool = False, io: DecoderIO | None = None) -> "OrtDecoder":
         """IO-bound decoding; ``capture=True`` is ONNX Runtime's CUDA graphs (CUDA provider, fixed-capacity cache)."""
         io = io or DecoderIO.of(model)
@@ -163,6 +195,21 @@ class OrtEngine:
         if capture and not io.capacity:
             raise Unsupported(f"{self.name}: ONNX Runtime's CUDA graphs need fixed shapes (a fixed-capacity cache)")
         return OrtDecoder(model, self, cuda_graphs=capture, io=io)
+
+
+def _in_place_pairs(model: onnx.ModelProto) -> dict[str, str]:
+    """{present output: past input} of each window-sized cache a GroupQueryAttention with
+    ``sliding_window_cache=1`` reads from a graph input (past_key/past_value, inputs 3 and 4) and writes
+    to a graph output (present_key/present_value, outputs 1 and 2)."""
+    g = model.graph
+    inputs, outputs = {i.name for i in g.input}, {o.name for o in g.output}
+    pairs = {}
+    for n in g.node:
+        if n.op_type == "GroupQueryAttention" and any(a.name == "sliding_window_cache" and a.i for a in n.attribute):
+            for past, present in zip(n.input[3:5], n.output[1:3]):
+                if past in inputs and present in outputs:
+                    pairs[present] = past
+    return pairs
 
 
 def _threads_from_env() -> int | None:
