@@ -78,6 +78,7 @@ class HostKVSession:
     def reset(self) -> None:
         self.cache = self.io.empty_caches()
         self.position = 0
+        self._values: dict[str, Any] = {}
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         n = len(ids)
@@ -86,7 +87,13 @@ class HostKVSession:
         out = dict(zip(self.outputs, self.run(feeds)))
         self.cache = {p: np.asarray(out[self.io.present_of[p]]) for p in self.io.pasts}
         self.position += n
+        presents = set(self.io.present_of.values())
+        self._values = {k: v for k, v in out.items() if k != self.io.logits and k not in presents}
         return np.asarray(out[self.io.logits][0])
+
+    def values(self) -> dict[str, Any]:
+        """The last step's graph outputs other than the logits and the presents."""
+        return dict(self._values)
 
     def capture_stats(self) -> CaptureStats:
         return CaptureStats()

@@ -208,6 +208,7 @@ class RefDecoder:
             self.session = CaptureSession(self.ex)
         self.capture = capture
         self.cache: dict[str, Any] = {}
+        self._values: dict[str, Any] = {}
         self.reset()
 
     @property
@@ -245,7 +246,14 @@ class RefDecoder:
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
             self.cache = {p: out[self.present_of[p]] for p in self.pasts}
         self.position += n
+        bound = self._bind or {}
+        self._values = {k: v for k, v in out.items() if k != self.io.logits and k not in bound
+                        and k not in self.present_of.values()}
         return np.asarray(out[self.io.logits][0])
+
+    def values(self) -> dict[str, Any]:
+        """The last step's graph outputs other than the logits and the presents (host arrays)."""
+        return {k: np.asarray(v) for k, v in self._values.items()}
 
     def capture_stats(self) -> CaptureStats:
         c = self.capture_counters()

@@ -33,13 +33,21 @@ class Symbol:
         return not self.derived_from
 
     def roots(self) -> frozenset["Symbol"]:
-        """The graph-input symbols this one ultimately derives from (itself, for a root)."""
-        if self.is_root:
-            return frozenset({self})
-        out: set[Symbol] = set()
-        for p in self.derived_from:
-            out |= p.roots()
-        return frozenset(out)
+        """The graph-input symbols this one ultimately derives from (itself, for a root). Computed once
+        per symbol: provenance is a DAG whose paths multiply (a model with its intermediate values
+        exposed as outputs, as ``lockstep locate --session`` runs it, took 270 million calls for one
+        classification without it)."""
+        cached = self.__dict__.get("_roots")
+        if cached is None:
+            if self.is_root:
+                cached = frozenset({self})
+            else:
+                out: set[Symbol] = set()
+                for p in self.derived_from:
+                    out |= p.roots()
+                cached = frozenset(out)
+            object.__setattr__(self, "_roots", cached)  # frozen: provenance never changes once made
+        return cached
 
     def __repr__(self) -> str:
         if self.is_root:

@@ -263,3 +263,22 @@ def test_a_reshape_to_a_length_computed_from_the_kv_shape_grows():
     ex = _ex(_kv_model(nodes, [_vi("x", ["b", "seq", 4])], [_vi("rr", [None, None])], inits))
     assert not ex.symbolic_shapes["r"][0].is_root, "the premise: onnx derived the dim from x's symbols"
     assert _grows(dict(plan_capture(ex).decisions)["relu"])
+
+
+def test_a_symbol_s_roots_are_computed_once_per_symbol():
+    """Provenance is a DAG whose paths multiply: a chain of n diamonds has 2**n paths to its root. Each
+    symbol's roots are computed once (memoised): linear in the symbols, not in the paths."""
+    # contract: Symbol.roots visits each symbol once; without it the growing-symbol classification of a
+    # model with its values exposed (lockstep locate --session) took 270 million calls
+    from lockstep.reference_runtime.symbols import Symbol
+
+    root = Symbol("past_sequence_length")
+    top = root
+    chain = []
+    for i in range(18):  # small enough that an unmemoised walk (262,144 paths) still ends, and fails below
+        a, b = Symbol(f"a{i}", frozenset({top})), Symbol(f"b{i}", frozenset({top}))
+        top = Symbol(f"m{i}", frozenset({a, b}))
+        chain += [a, b, top]
+    assert top.roots() == frozenset({root})
+    assert top.roots() is top.roots(), "contract: computed once, then the same set"
+    assert all(s.__dict__.get("_roots") == frozenset({root}) for s in chain), "contract: every symbol on the way memoised"

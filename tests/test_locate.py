@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lockstep.conformance.locate import LocateError, locate, subject
@@ -204,3 +205,100 @@ def test_a_failing_lock_names_its_node_and_command_and_the_report_plots_it(tmp_p
     (entry,) = [t["locate"] for t in report["tests"].values() if "locate" in t]
     assert entry["first"]["name"] == "layers.1/up_proj" and entry["points"]
     assert (tmp_path / "rep" / "locate-tiny-fp32-standard-planted-matmul_scale-prefill.png").is_file()
+
+
+# a bug of the captured decode only (prepare and the eager session clean): ORT CUDA's F4 in miniature
+CAPTURE_ONLY = [("matmul_scale", "tiny-fp32-standard", "layers.1/up_proj"),
+                ("epsilon", "tiny-fp32-decomposed-kv64", "layers.0/attn_norm/add_eps"),
+                ("rotary_half", "genai-llama-fp32-cpu", "/model/layers.1/attn/GroupQueryAttention")]
+
+
+@pytest.mark.parametrize("bug,model,node", CAPTURE_ONLY, ids=[f"{b}-{m}" for b, m, _ in CAPTURE_ONLY])
+def test_a_capture_only_bug_is_located_through_the_captured_session(bug, model, node):
+    from planted_engines import CaptureOnly
+
+    from lockstep.conformance.locate.session import locate_in_session
+
+    engine, s = CaptureOnly(bug, node), subject(model, position=24)
+    assert locate(engine, s).finding is None, "result: prepare runs the clean model"
+    assert locate_in_session(engine, s, "eager").finding is None, "result: the eager session is clean"
+    loc = locate_in_session(engine, s, "capture")
+    assert "replayed a captured graph" in loc.note, f"contract: the located step is a replay ({loc.note})"
+    assert loc.finding is not None and loc.finding.name == node, \
+        f"result: the capture bug located at {loc.finding and loc.finding.name}, planted at {node}"
+    assert loc.as_dict()["first_divergent_node"]["op_type"] == loc.finding.op_type
+
+
+@pytest.mark.parametrize("engine,model", [("ref-sim", "tiny-fp16-standard"), ("ref-sim", "genai-gemma2-fp16-cuda"),
+                                          ("ref-sim", "optimum-llama-fp32"), ("ort-cpu", "genai-gemma2-fp16-cuda"),
+                                          ("ort-cpu", "genai-llama-fp32-cpu"), ("ort-cpu", "tiny-fp32-decomposed-kv64")])
+def test_clean_decode_sessions_locate_nothing(engine, model):
+    """The contract that a session's own past (not the oracle's) keeps a clean engine inside every band."""
+    from lockstep.conformance.locate.session import locate_in_session
+
+    eng = load_engine(engine)
+    s = subject(model, position=24)
+    modes = ("eager", "capture") if engine == "ref-sim" else ("eager",)
+    for mode in modes:
+        loc = locate_in_session(eng, s, mode)
+        assert loc.finding is None, f"contract: a false divergence in clean {engine}'s {mode} session: {loc.finding.as_dict()}"
+        assert sum(j.status == "in" for j in loc.judged) > 10, "contract: values were compared"
+
+
+def test_ort_decoder_returns_the_same_values_with_fixed_bindings():
+    """OrtDecoder's extra outputs in the fixed-binding path (CUDA graphs' persistent buffers) are the plain
+    path's, step by step: what `--session capture` reads on ort-cuda."""
+    from lockstep.conformance.locate.graph import exposed
+    from lockstep.conformance.locate.search import evaluations
+    from lockstep.engines.ort import OrtDecoder
+
+    eng, s = load_engine("ort-cpu"), subject("tiny-fp32-decomposed-kv64", position=22)
+    m, _ = exposed(s.model, evaluations(s).native, symbolic=True)
+    plain, fixed = (OrtDecoder(m, eng, fixed_bindings=f, io=s.decode.io) for f in (False, True))
+    ctx = s.decode.context
+    for d in (plain, fixed):
+        d.forward(ctx[:s.decode.prefill])
+    for p in range(s.decode.prefill, 23):
+        a, b = plain.forward([ctx[p]]), fixed.forward([ctx[p]])
+        np.testing.assert_array_equal(a, b)
+        va, vb = plain.values(), fixed.values()
+        assert va.keys() == vb.keys() and len(va) > 10, "contract: every exposed value comes back"
+        for k in va:
+            np.testing.assert_array_equal(va[k], vb[k], err_msg=f"result: {k} at position {p}")
+
+
+def test_session_mode_errors_are_one_line(tmp_path):
+    from planted_engines import NoValues
+
+    from lockstep.conformance.locate.session import locate_in_session
+
+    with pytest.raises(LocateError, match="needs --position N"):
+        locate_in_session(load_engine("ref-sim"), subject("tiny-fp32-standard"), "capture")
+    with pytest.raises(LocateError, match="not a decoder's step"):
+        locate_in_session(load_engine("ref-sim"), subject("test_softmax_axis_0"), "eager")
+    with pytest.raises(LocateError, match="returns no values"):
+        locate_in_session(NoValues(), subject("tiny-fp32-standard", position=22), "capture")
+    with pytest.raises(LocateError, match="no capture decode session"):
+        locate_in_session(load_engine("ort-cpu"), subject("tiny-fp32-standard", position=22), "capture")
+    r = _cli("tiny-fp32-standard", "--engine", "ref-sim", "--session", "capture", "--position", "22", "--reduce",
+             str(tmp_path / "x"))
+    assert r.returncode == 2 and "does not go with --session" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_capture_identity_failure_names_the_command_that_locates_its_node(tmp_path):
+    """The golden capture on/off check fails on a capture-only bug, names `lockstep locate ... --session capture`,
+    and that command names the planted node."""
+    env = {**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                        "lockstep.conformance.golden", "--engines", "planted_engines:make_capture_matmul_scale",
+                        "-k", "test_capture_on_off_byte_identity and tiny-fp32-standard]", "-q", "-n", "0"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert "1 failed" in r.stdout, r.stdout[-3000:]
+    import re
+
+    m = re.search(r"locate the node: (lockstep locate tiny-fp32-standard --position (\d+) --engine "
+                  r"planted_engines:make_capture_matmul_scale --session capture)", r.stdout)
+    assert m, r.stdout[-3000:]
+    r = _cli(*m.group(1).split()[2:], "--format", "json", "-q", env={"PLANTED_NODE": "layers.1/up_proj"})
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout)["first_divergent_node"]["name"] == "layers.1/up_proj"

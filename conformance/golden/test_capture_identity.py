@@ -4,7 +4,8 @@ The same decode through the same engine, once with its graph capture off and onc
 (``engine.decoder(model, capture=...)``; an engine without capture, or whose capture cannot take
 this model, is a skip with its reason). The token ids and the bytes of every step's logits must be
 identical; a failure names the first step that diverged, after how many replays, both tokens and
-the max |logit difference| there. Each run proves which path it took through the session's
+the max |logit difference| there, and the command that locates the node
+(``lockstep locate MODEL --engine E --position P --session capture``). Each run proves which path it took through the session's
 ``capture_stats()``: the "on" run captured at least one graph, replayed, and never fell back to
 eager; the "off" run captured and replayed nothing. So the comparison cannot pass with capture
 silently off. Capture is chosen per session, never by a process-wide switch.
@@ -20,12 +21,15 @@ import pytest
 
 from lockstep.decoding import first_divergence, greedy, open_session
 from lockstep.engines import Unsupported, unsupported_reason
+from lockstep.engines.registry import spec_of
+
+from ..locate.command import command_line
 
 TOKENS = 12
 
 
 @pytest.mark.capture
-def test_capture_on_off_byte_identity(engine, golden_model):
+def test_capture_on_off_byte_identity(engine, golden_model, request):
     proto = golden_model.load()
     io = golden_model.io(proto)
     prompt = golden_model.prompt()
@@ -46,7 +50,15 @@ def test_capture_on_off_byte_identity(engine, golden_model):
         assert on.capture.replays == segments * (TOKENS - 2), "contract: every later step replayed"
         assert on.counters["replays"] == segments * (TOKENS - 2), "contract: the runtime launched those graphs"
         assert off.counters["captures"] == 0 and off.counters["replays"] == 0, "contract: the runtime captured nothing"
-    assert (div := first_divergence(on, off)) is None, f"result: {_divergence(golden_model.name, div)}"
+    assert (div := first_divergence(on, off)) is None, (
+        f"result: {_divergence(golden_model.name, div)}; locate the node: {_locate(engine, golden_model, div, request)}")
+
+
+def _locate(engine, golden_model, d: dict, request) -> str:
+    """The command that locates the first node the captured step computes out of its band."""
+    dirs = request.config.getoption("golden_dir") if golden_model.kind == "user" else []
+    args = [golden_model.name, *(a for g in dirs for a in ("--golden-dir", str(g))), "--position", str(d["position"])]
+    return command_line(args, spec_of(engine), "capture")
 
 
 def _divergence(model: str, d: dict) -> str:

@@ -1,11 +1,14 @@
 """``lockstep locate``: the first node of a model whose value on an engine leaves its error band,
 and the minimal failing subgraph as a node case (``--reduce``). ``subject`` resolves what runs,
-``search`` finds the node (values exposed as outputs, or bisection), ``judge`` holds the bands,
-``reduce`` writes the case, ``command`` is the CLI."""
+``search`` finds the node (values exposed as outputs, or bisection), ``session`` finds it through an
+engine's decode session (eager, or with its graph capture), ``judge`` holds the bands, ``reduce`` writes
+the case, ``command`` is the CLI."""
 
 from .judge import Judged, first_divergence
 from .oracle import LocateError
 from .search import Located, locate
+from .session import locate_in_session
 from .subject import Subject, subject
 
-__all__ = ["Judged", "Located", "LocateError", "Subject", "first_divergence", "locate", "subject"]
+__all__ = ["Judged", "Located", "LocateError", "Subject", "first_divergence", "locate", "locate_in_session",
+           "subject"]

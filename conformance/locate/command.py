@@ -16,6 +16,7 @@ from pathlib import Path
 from .judge import KAPPA, MEASURED
 from .oracle import LocateError
 from .search import Located, locate
+from .session import SESSIONS, locate_in_session
 from .subject import subject
 
 __all__ = ["main", "render_text", "command_line"]
@@ -29,16 +30,25 @@ def _num(x) -> str:
     return f"{x:.3g}"
 
 
-def command_line(subject_args: list[str], engine: str) -> str:
+def command_line(subject_args: list[str], engine: str, session: str | None = None) -> str:
     """The one command that locates a subject on an engine (what failing locks and cases print)."""
-    return " ".join(["lockstep", "locate", *(shlex.quote(a) for a in subject_args), "--engine", shlex.quote(engine)])
+    return " ".join(["lockstep", "locate", *(shlex.quote(a) for a in subject_args), "--engine", shlex.quote(engine),
+                     *(["--session", session] if session else [])])
+
+
+def _how(loc: Located) -> str:
+    if loc.method == "exposed":
+        return "exposed as outputs"
+    if loc.method == "bisect":
+        return "by bisection over extracted prefixes: " + loc.note
+    return "exposed as outputs, in its " + loc.note
 
 
 def render_text(loc: Located) -> str:
     d = loc.as_dict()
     lines = [f"locate: {loc.subject.label} on {loc.engine} (precision {loc.units.precision}); "
              f"{d['compared']} values compared with the float64 oracle "
-             f"({'exposed as outputs' if loc.method == 'exposed' else 'by bisection over extracted prefixes: ' + loc.note})"]
+             f"({_how(loc)})"]
     outs = ", ".join(f"{o.name} {o.status} (error {_num(o.error)}, band {_num(o.band)})" for o in loc.outputs)
     lines.append(f"graph outputs: {outs or 'none compared'}")
     f = d["first_divergent_node"]
@@ -86,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  "float64 oracle) instead of the prefill")
     ap.add_argument("--golden-dir", action="append", default=[],
                     help="a folder of snapshots from `lockstep golden add` whose models MODEL may name (repeatable)")
+    ap.add_argument("--session", choices=SESSIONS,
+                    help="run the step (--position) through the engine's decode session, eager or with its graph "
+                         "capture, instead of prepare: for a divergence in its KV-cache handling or its CUDA graphs")
     ap.add_argument("--format", choices=("text", "json"), default="text")
     ap.add_argument("--reduce", type=Path, metavar="DIR", help="write the minimal failing subgraph here as a node case")
     ap.add_argument("--plot", type=Path, metavar="PNG", help="draw error against band by depth here")
@@ -102,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         raise LocateError(str(exc)) from None
     s = subject(args.model, prompt=args.prompt, golden=args.golden, position=args.position,
                 golden_dirs=args.golden_dir, io=args.io)
-    loc = locate(engine, s, progress=say)
+    if args.session is not None and args.reduce is not None:
+        raise LocateError("--reduce writes a node case run through prepare; it does not go with --session")
+    loc = locate_in_session(engine, s, args.session, progress=say) if args.session else locate(engine, s, progress=say)
     result = loc.as_dict()
-    result["command"] = command_line(s.args, args.engine)
+    result["command"] = command_line(s.args, args.engine, args.session)
     if args.reduce is not None and loc.finding is not None:
         from .reduce import reduce_to_case, write_case
 

@@ -145,16 +145,20 @@ def declared_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return {vi.name: vi for vi in model.graph.input}
 
 
-def exposed(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, list[str]]:
+def exposed(model: onnx.ModelProto, values: Mapping[str, np.ndarray], *,
+            symbolic: bool = False) -> tuple[onnx.ModelProto, list[str]]:
     """``model`` with every node output that is a tensor in ``values`` also a graph output (typed and
-    shaped from the value: the onnx checker wants a shape), and the names of all its outputs in order."""
+    shaped from the value: the onnx checker wants a shape), and the names of all its outputs in order.
+    ``symbolic``: the exposed outputs of unknown dimensions (a decode session runs the model on steps of
+    other widths than the one ``values`` comes from; shape inference gives the engine their dims)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
     known = {o.name for o in g.output}
     for _, _, name in node_outputs(g):
         if name not in known and elem_type(values.get(name)) is not None:
-            g.output.append(_typed(name, values[name]))
+            shape = [None] * np.ndim(values[name]) if symbolic else list(np.shape(values[name]))
+            g.output.append(helper.make_tensor_value_info(name, elem_type(values[name]), shape))
             known.add(name)
     return m, [o.name for o in g.output]
 

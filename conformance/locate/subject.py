@@ -26,7 +26,7 @@ from lockstep.loading import load_model
 
 from .oracle import LocateError, evaluate, widen_feeds, widened
 
-__all__ = ["Subject", "subject", "golden_subject"]
+__all__ = ["Subject", "Decode", "subject", "golden_subject"]
 
 
 @dataclass
@@ -38,6 +38,18 @@ class Subject:
     feeds: dict[str, Any]
     dtype: str                 # the model's float type (its logits' or its first float value's)
     args: list[str] = field(default_factory=list)  # the command-line arguments that select it
+    decode: "Decode | None" = None  # a decoder's context, for locating through its decode session
+
+
+@dataclass
+class Decode:
+    """A decoder subject's context: how a decode session reaches the located step (``lockstep locate
+    --session``): the prefill of ``context[:prefill]``, then one token a step up to ``position``."""
+
+    io: DecoderIO
+    context: list[int]
+    prefill: int               # the golden prompt's length (the steps after it are the ones capture replays)
+    position: int | None
 
     @property
     def command(self) -> str:
@@ -112,7 +124,8 @@ def golden_subject(gm, position: int | None = None, golden_dirs: list[str] = ())
     feeds, what = _decoder_feeds(model, io, context, position)
     dirs = [a for d in golden_dirs for a in ("--golden-dir", str(d))] if gm.kind == "user" else []
     return Subject(f"{gm.name}, {what}", model, feeds, np.dtype(io.logits_dtype).name,
-                   [gm.name, *dirs, *(["--position", str(position)] if position is not None else [])])
+                   [gm.name, *dirs, *(["--position", str(position)] if position is not None else [])],
+                   Decode(io, context, len(snap["prompt"]), position))
 
 
 def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, position: int | None = None,
@@ -176,11 +189,13 @@ def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, 
             raise LocateError(f"--golden {golden}: no such golden model ({', '.join(sorted(known))})")
         snap = known[golden].snapshot()
         context = (list(snap["prompt"]) + list(snap["prefix"]))[:-1]  # what the prefill lock feeds
+        prefill = len(snap["prompt"])
     elif prompt is not None:
         from lockstep.genai_config import tokenizer_for
         from lockstep.golden.text import Text
 
         context = Text.load(tokenizer_for(path) if path.is_file() else known[spec].tokenizer_path(), dio.vocab).encode(prompt)
+        prefill = 1  # no recorded continuation: a decode session prefills the first token and steps through the rest
     else:
         raise LocateError(f"{label}: a model file needs --prompt TEXT or --golden NAME (whose context it runs)")
     if not context:
@@ -190,4 +205,5 @@ def subject(spec: str, *, prompt: str | None = None, golden: str | None = None, 
     if dio.capacity and len(context) > dio.capacity:
         context = context[:dio.capacity]
     feeds, what = _decoder_feeds(model, dio, context, position)
-    return Subject(f"{label}, {what}", model, feeds, np.dtype(dio.logits_dtype).name, [spec, *extra])
+    return Subject(f"{label}, {what}", model, feeds, np.dtype(dio.logits_dtype).name, [spec, *extra],
+                   Decode(dio, context, min(prefill, len(context)), position))

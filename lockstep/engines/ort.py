@@ -306,6 +306,11 @@ class OrtDecoder:
             if options.get("enable_cuda_graph") not in ("1", "True", "true"):
                 raise RuntimeError(f"{engine.name}: enable_cuda_graph was asked for but the session reports {options}")
         self.graph_runs = {1: 0, 2: 0}  # one-token steps run under each graph annotation
+        presents = set(self.present_of.values())
+        # outputs beside the logits and presents (lockstep locate's exposed values): back to the host
+        # each step; in the fixed path a one-token step writes them into persistent buffers
+        self.extra = [o.name for o in self.sess.get_outputs() if o.name != io.logits and o.name not in presents]
+        self._values: dict[str, np.ndarray] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -322,6 +327,10 @@ class OrtDecoder:
             # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
             self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
+            self._extra = self._extra_buffers() if self.extra else {}
+            for kv in self._sets:
+                for p, v in kv.items():
+                    v.update_inplace(zeros[p])
         else:
             for kv in self._sets:
                 for p, v in kv.items():
@@ -346,8 +355,11 @@ class OrtDecoder:
                 binding.bind_ortvalue_output(self.present_of[p], self.cache[p])
             else:
                 binding.bind_output(self.present_of[p], self.device)
+        for name in self.extra:
+            binding.bind_output(name, "cpu")
         self._run(binding)
         outs = binding.get_outputs()
+        self._values = {name: outs[1 + len(self.pasts) + j].numpy() for j, name in enumerate(self.extra)}
         self.cache = {p: self.cache[p] if p in self.io.window_capacity else outs[1 + i] for i, p in enumerate(self.pasts)}
         self.position += n
         return np.asarray(outs[0].numpy()[0])
@@ -387,6 +399,11 @@ class OrtDecoder:
         for p in self.pasts:
             binding.bind_ortvalue_input(p, src[p])
             binding.bind_ortvalue_output(self.present_of[p], dst[p])
+        for name in self.extra:
+            if n == 1:
+                binding.bind_ortvalue_output(name, self._extra[name])
+            else:
+                binding.bind_output(name, "cpu")
         options = self.ort.RunOptions()
         graph_id = (1 + self._current) if n == 1 else -1  # one graph per ping-pong direction
         if self.cuda_graphs:
@@ -394,10 +411,38 @@ class OrtDecoder:
         self._run(binding, options)
         if n == 1:
             self.graph_runs[graph_id] += 1
-        logits = self._logits.numpy() if n == 1 else binding.get_outputs()[0].numpy()
+        outs = None if n == 1 else binding.get_outputs()
+        logits = self._logits.numpy() if outs is None else outs[0].numpy()
+        self._values = {name: self._extra[name].numpy() if outs is None else outs[1 + len(self.pasts) + j].numpy()
+                        for j, name in enumerate(self.extra)}
         self._current = 1 - self._current
         self.position += n
         return np.array(logits[0])
+
+    def values(self) -> dict[str, np.ndarray]:
+        """The last step's graph outputs other than the logits and the presents (host arrays)."""
+        return dict(self._values)
+
+    def _extra_buffers(self) -> dict[str, Any]:
+        """Persistent buffers for the extra outputs of a one-token step (a graph writes them at fixed
+        addresses), shaped by one uncaptured one-token run (``gpu_graph_id`` -1) on the zeroed cache."""
+        binding = self.sess.io_binding()
+        for name, v in self._step.items():
+            binding.bind_ortvalue_input(name, v)
+        binding.bind_ortvalue_output(self.io.logits, self._logits)
+        src, dst = self._sets
+        for p in self.pasts:
+            binding.bind_ortvalue_input(p, src[p])
+            binding.bind_ortvalue_output(self.present_of[p], dst[p])
+        for name in self.extra:
+            binding.bind_output(name, "cpu")
+        options = self.ort.RunOptions()
+        if self.cuda_graphs:
+            options.add_run_config_entry("gpu_graph_id", "-1")
+        self._run(binding, options)
+        outs = binding.get_outputs()[1 + len(self.pasts):]
+        return {name: self.ort.OrtValue.ortvalue_from_numpy(np.zeros_like(v.numpy()), self.device, 0)
+                for name, v in zip(self.extra, outs)}
 
     def capture_stats(self) -> CaptureStats:
         """With CUDA graphs: one graph per ping-pong direction (gpu_graph_id 1 and 2) that ran, and

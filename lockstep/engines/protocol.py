@@ -43,6 +43,10 @@ A decode session (batch 1): ``reset()`` starts a fresh context; ``forward(ids)``
 returns their logits as an array ``[len(ids), vocab]`` (one call with the prompt is the prefill, one
 call per token a decode step); ``capture_stats()`` returns ``CaptureStats``: the counters that prove
 whether capture was engaged (graphs captured, replays, fallbacks to eager), all zero when it is off.
+Optional: ``values() -> dict[str, ndarray]``, the last ``forward``'s graph outputs other than the
+logits and the presents, on the host, by name: ``lockstep locate --session capture`` runs a model with
+its intermediate values exposed as outputs through the session and judges them (absent: a captured
+step is located no further than its logits).
 """
 
 from __future__ import annotations

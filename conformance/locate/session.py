@@ -1,0 +1,80 @@
+"""Locate through an engine's decode session (``lockstep locate --session eager|capture``): where
+``prepare`` runs every node inside its band but the engine's decode -- its KV-cache handling, or its
+graph capture (CUDA graphs) -- computes something else.
+
+The model, with every intermediate value exposed as a graph output, runs in the engine's own decode
+session (``decoder(model, capture=...)``): the subject's context prefilled up to its prompt, then one
+token a step (the steps a captured decode replays) up to the located position. That step's values,
+which the session returns through the protocol's optional ``DecodeSession.values()``, and its logits
+are judged against the float64 oracle of the step as ``locate`` judges them (the oracle's past is its
+own; a clean engine's past differs from it by its own rounding, inside the bands). The first node out
+of its band with its inputs inside is the finding.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from lockstep.decoding import open_session
+from lockstep.engines.protocol import Unsupported, precision_of
+
+from .graph import exposed
+from .judge import first_divergence, judge_values, units_for
+from .oracle import LocateError
+from .search import Evaluations, Located, evaluations
+from .subject import Subject
+
+__all__ = ["SESSIONS", "locate_in_session"]
+
+SESSIONS = ("eager", "capture")
+
+
+def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | None = None,
+                      progress: Callable[[str], None] | None = None) -> Located:
+    """``s``'s step (``--position``) run through ``engine``'s decode session, captured or eager."""
+    say = progress or (lambda _m: None)
+    if mode not in SESSIONS:
+        raise LocateError(f"--session {mode}: one of {', '.join(SESSIONS)}")
+    d = s.decode
+    if d is None:
+        raise LocateError(f"--session {mode}: {s.label} is not a decoder's step (a golden model, or a decoder file "
+                          "with --prompt or --golden)")
+    if d.position is None or d.position < d.prefill:
+        first = d.prefill
+        raise LocateError(f"--session {mode} needs --position N, a one-token step after the prefill of the "
+                          f"{d.prefill}-token prompt (positions {first}..{len(d.context) - 1})")
+    try:
+        precision = precision_of(engine, s.dtype)
+    except Unsupported:
+        precision = None
+    units = units_for(precision, s.dtype)
+    say("oracle: the reference evaluator in the model's precision and in float64")
+    ev = evals or evaluations(s)
+    m, _ = exposed(s.model, ev.native, symbolic=True)
+    say(f"{engine.name}: its {mode} decode session on the model with its values exposed, "
+        f"prefill of {d.prefill} tokens then {d.position - d.prefill + 1} one-token steps")
+    try:
+        session = open_session(engine, m, capture=mode == "capture", io=d.io)
+    except Unsupported as exc:
+        raise LocateError(f"{engine.name} has no {mode} decode session for {s.label}: {exc}") from None
+    if not callable(getattr(session, "values", None)):
+        raise LocateError(f"{engine.name}'s decode session returns no values (the protocol's optional "
+                          "DecodeSession.values()): its step can be located no further than its logits")
+    session.reset()
+    before = None
+    logits = session.forward(d.context[:d.prefill])
+    for p in range(d.prefill, d.position + 1):
+        before = session.capture_stats()
+        logits = session.forward([d.context[p]])
+    after = session.capture_stats()
+    got = dict(session.values())
+    got[d.io.logits] = logits[None]  # [1, 1, vocab], as the graph's output
+    judged = judge_values(s.model, got, ev.native, ev.exact, units, only=set(got))
+    finding = first_divergence(s.model, judged, s.feeds)
+    replayed = after.replays - (before.replays if before else 0)
+    note = (f"{mode} decode session: prefill of {d.prefill}, one-token steps to position {d.position}; the step "
+            f"{'replayed a captured graph' if replayed else 'ran no replay'} (captures {after.captures}, replays "
+            f"{after.replays}, fallbacks {after.fallbacks})")
+    outputs = [j for j in judged if j.name == d.io.logits]
+    return Located(s, engine.name, units, f"session-{mode}", judged, finding, outputs, note=note,
+                   runs=d.position - d.prefill + 2, evals=ev)
