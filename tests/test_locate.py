@@ -302,3 +302,22 @@ def test_a_capture_identity_failure_names_the_command_that_locates_its_node(tmp_
     r = _cli(*m.group(1).split()[2:], "--format", "json", "-q", env={"PLANTED_NODE": "layers.1/up_proj"})
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["first_divergent_node"]["name"] == "layers.1/up_proj"
+
+
+def test_a_decode_session_bug_is_named_by_its_lock_and_located_by_the_command_it_prints(tmp_path):
+    """A bug of the engine's own decode session (prepare clean) breaks the stepwise lock; its message says no
+    node leaves its band through prepare and prints `--session eager`, which names the node."""
+    import re
+
+    env = {**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                        "lockstep.conformance.golden", "--engines", "planted_engines:make_decode_matmul_scale",
+                        "-k", "test_teacher_forced_lock and tiny-fp32-standard-stepwise", "-q", "-n", "0"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert "1 failed" in r.stdout and "no node leaves its band" in r.stdout, r.stdout[-3000:]
+    m = re.search(r"through its decode session: (lockstep locate tiny-fp32-standard --position \d+ --engine "
+                  r"planted_engines:make_decode_matmul_scale --session eager)", r.stdout)
+    assert m, r.stdout[-3000:]
+    r = _cli(*m.group(1).split()[2:], "--format", "json", "-q", env={"PLANTED_NODE": "layers.1/up_proj"})
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout)["first_divergent_node"]["name"] == "layers.1/up_proj"

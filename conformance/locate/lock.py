@@ -47,8 +47,10 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
         return f"locate: {type(exc).__name__}: {exc} ({cmd})", None
     data = plot_data(loc, gm.name, mode, position)
     if loc.finding is None:
+        session = (f"; through its decode session: {command_line(s.args, spec_of(engine), 'eager')}"
+                   if position is not None else "")
         return (f"no node leaves its band when {engine.name} runs the graph through prepare (the divergence is "
-                f"in its decode session, not in its graph execution): {cmd}"), data
+                f"in its decode session, not in its graph execution): {cmd}{session}"), data
     f = loc.finding.as_dict()
     err = f["max_abs_error"]
     return (f"first divergent node: {f['name']} ({f['op_type']}), error {err if isinstance(err, str) else f'{err:.3g}'} "

@@ -3,8 +3,9 @@
 graph capture (CUDA graphs) -- computes something else.
 
 The model, with every intermediate value exposed as a graph output, runs in the engine's own decode
-session (``decoder(model, capture=...)``): the subject's context prefilled up to its prompt, then one
-token a step (the steps a captured decode replays) up to the located position. That step's values,
+session (``decoder(model, capture=...)``): the subject's context prefilled up to its prompt (or up to
+the located position, when that is inside the prompt), then one token a step (the steps a captured
+decode replays) up to the located position. That step's values,
 which the session returns through the protocol's optional ``DecodeSession.values()``, and its logits
 are judged against the float64 oracle of the step as ``locate`` judges them (the oracle's past is its
 own; a clean engine's past differs from it by its own rounding, inside the bands). The first node out
@@ -39,10 +40,10 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
     if d is None:
         raise LocateError(f"--session {mode}: {s.label} is not a decoder's step (a golden model, or a decoder file "
                           "with --prompt or --golden)")
-    if d.position is None or d.position < d.prefill:
-        first = d.prefill
-        raise LocateError(f"--session {mode} needs --position N, a one-token step after the prefill of the "
-                          f"{d.prefill}-token prompt (positions {first}..{len(d.context) - 1})")
+    if d.position is None:
+        raise LocateError(f"--session {mode} needs --position N: the one-token step to locate (positions "
+                          f"0..{len(d.context) - 1}; from {d.prefill}, after the prompt, the steps a capture replays)")
+    start = min(d.prefill, d.position)  # a step inside the prompt: the prefill stops before it
     try:
         precision = precision_of(engine, s.dtype)
     except Unsupported:
@@ -52,7 +53,7 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
     ev = evals or evaluations(s)
     m, _ = exposed(s.model, ev.native, symbolic=True)
     say(f"{engine.name}: its {mode} decode session on the model with its values exposed, "
-        f"prefill of {d.prefill} tokens then {d.position - d.prefill + 1} one-token steps")
+        f"prefill of {start} tokens then {d.position - start + 1} one-token steps")
     try:
         session = open_session(engine, m, capture=mode == "capture", io=d.io)
     except Unsupported as exc:
@@ -62,8 +63,9 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
                           "DecodeSession.values()): its step can be located no further than its logits")
     session.reset()
     before = None
-    logits = session.forward(d.context[:d.prefill])
-    for p in range(d.prefill, d.position + 1):
+    if start:
+        session.forward(d.context[:start])
+    for p in range(start, d.position + 1):
         before = session.capture_stats()
         logits = session.forward([d.context[p]])
     after = session.capture_stats()
@@ -72,9 +74,9 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
     judged = judge_values(s.model, got, ev.native, ev.exact, units, only=set(got))
     finding = first_divergence(s.model, judged, s.feeds)
     replayed = after.replays - (before.replays if before else 0)
-    note = (f"{mode} decode session: prefill of {d.prefill}, one-token steps to position {d.position}; the step "
+    note = (f"{mode} decode session: prefill of {start}, one-token steps to position {d.position}; the step "
             f"{'replayed a captured graph' if replayed else 'ran no replay'} (captures {after.captures}, replays "
             f"{after.replays}, fallbacks {after.fallbacks})")
     outputs = [j for j in judged if j.name == d.io.logits]
     return Located(s, engine.name, units, f"session-{mode}", judged, finding, outputs, note=note,
-                   runs=d.position - d.prefill + 2, evals=ev)
+                   runs=d.position - start + 2, evals=ev)
