@@ -327,10 +327,12 @@ class OrtDecoder:
             # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
             self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
-            self._extra = self._extra_buffers() if self.extra else {}
-            for kv in self._sets:
-                for p, v in kv.items():
-                    v.update_inplace(zeros[p])
+            self._extra = {}
+            if self.extra:  # shaped by a probe step, which wrote into the caches: zeroed again
+                self._extra = self._extra_buffers()
+                for kv in self._sets:
+                    for p, v in kv.items():
+                        v.update_inplace(zeros[p])
         else:
             for kv in self._sets:
                 for p, v in kv.items():
