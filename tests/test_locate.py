@@ -285,39 +285,36 @@ def test_session_mode_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and "does not go with --session" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_capture_identity_failure_names_the_command_that_locates_its_node(tmp_path):
-    """The golden capture on/off check fails on a capture-only bug, names `lockstep locate ... --session capture`,
-    and that command names the planted node."""
-    env = {**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
-                        "lockstep.conformance.golden", "--engines", "planted_engines:make_capture_matmul_scale",
-                        "-k", "test_capture_on_off_byte_identity and tiny-fp32-standard]", "-q", "-n", "0"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
-    assert "1 failed" in r.stdout, r.stdout[-3000:]
+def _suite_prints_a_command_that_locates(tmp_path, engine: str, k: str, command: str, expect: str) -> None:
+    """The golden suite on a planted engine fails, its message holds ``command`` (a regex), and that command
+    names the planted node layers.1/up_proj."""
     import re
 
-    m = re.search(r"locate the node: (lockstep locate tiny-fp32-standard --position (\d+) --engine "
-                  r"planted_engines:make_capture_matmul_scale --session capture)", r.stdout)
+    env = {**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                        "lockstep.conformance.golden", "--engines", f"planted_engines:{engine}", "-k", k, "-q", "-n", "0"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert "1 failed" in r.stdout and expect in r.stdout, r.stdout[-3000:]
+    m = re.search(command, r.stdout)
     assert m, r.stdout[-3000:]
     r = _cli(*m.group(1).split()[2:], "--format", "json", "-q", env={"PLANTED_NODE": "layers.1/up_proj"})
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout)["first_divergent_node"]["name"] == "layers.1/up_proj"
+
+
+def test_a_capture_identity_failure_names_the_command_that_locates_its_node(tmp_path):
+    """The golden capture on/off check fails on a capture-only bug, names `lockstep locate ... --session capture`,
+    and that command names the planted node."""
+    _suite_prints_a_command_that_locates(
+        tmp_path, "make_capture_matmul_scale", "test_capture_on_off_byte_identity and tiny-fp32-standard]",
+        r"locate the node: (lockstep locate tiny-fp32-standard --position \d+ --engine "
+        r"planted_engines:make_capture_matmul_scale --session capture)", "diverge at step")
 
 
 def test_a_decode_session_bug_is_named_by_its_lock_and_located_by_the_command_it_prints(tmp_path):
     """A bug of the engine's own decode session (prepare clean) breaks the stepwise lock; its message says no
     node leaves its band through prepare and prints `--session eager`, which names the node."""
-    import re
-
-    env = {**os.environ, "PYTHONPATH": PYPATH, "PLANTED_NODE": "layers.1/up_proj"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
-                        "lockstep.conformance.golden", "--engines", "planted_engines:make_decode_matmul_scale",
-                        "-k", "test_teacher_forced_lock and tiny-fp32-standard-stepwise", "-q", "-n", "0"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
-    assert "1 failed" in r.stdout and "no node leaves its band" in r.stdout, r.stdout[-3000:]
-    m = re.search(r"through its decode session: (lockstep locate tiny-fp32-standard --position \d+ --engine "
-                  r"planted_engines:make_decode_matmul_scale --session eager)", r.stdout)
-    assert m, r.stdout[-3000:]
-    r = _cli(*m.group(1).split()[2:], "--format", "json", "-q", env={"PLANTED_NODE": "layers.1/up_proj"})
-    assert r.returncode == 1, r.stderr
-    assert json.loads(r.stdout)["first_divergent_node"]["name"] == "layers.1/up_proj"
+    _suite_prints_a_command_that_locates(
+        tmp_path, "make_decode_matmul_scale", "test_teacher_forced_lock and tiny-fp32-standard-stepwise",
+        r"through its decode session: (lockstep locate tiny-fp32-standard --position \d+ --engine "
+        r"planted_engines:make_decode_matmul_scale --session eager)", "no node leaves its band")

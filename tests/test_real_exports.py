@@ -192,6 +192,17 @@ def test_a_sliding_layer_gets_a_window_sized_cache(engine):
 
 
 @pytest.mark.contract("engines.ort_writes_a_window_cache_in_place")
+def _gemma2_on_ort_cpu():
+    """ort-cpu (a counted skip where it cannot run), the builder's Gemma 2 fp32 export and its roles."""
+    eng = load_engine("ort-cpu")
+    ok, why = eng.available()
+    if not ok:
+        pytest.skip(f"ort-cpu: {why}")
+    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
+    model, _ = load_model(path)
+    return eng, model, DecoderIO.of(model, card_for(path))
+
+
 @pytest.mark.parametrize("fixed", [False, True])
 def test_onnx_runtime_writes_a_window_sized_cache_in_place(fixed):
     """ONNX Runtime's session binds a window-sized cache's present to its own past buffer (in place), in the
@@ -201,13 +212,7 @@ def test_onnx_runtime_writes_a_window_sized_cache_in_place(fixed):
     # the CPU provider, where the binding logic is the same
     from lockstep.engines.ort import OrtDecoder
 
-    eng = load_engine("ort-cpu")
-    ok, why = eng.available()
-    if not ok:
-        pytest.skip(f"ort-cpu: {why}")
-    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
-    model, _ = load_model(path)
-    io = DecoderIO.of(model, card_for(path))
+    eng, model, io = _gemma2_on_ort_cpu()
     dec = OrtDecoder(model, eng, fixed_bindings=fixed, io=io)
     window = sorted(io.window_capacity)
     assert window, "the export has a window-sized layer"
@@ -234,13 +239,7 @@ def test_prepare_binds_a_window_sized_cache_in_place(monkeypatch):
     # contract: ORT 1.31.1's CUDA provider refuses a window-sized cache not bound in place (H200, 2026-12-06:
     # `lockstep locate genai-gemma2-fp16-cuda --engine ort-cuda` reported the refusal at layer 0's
     # GroupQueryAttention); checked on the CPU provider, where the binding logic is the same
-    eng = load_engine("ort-cpu")
-    ok, why = eng.available()
-    if not ok:
-        pytest.skip(f"ort-cpu: {why}")
-    path = ROOT / "genai/gemma2-fp32-cpu/model.onnx"
-    model, _ = load_model(path)
-    io = DecoderIO.of(model, card_for(path))
+    eng, model, io = _gemma2_on_ort_cpu()
     assert io.window_capacity, "the export has a window-sized layer"
     bound: dict[str, dict[str, int]] = {"in": {}, "out": {}}
     real_session = eng.session

@@ -127,17 +127,21 @@ def _bisect(engine, s: Subject, ev: Evaluations, units: Units, why: str) -> tupl
     return values, first_divergence(s.model, values, s.feeds), len(seen)
 
 
-def locate(engine, s: Subject, *, evals: Evaluations | None = None,
-           progress: Callable[[str], None] | None = None) -> Located:
-    """Run ``engine`` on ``s`` and find its first divergent node (module docstring)."""
-    say = progress or (lambda _m: None)
+def judging(engine, s: Subject, evals: Evaluations | None, say: Callable[[str], None]) -> tuple[Units, Evaluations]:
+    """The unit roundoffs of the engine's declared precision for ``s`` and the oracle's evaluations."""
     try:
         precision = precision_of(engine, s.dtype)
     except Unsupported:
         precision = None
-    units = units_for(precision, s.dtype)
     say("oracle: the reference evaluator in the model's precision and in float64")
-    ev = evals or evaluations(s)
+    return units_for(precision, s.dtype), evals or evaluations(s)
+
+
+def locate(engine, s: Subject, *, evals: Evaluations | None = None,
+           progress: Callable[[str], None] | None = None) -> Located:
+    """Run ``engine`` on ``s`` and find its first divergent node (module docstring)."""
+    say = progress or (lambda _m: None)
+    units, ev = judging(engine, s, evals, say)
     outputs = {o.name for o in s.model.graph.output}
     say(f"{engine.name}: the model as it is")
     try:

@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Callable
 
 from lockstep.decoding import open_session
-from lockstep.engines.protocol import Unsupported, precision_of
+from lockstep.engines.protocol import Unsupported
 
 from .graph import exposed
-from .judge import first_divergence, judge_values, units_for
+from .judge import first_divergence, judge_values
 from .oracle import LocateError
-from .search import Evaluations, Located, evaluations
+from .search import Evaluations, Located, judging
 from .subject import Subject
 
 __all__ = ["SESSIONS", "locate_in_session"]
@@ -44,13 +44,7 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
         raise LocateError(f"--session {mode} needs --position N: the one-token step to locate (positions "
                           f"0..{len(d.context) - 1}; from {d.prefill}, after the prompt, the steps a capture replays)")
     start = min(d.prefill, d.position)  # a step inside the prompt: the prefill stops before it
-    try:
-        precision = precision_of(engine, s.dtype)
-    except Unsupported:
-        precision = None
-    units = units_for(precision, s.dtype)
-    say("oracle: the reference evaluator in the model's precision and in float64")
-    ev = evals or evaluations(s)
+    units, ev = judging(engine, s, evals, say)
     m, _ = exposed(s.model, ev.native, symbolic=True)
     say(f"{engine.name}: its {mode} decode session on the model with its values exposed, "
         f"prefill of {start} tokens then {d.position - start + 1} one-token steps")
