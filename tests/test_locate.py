@@ -318,3 +318,21 @@ def test_a_decode_session_bug_is_named_by_its_lock_and_located_by_the_command_it
         tmp_path, "make_decode_matmul_scale", "test_teacher_forced_lock and tiny-fp32-standard-stepwise",
         r"through its decode session: (lockstep locate tiny-fp32-standard --position \d+ --engine "
         r"planted_engines:make_decode_matmul_scale --session eager)", "no node leaves its band")
+
+
+def test_a_session_exposes_only_what_the_step_computes_from_its_data():
+    """Values made from initializers, constants or the inputs' shapes alone are not exposed through a decode
+    session (an engine folds them at load; ORT CUDA copies a folded output with a sync its graph capture refuses)."""
+    # contract: on tiny-fp32-decomposed-kv64 the fixed-capacity past's Shape-derived values and constant-only
+    # values are left out, every value the attention and MLP compute from the step's data is kept
+    from lockstep.conformance.locate.graph import data_dependent
+
+    s = subject("tiny-fp32-decomposed-kv64", position=20)
+    g = s.model.graph
+    dep = data_dependent(g)
+    made = {o for n in g.node for o in n.output if o}
+    shapes = {o for n in g.node if n.op_type in ("Shape", "Size", "Constant") for o in n.output}
+    assert not (shapes & dep), "contract: shape and constant values are not the step's data"
+    assert any(n.op_type == "MatMul" for n in g.node if n.output[0] in dep)
+    assert {n.output[0] for n in g.node if n.op_type in ("MatMul", "Softmax")} <= dep, "contract: compute is kept"
+    assert len(dep & made) < len(made)

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-__all__ = ["Depth", "depths", "node_outputs", "exposed", "extract", "elem_type", "outer_reads", "declared_types"]
+__all__ = ["Depth", "depths", "data_dependent", "node_outputs", "exposed", "extract", "elem_type", "outer_reads", "declared_types"]
 
 # ops that move, select or reinterpret values without rounding them: they add no depth
 _EXACT = frozenset({
@@ -110,6 +110,18 @@ def depths(graph: onnx.GraphProto, values: Mapping[str, np.ndarray]) -> dict[str
     return out
 
 
+def data_dependent(graph: onnx.GraphProto) -> set[str]:
+    """The values that depend on the data of the graph's inputs (not only on initializers, constants or
+    the inputs' shapes): what a step computes. The rest an engine may fold into constants when it
+    loads the model (ONNX Runtime copies such a folded output at each run, which a CUDA graph cannot)."""
+    inits = {t.name for t in graph.initializer}
+    dep = {i.name for i in graph.input if i.name not in inits}
+    for n in graph.node:
+        if n.op_type not in ("Shape", "Size") and outer_reads(n) & dep:
+            dep.update(o for o in n.output if o)
+    return dep
+
+
 def node_outputs(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodeProto, str]]:
     """(node index, node, output name) for every named output of every node, in node order."""
     return [(i, n, o) for i, n in enumerate(graph.node) for o in n.output if o]
@@ -145,18 +157,19 @@ def declared_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return {vi.name: vi for vi in model.graph.input}
 
 
-def exposed(model: onnx.ModelProto, values: Mapping[str, np.ndarray], *,
-            symbolic: bool = False) -> tuple[onnx.ModelProto, list[str]]:
+def exposed(model: onnx.ModelProto, values: Mapping[str, np.ndarray], *, symbolic: bool = False,
+            only: set[str] | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """``model`` with every node output that is a tensor in ``values`` also a graph output (typed and
     shaped from the value: the onnx checker wants a shape), and the names of all its outputs in order.
     ``symbolic``: the exposed outputs of unknown dimensions (a decode session runs the model on steps of
-    other widths than the one ``values`` comes from; shape inference gives the engine their dims)."""
+    other widths than the one ``values`` comes from; shape inference gives the engine their dims).
+    ``only``: expose just these values."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
     known = {o.name for o in g.output}
     for _, _, name in node_outputs(g):
-        if name not in known and elem_type(values.get(name)) is not None:
+        if name not in known and elem_type(values.get(name)) is not None and (only is None or name in only):
             shape = [None] * np.ndim(values[name]) if symbolic else list(np.shape(values[name]))
             g.output.append(helper.make_tensor_value_info(name, elem_type(values[name]), shape))
             known.add(name)

@@ -19,10 +19,10 @@ from typing import Callable
 from lockstep.decoding import open_session
 from lockstep.engines.protocol import Unsupported
 
-from .graph import exposed
+from .graph import data_dependent, exposed
 from .judge import first_divergence, judge_values
 from .oracle import LocateError
-from .search import Evaluations, Located, judging
+from .search import Evaluations, Located, _engine_failure, judging
 from .subject import Subject
 
 __all__ = ["SESSIONS", "locate_in_session"]
@@ -45,7 +45,10 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
                           f"0..{len(d.context) - 1}; from {d.prefill}, after the prompt, the steps a capture replays)")
     start = min(d.prefill, d.position)  # a step inside the prompt: the prefill stops before it
     units, ev = judging(engine, s, evals, say)
-    m, _ = exposed(s.model, ev.native, symbolic=True)
+    # only what the step computes from its data: a value an engine folds into a constant at load (from
+    # initializers or static shapes) cannot diverge between eager and capture, and ONNX Runtime copies such
+    # an output with a synchronisation that its CUDA graph capture refuses (H100, 1.31.1)
+    m, _ = exposed(s.model, ev.native, symbolic=True, only=data_dependent(s.model.graph))
     say(f"{engine.name}: its {mode} decode session on the model with its values exposed, "
         f"prefill of {start} tokens then {d.position - start + 1} one-token steps")
     try:
@@ -55,14 +58,18 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
     if not callable(getattr(session, "values", None)):
         raise LocateError(f"{engine.name}'s decode session returns no values (the protocol's optional "
                           "DecodeSession.values()): its step can be located no further than its logits")
-    session.reset()
-    before = None
-    if start:
-        session.forward(d.context[:start])
-    for p in range(start, d.position + 1):
-        before = session.capture_stats()
-        logits = session.forward([d.context[p]])
-    after = session.capture_stats()
+    before, p = None, start
+    try:
+        session.reset()
+        if start:
+            session.forward(d.context[:start])
+        for p in range(start, d.position + 1):
+            before = session.capture_stats()
+            logits = session.forward([d.context[p]])
+        after = session.capture_stats()
+    except Exception as exc:  # the engine's failure, in one line: where, and what it said
+        raise LocateError(f"{engine.name}'s {mode} decode session fails on the model with its values exposed, "
+                          f"at position {p}: {_engine_failure(exc)}") from None
     got = dict(session.values())
     got[d.io.logits] = logits[None]  # [1, 1, vocab], as the graph's output
     judged = judge_values(s.model, got, ev.native, ev.exact, units, only=set(got))
