@@ -178,7 +178,7 @@ def _named(path, exc: Exception) -> str:
     return msg if msg.startswith(str(path)) else f"{path}: {msg}"
 
 
-def _engine_failure(exc: BaseException) -> bool:
+def engine_failure(exc: BaseException) -> bool:
     """An error of the engine's runtime, not of lockstep (whose bugs keep their traceback): ONNX
     Runtime's own exception types, the RuntimeError its IO-binding run raises ("Error in execution:",
     a status "[ONNXRuntimeError]": a device failure ort-cpu/ort-cuda re-raise), ORT GenAI's GenAIError."""
@@ -261,7 +261,7 @@ def _decode(args: argparse.Namespace) -> int:
     except (CudaError, OpError) as exc:  # a device refusal (MemoryAllocation...) or a node's attributes
         raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     except Exception as exc:
-        if not _engine_failure(exc):
+        if not engine_failure(exc):
             raise
         raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     try:
@@ -271,7 +271,7 @@ def _decode(args: argparse.Namespace) -> int:
     except (ModelError, FeedError, StepError) as exc:
         raise CliError(f"{path.name} on {engine.name}: {exc}") from None
     except Exception as exc:
-        if not _engine_failure(exc):
+        if not engine_failure(exc):
             raise
         raise CliError(f"{path.name} on {engine.name}: {type(exc).__name__}: {exc}") from None
     print(f"engine: {engine.name}  model: {path.name}  text: {text.name}")

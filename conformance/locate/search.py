@@ -58,7 +58,7 @@ class Located:
                 "values": [j.as_dict() for j in self.judged]}
 
 
-def _engine_failure(exc: BaseException) -> str:
+def failure_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"
 
@@ -95,7 +95,7 @@ def _bisect(engine, s: Subject, ev: Evaluations, units: Units, why: str) -> tupl
                 got = _run(engine, sub, s.feeds)
                 seen[k] = judge_values(s.model, got, ev.native, ev.exact, units, only=set(outs))
             except Exception as exc:  # a failure of the engine on a prefix: the divergence is in it
-                seen[k] = _engine_failure(exc)
+                seen[k] = failure_line(exc)
         return seen[k]
 
     def diverges(k: int) -> bool:
@@ -149,7 +149,7 @@ def locate(engine, s: Subject, *, evals: Evaluations | None = None,
     except Unsupported as exc:
         raise LocateError(f"{engine.name} cannot run {s.label}: {exc}") from None
     except Exception as exc:  # it fails on the model itself: bisection finds the node it fails at
-        why = f"it fails on the model itself: {_engine_failure(exc)}"
+        why = f"it fails on the model itself: {failure_line(exc)}"
         say(f"{engine.name}: bisecting over extracted prefixes ({why})")
         judged, finding, runs = _bisect(engine, s, ev, units, why)
         return Located(s, engine.name, units, "bisect", judged, finding, [], note=why, runs=runs + 1, evals=ev)
@@ -161,7 +161,7 @@ def locate(engine, s: Subject, *, evals: Evaluations | None = None,
     try:
         values = _run(engine, m, s.feeds)
     except Exception as exc:
-        values, why = None, f"it refused: {_engine_failure(exc)}"
+        values, why = None, f"it refused: {failure_line(exc)}"
     if values is not None:
         judged = judge_values(s.model, values, ev.native, ev.exact, units)
         finding = first_divergence(s.model, judged, s.feeds)

@@ -22,7 +22,7 @@ from lockstep.engines.protocol import Unsupported
 from .graph import data_dependent, exposed
 from .judge import first_divergence, judge_values
 from .oracle import LocateError
-from .search import Evaluations, Located, _engine_failure, judging
+from .search import Evaluations, Located, failure_line, judging
 from .subject import Subject
 
 __all__ = ["SESSIONS", "locate_in_session"]
@@ -69,7 +69,7 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
         after = session.capture_stats()
     except Exception as exc:  # the engine's failure, in one line: where, and what it said
         raise LocateError(f"{engine.name}'s {mode} decode session fails on the model with its values exposed, "
-                          f"at position {p}: {_engine_failure(exc)}") from None
+                          f"at position {p}: {failure_line(exc)}") from None
     got = dict(session.values())
     got[d.io.logits] = logits[None]  # [1, 1, vocab], as the graph's output
     judged = judge_values(s.model, got, ev.native, ev.exact, units, only=set(got))
