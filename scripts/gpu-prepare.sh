@@ -17,5 +17,7 @@ rm -rf build
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "syrupy>=4" "platformdirs>=3" "gguf>=0.10" "tokenizers>=0.19"
 git rev-parse HEAD > .whl/COMMIT
+# chunks made earlier by scripts/gpu-chunks.sh stay usable: their manifest travels with the wheels
+[ -f .chunks/MANIFEST ] && cp .chunks/MANIFEST .whl/CHUNKS
 git diff --quiet HEAD -- . ':!docs' || echo "note: the tree has uncommitted changes; the wheel holds them" >&2
 ls -la .whl
