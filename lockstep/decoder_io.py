@@ -319,6 +319,12 @@ class DecoderIO:
         return {p: first if i == 0 else np.zeros(self.cache_shape(past=p), self.kv_dtype)
                 for i, p in enumerate(self.pasts)}
 
+    def others(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``outputs`` (by name) other than the logits and the presents: what a decode session's
+        optional ``values()`` returns (``lockstep locate --session``'s exposed values)."""
+        presents = set(self.present_of.values())
+        return {k: v for k, v in outputs.items() if k != self.logits and k not in presents}
+
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
         if n < 1:

@@ -87,8 +87,7 @@ class HostKVSession:
         out = dict(zip(self.outputs, self.run(feeds)))
         self.cache = {p: np.asarray(out[self.io.present_of[p]]) for p in self.io.pasts}
         self.position += n
-        presents = set(self.io.present_of.values())
-        self._values = {k: v for k, v in out.items() if k != self.io.logits and k not in presents}
+        self._values = self.io.others(out)
         return np.asarray(out[self.io.logits][0])
 
     def values(self) -> dict[str, Any]:

@@ -246,9 +246,7 @@ class RefDecoder:
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
             self.cache = {p: out[self.present_of[p]] for p in self.pasts}
         self.position += n
-        bound = self._bind or {}
-        self._values = {k: v for k, v in out.items() if k != self.io.logits and k not in bound
-                        and k not in self.present_of.values()}
+        self._values = self.io.others(out)
         return np.asarray(out[self.io.logits][0])
 
     def values(self) -> dict[str, Any]:

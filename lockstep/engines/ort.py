@@ -306,10 +306,9 @@ class OrtDecoder:
             if options.get("enable_cuda_graph") not in ("1", "True", "true"):
                 raise RuntimeError(f"{engine.name}: enable_cuda_graph was asked for but the session reports {options}")
         self.graph_runs = {1: 0, 2: 0}  # one-token steps run under each graph annotation
-        presents = set(self.present_of.values())
         # outputs beside the logits and presents (lockstep locate's exposed values): back to the host
         # each step; in the fixed path a one-token step writes them into persistent buffers
-        self.extra = [o.name for o in self.sess.get_outputs() if o.name != io.logits and o.name not in presents]
+        self.extra = list(io.others({o.name: None for o in self.sess.get_outputs()}))
         self._values: dict[str, np.ndarray] = {}
         self.reset()
 
