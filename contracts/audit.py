@@ -255,6 +255,41 @@ def _guards_of(au: Audit, mod: Module, qualname: str) -> list[str]:
     return out
 
 
+def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
+    """The given paths for the Python audit and for the C++/CUDA/Rust one: a file by its suffix, a
+    folder to each whose files it holds."""
+    from .native_audit import is_native
+
+    py, native = [], []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise AuditError(f"{p}: no such file or directory")
+        if path.is_file():
+            if path.suffix == ".py":
+                py.append(p)
+            elif is_native(path):
+                native.append(p)
+            else:
+                raise AuditError(f"{p}: not a Python, C++/CUDA or Rust source (.py, .cu, .cuh, .cpp, .cc, .c, .h, "
+                                 ".hpp, .rs) or a directory")
+            continue
+        has_native = any(f.is_file() and is_native(f) for f in path.rglob("*"))
+        has_py = any(path.rglob("*.py"))
+        if has_native:
+            native.append(p)
+        if has_py or not has_native:
+            py.append(p)
+    return py, native
+
+
+def merge(a: AuditResult, b: AuditResult) -> AuditResult:
+    return AuditResult(sorted([*a.findings, *b.findings], key=lambda f: (f.file, f.line, f.col)),
+                       sorted([*a.sites, *b.sites], key=lambda s: (s.file, s.line)), {**b.inventory, **a.inventory},
+                       sorted({*a.entries, *b.entries}), a.seconds + b.seconds, [*a.notes, *b.notes],
+                       [*a.unsupported, *b.unsupported])
+
+
 def site_of(res: "AuditResult", file: str, line: int) -> Site | None:
     """The inventory site whose call spans ``file:line`` (what a runtime frame reports)."""
     exact = res.inventory.get((file, line))
@@ -291,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "default: the current directory when the PATHS lie under it, else lockstep's "
                                    "own tree")
     ap.add_argument("--output", help="write the report here instead of stdout (its folder must exist)")
+    ap.add_argument("--config", help="C++/CUDA and Rust: the configuration (a lockstep.toml with [audit], or a "
+                                     "pyproject.toml with [tool.lockstep.audit]); default: the first found beside "
+                                     "the PATHS or above them")
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
@@ -309,11 +347,33 @@ def main(argv: list[str] | None = None) -> int:
         if not out.parent.is_dir():  # checked first: a long audit must not end in a traceback
             return error(f"--output {args.output}: folder {out.parent} does not exist")
     try:
-        res = audit(args.paths, allowlist=Path(args.allowlist))
-        where = Locations.of(args.paths, args.root, Path(args.allowlist))
+        py_paths, native_paths = split_paths(args.paths)
+        res = None
+        if native_paths:
+            from .native_audit import audit_native
+            from .native_config import find_config, load_config
+
+            config = Path(args.config) if args.config else find_config([Path(p) for p in native_paths])
+            res = audit_native(native_paths, load_config(config))
+            if not res.entries and not res.findings:
+                unmaps = "" if not getattr(res, "lines", 0) else " and no cuMemUnmap/cuMemRelease without a drain"
+                return error(f"no capture entry point found in {', '.join(native_paths)} ({getattr(res, 'files', 0)} "
+                             f"C++/CUDA/Rust file(s){unmaps}): no function matches the entry patterns "
+                             "(default *::ComputeInternal, impl * for * { fn execute|compute|forward|cuda_fwd }) and "
+                             "none begins a capture; name your runtime's in [tool.lockstep.audit] entries "
+                             "(pyproject.toml or lockstep.toml, or --config)")
+        if py_paths or not native_paths:
+            py = audit(py_paths, allowlist=Path(args.allowlist))
+            mixed = bool(native_paths) and not py.entries and not py.unsupported and not py.findings
+            if res is None:
+                res = py
+            elif not mixed:  # a folder of both: the Python kernels found there too
+                res = merge(res, py)
+        where = Locations.of(py_paths, args.root, Path(args.allowlist), extra=native_paths)
     except AuditError as exc:
         return error(str(exc))
-    if args.paths and not res.entries and not res.unsupported and not res.findings:  # nothing audited is not clean
+    if py_paths and not native_paths and not res.entries and not res.unsupported and not res.findings:
+        # nothing audited is not clean
         return error(f"no kernel found in {', '.join(args.paths)}: no OpKernel(...)/Kernel(...) or kernel factory "
                      "call hands a compute function over there (a kernel declared capture=\"unsupported\" is "
                      "not audited)")

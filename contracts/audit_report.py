@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .audit_index import DEFAULT_TREE, ROOT, AuditResult, Finding, Site, _rel, _tree_files
+from .native_rules import FIX, NATIVE_EXTS
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -27,7 +28,8 @@ class Locations:
         self.allowlist = allowlist.resolve() if allowlist is not None else None
 
     @classmethod
-    def of(cls, paths: list[str], root: str | None, allowlist: Path | None) -> "Locations":
+    def of(cls, paths: list[str], root: str | None, allowlist: Path | None,
+           extra: list[str] | None = None) -> "Locations":
         """The files ``audit(paths)`` reads, named as it names them; ``root`` None is the default:
         the current directory when PATHS are given and all lie under it, else lockstep's tree root
         (the audit of lockstep's own tree is named as ever: ``reference_runtime/executor.py``)."""
@@ -36,6 +38,12 @@ class Locations:
         files: dict[str, Path] = {}
         for f in [*tree, *given]:
             files.setdefault(_rel(f), f.resolve())
+        for p in extra or []:  # C++/CUDA/Rust sources: named relative to the current directory
+            given.append(Path(p))
+            cwd = Path.cwd().resolve()
+            for f in ([Path(p)] if Path(p).is_file() else (x for x in Path(p).rglob("*") if x.is_file())):
+                r = f.resolve()
+                files.setdefault(r.relative_to(cwd).as_posix() if r.is_relative_to(cwd) else str(r), r)
         if root is not None:
             base = Path(root)
         else:
@@ -87,7 +95,9 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
             lines.append(f"{f.file}:{f.line}:{f.col + 1}: {f.kind}: `{f.call}` on a capture path of {f.entry}")
             lines.append(f"    chain: {' -> '.join(f.steps or f.chain)}")
             lines.append(f"    why: {f.why}")
-            if f.entry.startswith("runtime "):
+            if Path(f.file).suffix.lower() in NATIVE_EXTS:
+                lines.append(f"    fix: {FIX.get(f.kind, 'guard it with the capture status, move it out of the capture path, or allowlist it with a reason in [tool.lockstep.audit]')}")
+            elif f.entry.startswith("runtime "):
                 lines.append("    fix: guard it (`if not rt.is_capturing:` / an early exit when capturing), or allowlist "
                              "it with a reason in contracts/sync_allowlist.toml")
             else:  # a kernel's compute has no `rt`: the forms that exist there
@@ -97,6 +107,9 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
                              "it with a reason in contracts/sync_allowlist.toml")
             if explain:
                 lines.extend(f"    guard considered: {g}" for g in f.guards or ["none in the chain"])
+        elif f.rule == "unmap-without-drain":
+            lines.append(f"{f.file}:{f.line}:{f.col + 1}: unmap-without-drain: `{f.call}` in {f.entry}")
+            lines.append(f"    why: {f.why}")
         else:
             lines.append(f"{f.file}:{f.line}: {f.rule}: {f.why} [{f.entry} {f.call}]".rstrip())
     if explain:
@@ -128,6 +141,7 @@ SARIF_RULES = {
     "capture-unsafe-sync": "A synchronising or host-reading call on a capture path without a dominating capture guard",
     "stale-allowlist": "A sync allowlist entry (or capture entry) that matches nothing",
     "unresolved-entry": "A kernel body the audit could not resolve statically",
+    "unmap-without-drain": "cuMemUnmap/cuMemRelease with no real drain of the stream before it (use-after-unmap)",
 }
 
 

@@ -1,0 +1,312 @@
+"""``lockstep audit`` over CUDA C++ and Rust sources: the same model as the Python audit.
+
+1. Every ``.cu .cuh .cpp .cc .c .h .hpp`` and ``.rs`` file under the given paths (config globs
+   applied) is parsed with tree-sitter and indexed (``native_index``): functions, methods as
+   ``Type::name`` (C++ namespaces and template arguments dropped; Rust impl types, traits' default
+   methods), macros, and per function the ordered events of its body.
+2. Capture entry points: the functions matching the configured patterns (default
+   ``*::ComputeInternal`` and ``impl * for * { fn execute|compute|forward|cuda_fwd }``), and every
+   stretch of a function between a begin-capture and an end-capture call.
+3. From each entry the calls are followed across the given files: free functions, ``Type::f``,
+   ``this->f``/``self.f`` (and trait default methods), methods of a receiver whose type the function
+   declares, macros (expanded at the call site), lambdas and closures (part of their function), a
+   local object's constructor and destructor / ``Drop``. ``__global__``/``__device__`` code and
+   ``#[cfg(test)]`` items are never followed.
+4. A sink (``native_rules``) on a path is a finding unless a capture guard dominates it in its
+   function or at a call site on the chain, or an allowlist entry with a reason matches it (an entry
+   that matches nothing is itself a finding).
+5. Apart from capture: every cuMemUnmap/cuMemRelease with no real drain before it in its function
+   (``unmap-without-drain``: the seeds' use-after-unmap; a deferrable ``synchronize()`` is no drain).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .audit_index import AuditError, AuditResult, Finding, Site
+from .native_config import NativeConfig
+from .native_index import Event, NFunc, NIndex, index_files, language_of
+from .native_rules import NATIVE_EXTS, UNMAP_WHY
+
+SKIP_DIRS = {".git", "node_modules", "target", "__pycache__", ".venv", "build"}
+RELAXED_OK = re.compile(r"^(cudaMalloc|cudaMallocHost|cudaHostAlloc|cudaMallocManaged|cudaMallocPitch|cuMemAlloc|"
+                        r"cuMemAllocHost|cuMemHostAlloc|cuMemAllocManaged|cuMemAllocPitch)")
+_IMPL = re.compile(r"^impl\s+(\S+)\s+for\s+(\S+)\s*\{\s*fn\s+(\S+)\s*\}$")
+
+
+def is_native(path: Path) -> bool:
+    return path.suffix.lower() in NATIVE_EXTS
+
+
+def native_files(paths: list[Path], cfg: NativeConfig) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        if p.is_file():
+            if is_native(p):
+                out.append(p)
+            continue
+        for f in sorted(p.rglob("*")):
+            if f.is_file() and is_native(f) and not any(part in SKIP_DIRS for part in f.relative_to(p).parts[:-1]):
+                out.append(f)
+    if cfg.include or cfg.exclude:
+        def rel(f: Path) -> str:
+            base = cfg.base or Path.cwd()
+            r = f.resolve()
+            return r.relative_to(base).as_posix() if r.is_relative_to(base) else r.as_posix()
+
+        def hit(f: Path, globs: list[str]) -> bool:
+            r = rel(f)
+            return any(fnmatch.fnmatch(r, g) or fnmatch.fnmatch(r, "*/" + g) for g in globs)
+
+        out = [f for f in out if (not cfg.include or hit(f, cfg.include)) and not hit(f, cfg.exclude)]
+    seen: set[Path] = set()
+    return [f for f in out if not (f.resolve() in seen or seen.add(f.resolve()))]  # type: ignore[func-returns-value]
+
+
+def _report_name(f: Path) -> str:
+    r, cwd = f.resolve(), Path.cwd().resolve()
+    return r.relative_to(cwd).as_posix() if r.is_relative_to(cwd) else str(r)
+
+
+# -- entries ----------------------------------------------------------------------------------------
+@dataclass
+class NEntry:
+    name: str
+    func: NFunc
+    region: tuple[int, int] | None = None  # byte range of a capture stretch
+
+
+def _matches(f: NFunc, pattern: str) -> bool:
+    if pattern == "launches-kernels":
+        return f.launches
+    m = _IMPL.match(pattern.strip())
+    if m:
+        tr, ty, fn = m.groups()
+        return (f.lang == "rust" and f.trait is not None and f.owner != f.trait and fnmatch.fnmatchcase(f.trait, tr)
+                and fnmatch.fnmatchcase(f.owner or "", ty) and fnmatch.fnmatchcase(f.name, fn))
+    return fnmatch.fnmatchcase(f.qualname, pattern)
+
+
+def find_entries(ix: NIndex, cfg: NativeConfig) -> list[NEntry]:
+    out = []
+    for f in ix.functions:
+        if f.device or f.test or f.kind == "macro":
+            continue
+        where = f"{f.file}:{f.line}"
+        pat = next((p for p in cfg.entries if _matches(f, p)), None)
+        if pat is not None:
+            out.append(NEntry(f"{f.qualname} ({where}, entry pattern {pat!r})", f))
+            continue
+        begins = [e for e in f.events if e.what == "begin"]
+        ends = sorted(e.pos for e in f.events if e.what == "end")
+        for b in begins:
+            end = next((p for p in ends if p > b.pos), 1 << 62)
+            out.append(NEntry(f"the capture in {f.qualname} ({f.file}:{b.line}, `{b.text}`)", f, (b.pos, end)))
+    return out
+
+
+# -- resolution -------------------------------------------------------------------------------------
+def resolve(ix: NIndex, fn: NFunc, ev: Event) -> tuple[list[NFunc], bool]:
+    """What a call event names in the audited sources, and whether the receiver's type is known
+    (a known type's definition overrides a sink known by name only)."""
+    name = ev.name
+    if ev.macro:
+        return [f for f in ix.by_name.get(name, []) if f.kind == "macro" and f.lang == fn.lang], True
+    if ev.what == "construct":
+        t = ev.name
+        got = [*ix.by_owner.get((t, t), []), *ix.by_owner.get((t, "~" + t), []),
+               *[f for f in ix.by_owner.get((t, "drop"), []) if f.trait == "Drop"]]
+        return got, True
+    if ev.receiver is not None:  # a method call
+        t = ev.rtype
+        if t is not None:
+            got = list(ix.by_owner.get((t, name), []))
+            if not got:
+                for tr in ix.impls.get(t, ()):
+                    got.extend(ix.by_owner.get((tr, name), []))
+            if not got and fn.trait and t == fn.owner:  # self.f() in a trait's default method or an impl of it
+                got = list(ix.by_owner.get((fn.trait, name), []))
+            if got:
+                return got, True
+            if t in ix.types:  # an audited type without that method: inherited from elsewhere
+                return [], False
+            return [], False
+        cands = [f for f in ix.by_name.get(name, []) if f.owner is not None and f.kind != "macro"]
+        return (cands if len(cands) == 1 else []), False
+    if ev.scope is not None:
+        got = list(ix.by_owner.get((ev.scope, name), []))
+        if not got:
+            for tr in ix.impls.get(ev.scope, ()):
+                got.extend(ix.by_owner.get((tr, name), []))
+        if not got and ev.scope not in ix.types:  # namespace::f / module::f
+            got = [f for f in ix.by_name.get(name, []) if f.owner is None and f.lang == fn.lang]
+        return got, True
+    got = []
+    if fn.owner:
+        got = list(ix.by_owner.get((fn.owner, name), []))
+        if not got and fn.trait:
+            got = list(ix.by_owner.get((fn.trait, name), []))
+    if not got:
+        got = [f for f in ix.by_name.get(name, []) if f.owner is None and f.lang == fn.lang]
+    return got, True
+
+
+# -- the audit ----------------------------------------------------------------------------------------
+def _at(fn: NFunc, ev: Event) -> str:
+    return f"{fn.file}:{ev.line}"
+
+
+def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
+    t0 = time.perf_counter()
+    targets = [Path(p) for p in paths]
+    for p in targets:
+        if not p.exists():
+            raise AuditError(f"{p}: no such file or directory")
+    files = native_files(targets, cfg)
+    ix = index_files([(f, _report_name(f)) for f in files], cfg.guards, cfg.not_capturing)
+    ix.extra_sinks = cfg.sinks  # type: ignore[attr-defined]
+    entries = find_entries(ix, cfg)
+    notes = []
+    if ix.parse_errors:  # tree-sitter recovers: the rest of such a file is audited; said once, not per file
+        worst = sorted(ix.parse_errors.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown = ", ".join(f"{f} ({n})" for f, n in worst[:5])
+        notes.append(f"{len(worst)} of {len(files)} file(s) hold constructs tree-sitter could not parse (macros it "
+                     f"cannot expand, mostly); the code around them is audited, the unparsed spans are not: "
+                     f"{shown}{' ...' if len(worst) > 5 else ''}")
+    findings: list[Finding] = []
+    sites: dict[tuple[str, int, int, str], Site] = {}
+    begins = [e for f in ix.functions for e in f.events if e.what == "begin"]
+    relaxed = bool(begins) and all("relaxed" in e.text.lower() for e in begins)
+    if relaxed:  # cudaStreamCaptureModeRelaxed permits the allocating calls (not frees, which synchronise)
+        notes.append("every capture in these sources is begun in relaxed mode, which permits cudaMalloc and "
+                     "pinned host allocation while capturing: allocations are not reported (frees still are)")
+    for entry in entries:
+        first = f"{entry.func.qualname} ({entry.func.file}:{entry.func.line})"
+        # (function, guard, chain, steps, region, macro call site: (caller, event) or None)
+        stack: list = [(entry.func, "", [entry.func.qualname], [first], entry.region, None)]
+        seen: set = set()
+        while stack:
+            fn, guard, chain, steps, region, at = stack.pop()
+            key = (fn.key, region, at[1].pos if at else None, bool(guard))
+            if key in seen:
+                continue
+            seen.add(key)
+            for ev in fn.events:
+                if region is not None and not (region[0] <= ev.pos < region[1]):
+                    continue
+                g = guard or ev.guard or (at[1].guard if at else "")
+                if ev.what == "sink":
+                    if relaxed and ev.sink == "alloc" and RELAXED_OK.match(ev.name):
+                        continue
+                    targets_, known = resolve(ix, fn, ev) if ev.vocab else ([], False)
+                    if ev.vocab and targets_ and known:
+                        continue  # the receiver's own definition is followed (its call event)
+                    _sink(findings, sites, cfg, entry, fn, ev, g, chain, steps, at)
+                elif ev.what == "call" and ev.name in cfg.sinks or (
+                        ev.what == "call" and ev.receiver is not None and "." + ev.name in cfg.sinks) or (
+                        ev.what == "call" and ev.scope and f"{ev.scope}::{ev.name}" in cfg.sinks):
+                    kind = cfg.sinks.get(f"{ev.scope}::{ev.name}") or cfg.sinks.get(
+                        "." + ev.name if ev.receiver is not None else ev.name) or cfg.sinks.get(ev.name)
+                    _sink(findings, sites, cfg, entry, fn, Event(**{**ev.__dict__, "what": "sink", "sink": kind}), g,
+                          chain, steps, at)
+                elif ev.what in ("call", "construct"):
+                    got, known = resolve(ix, fn, ev)
+                    if ev.what == "call" and any(e.what == "sink" and e.pos == ev.pos and not known for e in fn.events):
+                        continue  # a sink by name whose receiver is unknown: reported, not followed
+                    for callee in got:
+                        if callee is fn and callee.kind == "macro":
+                            continue
+                        never = next((nc for nc in cfg.never if _matches(callee, nc.function)), None)
+                        if never is not None:  # the user's runtime never runs it while capturing
+                            never.used += 1
+                            continue
+                        if len(chain) > 40:
+                            continue
+                        how = "constructed" if ev.what == "construct" else "called"
+                        step = f"{callee.qualname} ({callee.file}:{callee.line}, {how} at {_at(fn, ev)})"
+                        site = at if at is not None else ((fn, ev) if callee.kind == "macro" else None)
+                        stack.append((callee, g, chain + [callee.qualname], [*steps, step], None, site))
+    findings.extend(_unmap_findings(ix, cfg))
+    for nc in cfg.never:
+        if not nc.used:
+            findings.append(Finding("stale-allowlist", str(cfg.source or "config"), 1, 0, nc.function, [], "",
+                                    "config", f"never_captured entry {nc.function!r} is called on no capture path "
+                                              f"(reason was: {nc.reason}); remove it"))
+    for a in cfg.allows:
+        if not a.used:
+            findings.append(Finding("stale-allowlist", a.file, 1, 0, a.function, [], a.call, "config",
+                                    f"allowlist entry matches nothing (reason was: {a.reason}); remove it"))
+    unique: dict[tuple, Finding] = {}
+    for f in findings:
+        unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)
+    inventory = {(s.file, s.line): s for s in sites.values()}
+    res = AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
+                      sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
+                      sorted({e.name for e in entries}), time.perf_counter() - t0, notes)
+    res.files = len(files)  # type: ignore[attr-defined]
+    res.lines = ix.lines  # type: ignore[attr-defined]
+    return res
+
+
+def _sink(findings, sites, cfg: NativeConfig, entry: NEntry, fn: NFunc, ev: Event, guard: str, chain, steps, at) -> None:
+    # a macro's sink is reported where the macro is used
+    rfn, rev = (at[0], at[1]) if at is not None else (fn, ev)
+    call = rev.text if at is None else f"{rev.text} (expands to `{ev.text}`)"
+    key = (rfn.file, rev.line, rev.col, ev.sink)
+    site = sites.get(key)
+    if site is None:
+        site = sites[key] = Site(rfn.file, rev.line, rev.col, rfn.qualname, call, ev.sink,
+                                 "guarded" if guard else "unsafe", guard, end_line=rev.end_line)
+    if guard:
+        return
+    allow = next((a for a in cfg.allows if rfn.file.endswith(a.file) and a.function == rfn.qualname
+                  and a.call in call), None)
+    if allow is not None:
+        allow.used += 1
+        site.status, site.reason = "allowlisted", allow.reason
+        return
+    site.status = "unsafe"
+    findings.append(Finding("capture-unsafe-sync", rfn.file, rev.line, rev.col, entry.name, list(chain), call, ev.sink,
+                            cfg.why.get(ev.sink, ev.sink), [], [*steps, f"line {rev.line}: `{call}`"]))
+
+
+def _drains(ix: NIndex, cfg: NativeConfig, fn: NFunc, depth: int = 0) -> list[Event]:
+    out = []
+    for ev in fn.events:
+        if ev.what == "drain" or (ev.what in ("call", "sink") and ev.name in cfg.drains):
+            out.append(ev)
+        elif ev.what == "call" and depth < 2:
+            got, _ = resolve(ix, fn, ev)
+            if any(_drains(ix, cfg, g, depth + 1) for g in got if g is not fn):
+                out.append(ev)
+    return out
+
+
+def _unmap_findings(ix: NIndex, cfg: NativeConfig) -> list[Finding]:
+    out = []
+    for fn in ix.functions:
+        if fn.device or fn.test or fn.kind == "macro":
+            continue
+        unmaps = [e for e in fn.events if e.what == "unmap"]
+        if not unmaps:
+            continue
+        drains = _drains(ix, cfg, fn)
+        for u in unmaps:
+            if any(d.pos < u.pos and u.blocks[: len(d.blocks)] == d.blocks for d in drains):
+                continue
+            allow = next((a for a in cfg.allows if fn.file.endswith(a.file) and a.function == fn.qualname
+                          and a.call in u.text), None)
+            if allow is not None:
+                allow.used += 1
+                continue
+            out.append(Finding("unmap-without-drain", fn.file, u.line, u.col, fn.qualname, [fn.qualname], u.text,
+                               "unmap-without-drain", UNMAP_WHY, [], [f"{fn.qualname} ({fn.file}:{fn.line})",
+                                                                      f"line {u.line}: `{u.text}`"]))
+    return out
+
+
+__all__ = ["audit_native", "native_files", "is_native", "find_entries", "language_of"]
