@@ -11,6 +11,8 @@ _INDEX, _VALUES, _GUARDS = f"{_A}_index", f"{_A}_values", f"{_A}_guards"  # tabl
 _ENTRIES, _REPORT = f"{_A}_entries", f"{_A}_report"  # kernel entry points; text/JSON/SARIF output
 _RESOLVE = f"{_A}_resolve"  # name resolution: calls, instances, methods
 _T = ("tests/test_audit.py",)
+_N = ("tests/test_audit_native.py",)
+_NINDEX, _NAUDIT, _NRULES = "lockstep.contracts.native_index", "lockstep.contracts.native_audit", "lockstep.contracts.native_rules"
 
 
 def _m(name, old, new, breaks, select, ci=False, tests=_T, module=_A):
@@ -135,8 +137,33 @@ MUTANTS = [
        "a bound method handed over as a kernel's compute (`Norm().compute`) is its entry point",
        "planted and bound_method", module=_ENTRIES),
     _m("unsupported_only_is_an_error",
-       "if args.paths and not res.entries and not res.unsupported and not res.findings:",
-       "if args.paths and not res.entries:",
+       "if py_paths and not native_paths and not res.entries and not res.unsupported and not res.findings:",
+       "if py_paths and not native_paths and not res.entries:",
        'a file whose kernels are all declared capture="unsupported" says so and exits 0, not "no kernel found"',
        "declared_unsupported or unresolvable_kernel"),
+    # -- issue 33: the C++/CUDA and Rust audit (contracts/native_*.py)
+    _m("native_error_path_not_excused",
+       'return "then" if op == "!=" else "else"', "return None",
+       "a sink on an error path (after `err != cudaSuccess`) runs only once a capture is lost: not reported",
+       "guards_error_paths", tests=_N, module=_NINDEX),
+    _m("native_boolean_local_not_a_guard",
+       "self.pol.vars[_text(name)] = p", "pass",
+       "a local boolean assigned from a capture test (`tune = on && !capturing`) guards like the test",
+       "guards_error_paths", tests=_N, module=_NINDEX),
+    _m("native_never_captured_followed",
+       "never.used += 1\n                            continue", "never.used += 1",
+       "a function the user declares never captured is not followed from the capture paths",
+       "never_captured", tests=_N, module=_NAUDIT),
+    _m("native_unmap_not_an_unmap",
+       'UNMAPS = {"cuMemUnmap"}', "UNMAPS = set()",
+       "cuMemUnmap with no real drain before it is a use-after-unmap finding",
+       "unmap", tests=_N, module=_NRULES),
+    _m("native_macro_reported_at_definition",
+       'site = at if at is not None else ((fn, ev) if callee.kind == "macro" else None)', "site = at",
+       "a sink inside a macro is reported where the macro is used on the capture path",
+       "macro", tests=_N, module=_NAUDIT),
+    _m("native_relaxed_mode_ignored",
+       'relaxed = bool(begins) and all("relaxed" in e.text.lower() for e in begins)', "relaxed = False",
+       "captures begun in relaxed mode permit allocation: cudaMalloc there is not reported",
+       "relaxed", tests=_N, module=_NAUDIT),
 ]
