@@ -54,8 +54,8 @@ def main() -> None:
     clean = [c for c in cases if c.name.startswith("clean_")]
     planted = sum(len(plants(c)) for c in bad)
     print(f"{args.lang} fixtures: {len(bad)} bad cases ({planted} planted lines), {len(clean)} clean look-alikes")
-    print(f"| audit | recall (planted lines found) | findings on clean cases | clean cases with a finding |")
-    print(f"|---|---|---|---|")
+    print("| audit | recall (planted lines found) | findings on clean cases | clean cases with a finding |")
+    print("|---|---|---|---|")
     for name, run in (("seeds' text match (`.synchronize()`)", seeds_text_match), ("lockstep audit", lockstep)):
         hit = sum(len(plants(c) & run(c)) for c in bad)
         fp = [len(run(c)) for c in clean]
