@@ -776,17 +776,21 @@ class _Indexer:
         if val is None:
             return
         body = _text(val).replace("\\\n", "\n")
-        wrapped = ("void __lockstep_macro() {\n" + body + "\n;}").encode()
-        tree = parser("cpp").parse(wrapped)
-        fdef = next((c for c in tree.root_node.named_children if c.type == "function_definition"), None)
-        if fdef is None:
-            return
-        w = _Walker("cpp", f, self.pol, {})
-        w.func_line_shift = val.start_point[0] - 1
-        w.pos_shift = n.start_byte
-        w.run(fdef.child_by_field_name("body"), fdef)
+        self._macro_body(f, "void __lockstep_macro() {\n" + body + "\n;}", val, n)
         for ev in f.events:  # a macro's sinks are reported where it is used: one line for the whole body
             ev.line = ev.end_line = f.line
+
+    def _macro_body(self, f: NFunc, wrapped: str, at, n) -> None:
+        """Walk a macro's body, parsed as the body of a function (lines counted from ``at``)."""
+        tree = parser(self.lang).parse(wrapped.encode())
+        kind = "function_definition" if self.lang == "cpp" else "function_item"
+        fdef = next((c for c in tree.root_node.named_children if c.type == kind), None)
+        if fdef is None:
+            return
+        w = _Walker(self.lang, f, self.pol, {})
+        w.func_line_shift = at.start_point[0] - 1
+        w.pos_shift = n.start_byte
+        w.run(fdef.child_by_field_name("body"), fdef)
 
     # Rust
     def rust_function(self, n, owner, trait, test) -> None:
@@ -829,15 +833,7 @@ class _Indexer:
             body = re.sub(r"\$(\w+)", r"\1", body)
             if body[:1] in "([":
                 body = "{" + body[1:-1] + "}"
-            wrapped = ("fn __lockstep_macro() {\n" + body + "\n}").encode()
-            tree = parser("rust").parse(wrapped)
-            fitem = next((c for c in tree.root_node.named_children if c.type == "function_item"), None)
-            if fitem is None:
-                continue
-            w = _Walker("rust", f, self.pol, {})
-            w.func_line_shift = rhs.start_point[0] - 1
-            w.pos_shift = n.start_byte
-            w.run(fitem.child_by_field_name("body"), fitem)
+            self._macro_body(f, "fn __lockstep_macro() {\n" + body + "\n}", rhs, n)
         for ev in f.events:
             ev.line = ev.end_line = f.line
 
