@@ -23,7 +23,12 @@ drifting machine does not favour the mode that ran first. Modes:
 - ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale;
 - ``ort-cuda, eager`` and ``ort-cuda, CUDA graphs`` (where the CUDA provider is available):
   ONNX Runtime's CUDA provider (strict fp32) with IO binding, plainly and with
-  ``enable_cuda_graph`` (fixed-capacity models only: one graph per ping-pong direction).
+  ``enable_cuda_graph`` (fixed-capacity models only: one graph per ping-pong direction);
+- ``ort-genai-cuda, CUDA graphs``: ONNX Runtime GenAI's generator with its CUDA graphs, for a
+  builder export with a shared buffer (``--models genai/<name>``) where GenAI's CUDA build loads.
+
+Every row also gives its ratio to ONNX Runtime's CUDA eager, CUDA graphs and GenAI rows of the same
+model (same process), and the targets of issues 18 and 34 are printed with their measured values.
 
 Reported per mode: median tokens/s over ``--repeats`` runs (all runs listed), launches per token
 (kernel launches + graph launches issued by the host), real synchronisations per token, and the
@@ -86,30 +91,58 @@ def timed_decode(dec, steps: int) -> tuple[float, list[int], dict[str, float]]:
 
 
 def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool, plans: bool = True,
-                replay: bool = True) -> RefDecoder:
+                replay: bool = True, io=None) -> RefDecoder:
     config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans, launch_replay=replay)
-    return RefDecoder(model, Runtime(make_device(device), config), capture=capture)
+    return RefDecoder(model, Runtime(make_device(device), config), capture=capture, io=io)
+
+
+EXPORTS = MODEL_DIR.parent / "exports"  # golden/exports/, beside golden/models/
+
+
+def load_subject(name: str):
+    """(model, its DecoderIO or None): a golden model by name, or a real export's folder as
+    ``genai/<name>`` / ``optimum/<name>`` under golden/exports/ (its card or genai_config.json gives
+    the decoder I/O; a shared-buffer export decodes into a fixed-capacity cache)."""
+    if "/" not in name:
+        return onnx.load(str(MODEL_DIR / f"{name}.onnx")), None
+    from lockstep.decoder_io import DecoderIO
+    from lockstep.genai_config import card_for
+    from lockstep.loading import load_model
+
+    folder = EXPORTS / name
+    path = next(iter(sorted(folder.glob("*.onnx"))), None)
+    if path is None:
+        raise SystemExit(f"{name}: no .onnx in {folder}")
+    model, _ = load_model(path)
+    return model, DecoderIO.of(model, card_for(path))
 
 
 def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
-    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    model, io = load_subject(name)
     modes = [
-        ("eager, per-op sync", lambda: ref_decoder(model, device, defer=False, capture=False)),
-        ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False)),
-        ("captured", lambda: ref_decoder(model, device, defer=True, capture=True)),
+        ("eager, per-op sync", lambda: ref_decoder(model, device, defer=False, capture=False, io=io)),
+        ("eager, deferred", lambda: ref_decoder(model, device, defer=True, capture=False, io=io)),
+        ("captured", lambda: ref_decoder(model, device, defer=True, capture=True, io=io)),
         ("eager, deferred, plans without launch replay",
-         lambda: ref_decoder(model, device, defer=True, capture=False, replay=False)),
+         lambda: ref_decoder(model, device, defer=True, capture=False, replay=False, io=io)),
         ("eager, deferred, node by node (no plans)",
-         lambda: ref_decoder(model, device, defer=True, capture=False, plans=False)),
+         lambda: ref_decoder(model, device, defer=True, capture=False, plans=False, io=io)),
     ]
     ort = load_engine("ort-cpu")
     if ort.available()[0]:
-        modes.append(("ort-cpu", lambda: OrtDecoder(model, ort)))
+        modes.append(("ort-cpu", lambda: OrtDecoder(model, ort, io=io)))
     ort_cuda = load_engine("ort-cuda")
     if device == "cupy" and ort_cuda.available()[0]:
-        modes.append(("ort-cuda, eager", lambda: OrtDecoder(model, ort_cuda)))
-        if OrtDecoder(model, ort_cuda).capacity:
-            modes.append(("ort-cuda, CUDA graphs", lambda: OrtDecoder(model, ort_cuda, cuda_graphs=True)))
+        modes.append(("ort-cuda, eager", lambda: OrtDecoder(model, ort_cuda, io=io)))
+        if OrtDecoder(model, ort_cuda, io=io).capacity:
+            modes.append(("ort-cuda, CUDA graphs", lambda: OrtDecoder(model, ort_cuda, cuda_graphs=True, io=io)))
+    genai = load_engine("ort-genai-cuda")
+    if device == "cupy" and io is not None and genai.available()[0]:  # ORT GenAI's generator, CUDA graphs on
+        try:
+            genai.decoder(model, capture=True, io=io)
+            modes.append(("ort-genai-cuda, CUDA graphs", lambda: genai.decoder(model, capture=True, io=io)))
+        except Exception as exc:  # said, not hidden: the table then has no GenAI row for this model
+            print(f"{name}: no ort-genai-cuda row: {str(exc).splitlines()[0]}", file=sys.stderr)
     decoders = {label: make() for label, make in modes}
     for dec in decoders.values():
         timed_decode(dec, 2)  # first use compiles kernels (NVRTC on the GPU): not timed
@@ -137,6 +170,7 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
             if not extra["captures"]:
                 raise SystemExit(f"{name}: ONNX Runtime ran no step under a graph id ({extra})")
         row = {"model": name, "mode": label, "tokens_per_s": statistics.median(runs[label]), "runs": runs[label],
+               "growing": not decoders["eager, deferred"].capacity,
                **{f"{k}_per_token": v for k, v in per_token[label].items()}, "capture": extra}
         if isinstance(dec, RefDecoder):  # host time per ONNX node and per launch (an eager step is host-bound)
             row["nodes_per_token"] = len(dec.ex.steps)
@@ -148,9 +182,14 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
         raise SystemExit(f"{name}: token streams differ between modes: {ref_streams}")
     base = rows[0]["tokens_per_s"]
     deferred = rows[1]["tokens_per_s"]
+    by_mode = {r["mode"]: r["tokens_per_s"] for r in rows}
     for r in rows:
         r["vs_per_op_sync"] = r["tokens_per_s"] / base
         r["vs_deferred"] = r["tokens_per_s"] / deferred
+        for key, mode in (("vs_ort_cuda_eager", "ort-cuda, eager"), ("vs_ort_cuda_graphs", "ort-cuda, CUDA graphs"),
+                          ("vs_ort_genai_graphs", "ort-genai-cuda, CUDA graphs")):
+            if mode in by_mode:  # the same models, the same process: each mode against ONNX Runtime's
+                r[key] = r["tokens_per_s"] / by_mode[mode]
     return rows
 
 
@@ -205,21 +244,35 @@ def targets(rows: list[dict]) -> list[str]:
         if captured and graphs:
             ratio = graphs["tokens_per_s"] / captured["tokens_per_s"]
             check(f"{model}: ORT CUDA graphs / captured <= 2", ratio, ratio <= 2)
+        # issue 34
+        if captured and graphs:
+            ratio = captured["tokens_per_s"] / graphs["tokens_per_s"]
+            check(f"{model}: captured >= 1.0x ORT CUDA graphs", ratio, ratio >= 1.0)
+        ort_eager = by.get((model, "ort-cuda, eager"))
+        if deferred and ort_eager:
+            ratio = deferred["tokens_per_s"] / ort_eager["tokens_per_s"]
+            check(f"{model}: deferred >= 1.0x ORT CUDA eager", ratio, ratio >= 1.0)
+        if captured and deferred and captured["growing"]:  # a growing cache (ORT has no graphs for it)
+            ratio = captured["tokens_per_s"] / deferred["tokens_per_s"]
+            check(f"{model}: captured >= 5x deferred (growing cache)", ratio, ratio >= 5)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cupy", help="cupy (the GPU) or sim")
-    ap.add_argument("--models", default="small-fp32-standard-kv64,small-fp32-standard")
+    ap.add_argument("--models", default="small-fp32-standard-kv64,small-fp32-standard",
+                    help="golden models by name, or real exports' folders as genai/<name> or optimum/<name> "
+                         "(golden/exports/): a shared-buffer export decodes into its fixed-capacity cache")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     print(f"# decode benchmark: {conditions(args.device, args.steps, args.repeats)}")
-    print("| model | mode | tokens/s (median) | vs per-op sync | vs deferred | launches/token | kernels + graphs "
-          "| real syncs/token | wall us/node | wall us/launch | runs (tokens/s) |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
+    print("| model | mode | tokens/s (median) | vs per-op sync | vs deferred | vs ORT CUDA eager | vs ORT CUDA graphs "
+          "| vs ORT GenAI graphs | launches/token | kernels + graphs | real syncs/token | wall us/node | wall us/launch "
+          "| runs (tokens/s) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
     rows = []
     for name in args.models.split(","):
         for r in bench_model(name, args.device, args.steps, args.repeats):
@@ -229,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             syncs = f"{r['syncs_per_token']:.1f}" if "syncs_per_token" in r else "n/a"
             node = f"{r['us_per_node']:.1f}" if "us_per_node" in r else "n/a"
             launch = f"{r['us_per_launch']:.1f}" if "us_per_launch" in r else "n/a"
+            vs_ort = " | ".join(f"{r[k]:.2f}x" if k in r else "n/a"
+                                for k in ("vs_ort_cuda_eager", "vs_ort_cuda_graphs", "vs_ort_genai_graphs"))
             print(f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['vs_per_op_sync']:.2f}x | "
-                  f"{r['vs_deferred']:.2f}x | {launches} | {split} | {syncs} | {node} | {launch} | "
+                  f"{r['vs_deferred']:.2f}x | {vs_ort} | {launches} | {split} | {syncs} | {node} | {launch} | "
                   f"{', '.join(f'{x:.0f}' for x in r['runs'])} |", flush=True)
     print()
     for line in targets(rows):

@@ -31,6 +31,24 @@ def test_bench_decode_runs_every_mode_and_checks_the_streams(tmp_path, capsys):
     assert "| captured |" in capsys.readouterr().out
 
 
+def test_bench_decode_runs_a_builders_shared_buffer_export_and_prints_issue_34s_targets(tmp_path, capsys):
+    """result: a real export's folder (genai/<name>) decodes through its genai_config's fixed-capacity
+    cache, captured as one graph a step; the table has the ratio columns against ONNX Runtime's rows and
+    the targets name their measured value (no ORT CUDA here: those ratios are n/a, said)."""
+    main = runpy.run_path(str(SCRIPT))["main"]
+    out = tmp_path / "bench.json"
+    assert main(["--device", "sim", "--models", "genai/llama-fp32-cpu,tiny-fp32-standard", "--steps", "2",
+                 "--repeats", "1", "--json", str(out)]) == 0
+    by = {(r["model"], r["mode"]): r for r in json.loads(out.read_text())["rows"]}
+    cap = by[("genai/llama-fp32-cpu", "captured")]
+    assert cap["launches_per_token"] == 1 and cap["growing"] is False
+    assert by[("tiny-fp32-standard", "captured")]["growing"] is True
+    text = capsys.readouterr().out
+    assert "| vs ORT CUDA eager | vs ORT CUDA graphs | vs ORT GenAI graphs |" in text
+    assert "tiny-fp32-standard: captured >= 5x deferred (growing cache)" in text
+    assert "genai/llama-fp32-cpu: captured >= 5x deferred" not in text
+
+
 def test_bench_paging_and_the_paging_check_run_on_the_simulated_device(capsys):
     root = SCRIPT.parent
     bench = runpy.run_path(str(root / "bench_paging.py"))["main"]
