@@ -129,7 +129,8 @@ step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs loc
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
 # the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
 [ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4
-step bench         timeout 300 python3 scripts/bench_decode.py --device cupy --json "$out/bench-decode.json"
+# BENCH_MODELS="a,b" (golden models, genai/<export>, optimum/<export>) instead of the script's default pair
+step bench         timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_decode.py --device cupy ${BENCH_MODELS:+--models "$BENCH_MODELS"} --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
 step profile       timeout 240 bash -c "for m in small-fp32-standard-kv64 small-fp32-standard; do python3 scripts/profile_decode.py --device cupy --model \$m --by-op --steps 16 --top 30; done; python3 scripts/profile_decode.py --device cupy --capture on --steps 32 --top 25; python3 scripts/step_parts.py --device cupy --capture on; python3 scripts/step_parts.py --device cupy --capture off --steps 16; python3 scripts/host_costs.py"
 step paging        timeout 200 python3 scripts/paging_check.py --device cupy --json "$out/paging.json"
