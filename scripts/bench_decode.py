@@ -113,7 +113,10 @@ def load_subject(name: str):
     path = next(iter(sorted(folder.glob("*.onnx"))), None)
     if path is None:
         raise SystemExit(f"{name}: no .onnx in {folder}")
+    from lockstep.model_source import mark_source
+
     model, _ = load_model(path)
+    mark_source(model, path)  # ORT GenAI runs the folder the model came from
     return model, DecoderIO.of(model, card_for(path))
 
 
