@@ -356,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             config = Path(args.config) if args.config else find_config([Path(p) for p in native_paths])
             res = audit_native(native_paths, load_config(config))
             if not res.entries and not res.findings:
-                unmaps = "" if not getattr(res, "lines", 0) else " and no cuMemUnmap/cuMemRelease without a drain"
                 return error(f"no capture entry point found in {', '.join(native_paths)} ({getattr(res, 'files', 0)} "
-                             f"C++/CUDA/Rust file(s){unmaps}): no function matches the entry patterns "
+                             "C++/CUDA/Rust file(s), no cuMemUnmap without a drain either): no function matches the "
+                             "entry patterns "
                              "(default *::ComputeInternal, impl * for * { fn execute|compute|forward|cuda_fwd }) and "
                              "none begins a capture; name your runtime's in [tool.lockstep.audit] entries "
                              "(pyproject.toml or lockstep.toml, or --config)")

@@ -141,7 +141,7 @@ SARIF_RULES = {
     "capture-unsafe-sync": "A synchronising or host-reading call on a capture path without a dominating capture guard",
     "stale-allowlist": "A sync allowlist entry (or capture entry) that matches nothing",
     "unresolved-entry": "A kernel body the audit could not resolve statically",
-    "unmap-without-drain": "cuMemUnmap/cuMemRelease with no real drain of the stream before it (use-after-unmap)",
+    "unmap-without-drain": "cuMemUnmap with no real drain of the stream before it (use-after-unmap)",
 }
 
 

@@ -15,7 +15,7 @@
 4. A sink (``native_rules``) on a path is a finding unless a capture guard dominates it in its
    function or at a call site on the chain, or an allowlist entry with a reason matches it (an entry
    that matches nothing is itself a finding).
-5. Apart from capture: every cuMemUnmap/cuMemRelease with no real drain before it in its function
+5. Apart from capture: every cuMemUnmap with no real drain before it in its function
    (``unmap-without-drain``: the seeds' use-after-unmap; a deferrable ``synchronize()`` is no drain).
 """
 
