@@ -369,6 +369,9 @@ class DecoderIO:
         itself when there is nothing to bind (a growing cache, or dims already fixed)."""
         if not self.capacity:
             return model
+        from lockstep.shared_buffer import shared_buffer
+
+        model = shared_buffer(model, self)  # a growing cache given a capacity: written as a shared buffer
         rows = {n: self.capacity_of(p) for p in self.pasts for n in (p, self.present_of[p])}
         todo = []
         for vi in [*model.graph.input, *model.graph.output]:

@@ -104,7 +104,13 @@ def load_subject(name: str):
     ``genai/<name>`` / ``optimum/<name>`` under golden/exports/ (its card or genai_config.json gives
     the decoder I/O; a shared-buffer export decodes into a fixed-capacity cache)."""
     if "/" not in name:
-        return onnx.load(str(MODEL_DIR / f"{name}.onnx")), None
+        base, _, capacity = name.partition("@")  # small-fp32-standard@64: its shared-buffer form, 64 rows
+        model = onnx.load(str(MODEL_DIR / f"{base}.onnx"))
+        if not capacity:
+            return model, None
+        from lockstep.decoder_io import DecoderIO
+
+        return model, DecoderIO.of(model, {"kv_capacity": capacity})
     from lockstep.decoder_io import DecoderIO
     from lockstep.genai_config import card_for
     from lockstep.loading import load_model
@@ -258,6 +264,11 @@ def targets(rows: list[dict]) -> list[str]:
         if captured and deferred and captured["growing"]:  # a growing cache (ORT has no graphs for it)
             ratio = captured["tokens_per_s"] / deferred["tokens_per_s"]
             check(f"{model}: captured >= 5x deferred (growing cache)", ratio, ratio >= 5)
+        base = model.partition("@")[0]
+        growing_deferred = by.get((base, "eager, deferred"))
+        if "@" in model and captured and growing_deferred:  # its shared-buffer form against the growing deferred path
+            ratio = captured["tokens_per_s"] / growing_deferred["tokens_per_s"]
+            check(f"{model}: captured (shared buffer) >= 5x {base}'s deferred (growing)", ratio, ratio >= 5)
     return out
 
 
@@ -265,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cupy", help="cupy (the GPU) or sim")
     ap.add_argument("--models", default="small-fp32-standard-kv64,small-fp32-standard",
-                    help="golden models by name, or real exports' folders as genai/<name> or optimum/<name> "
-                         "(golden/exports/): a shared-buffer export decodes into its fixed-capacity cache")
+                    help="golden models by name (NAME@C: a growing model decoded into a shared buffer of C rows), "
+                         "or real exports' folders as genai/<name> or optimum/<name> (golden/exports/): a "
+                         "shared-buffer export decodes into its fixed-capacity cache")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="also write the rows here")

@@ -292,6 +292,10 @@ class OrtDecoder:
         self.ort = ort
         self.device = engine.device_type
         self.io = io = io or DecoderIO.of(model)
+        if io.capacity:  # a growing cache given a capacity (kv_capacity): decoded as a shared buffer
+            from lockstep.shared_buffer import shared_buffer
+
+            model = shared_buffer(model, io)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
         if cuda_graphs and self.device != "cuda":
             raise Unsupported(f"{engine.name}: ONNX Runtime CUDA graphs need the CUDA execution provider")

@@ -1,0 +1,107 @@
+"""A growing-cache decoder given a capacity decodes into a shared buffer written in place
+(lockstep/shared_buffer.py, issue 34's first stage): one captured graph a step, on the simulated
+device. Assertions say whether they encode a contract or a result."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from lockstep.decoder_io import ContextLimitExceeded, DecoderIO
+from lockstep.golden.anchors import MODEL_DIR
+from lockstep.golden.models.spec import PROMPT
+from lockstep.reference_runtime import Runtime, RuntimeConfig
+from lockstep.reference_runtime.backends import make_device
+from lockstep.reference_runtime.engine import RefDecoder
+from lockstep.shared_buffer import SharedBufferError, shared_buffer
+
+CARD = {"kv_capacity": "64"}
+
+
+def _model(name: str) -> onnx.ModelProto:
+    return onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+
+
+def _decode(name: str, card=None, *, capture: bool = False, steps: int = 6):
+    m = _model(name)
+    dec = RefDecoder(m, Runtime(make_device("sim"), RuntimeConfig()), capture=capture,
+                     io=DecoderIO.of(m, card) if card else None)
+    logits = [dec.forward(list(PROMPT.encode()))]
+    for _ in range(steps):
+        logits.append(dec.forward([int(np.argmax(logits[-1][-1]))]))
+    return logits, dec
+
+
+@pytest.mark.parametrize("name", ["tiny-fp32-standard", "small-fp32-standard"])
+def test_the_shared_buffer_form_is_the_fixed_capacity_construction(name):
+    """result: the growing model with kv_capacity 64 decodes byte for byte as its -kv64 variant (the same
+    spec and weights, built with the fixed-capacity construction), eager and captured, and its captured
+    step is one graph with no seam (the growing form: nine graphs and nine seams)."""
+    shared, _ = _decode(name, CARD)
+    kv64, _ = _decode(f"{name}-kv64")
+    assert all(np.array_equal(a, b) for a, b in zip(shared, kv64))
+    captured, dec = _decode(name, CARD, capture=True)
+    assert all(np.array_equal(a, b) for a, b in zip(shared, captured)), "contract: capture on/off byte identity"
+    counters = dec.capture_counters()
+    assert counters["segments"] == 1 and counters["seams_by_reason"] == {} and counters["fallbacks"] == 0
+
+
+def test_the_shared_buffer_form_decodes_the_growing_models_tokens():
+    """result: the same greedy tokens as the growing cache, logits within float32 summation differences
+    (64 keys with the unfilled masked out, instead of past + new)."""
+    shared, _ = _decode("tiny-fp32-standard", CARD, steps=10)
+    growing, _ = _decode("tiny-fp32-standard", steps=10)
+    assert [int(np.argmax(x[-1])) for x in shared] == [int(np.argmax(x[-1])) for x in growing]
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(shared, growing)) < 1e-4
+
+
+def test_a_step_past_the_capacity_is_refused():
+    m = _model("tiny-fp32-standard")
+    dec = RefDecoder(m, Runtime(make_device("sim"), RuntimeConfig()), io=DecoderIO.of(m, {"kv_capacity": "20"}))
+    dec.forward(list(PROMPT.encode()))  # 19 positions
+    dec.forward([1])
+    with pytest.raises(ContextLimitExceeded, match="KV capacity 20 exceeded"):
+        dec.forward([2])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("tiny-fp32-decomposed", "(Concat) appends to the past"),
+    ("tiny-int4-genai", "(GroupQueryAttention) takes total_sequence_length from the past's shape"),
+    ("tiny-fp16-standard-mask", "(Range) uses the past length"),
+])
+def test_forms_the_rewrite_does_not_know_are_refused_naming_the_node(name, message):
+    """contract: a growing form the rewrite cannot map is refused before it runs, naming the node (it
+    would fail with a shape error later, or read the capacity as the filled length)."""
+    m = _model(name)
+    with pytest.raises(SharedBufferError) as err:
+        shared_buffer(m, DecoderIO.of(m, CARD))
+    assert message in str(err.value)
+
+
+def test_a_model_that_does_not_append_is_left_as_it_is():
+    """contract: a fixed-capacity model, or no capacity asked for, is the model itself."""
+    kv = _model("tiny-fp32-standard-kv64")
+    assert shared_buffer(kv, DecoderIO.of(kv)) is kv
+    growing = _model("tiny-fp32-standard")
+    assert shared_buffer(growing, DecoderIO.of(growing)) is growing
+
+
+def test_onnx_runtime_decodes_the_shared_buffer_form_as_the_fixed_capacity_model():
+    """result: ONNX Runtime (CPU) runs the rewritten graph: the same logits as the -kv64 variant."""
+    from lockstep.engines.ort import OrtDecoder
+    from lockstep.engines.registry import load_engine
+
+    ort = load_engine("ort-cpu")
+    if not ort.available()[0]:
+        pytest.skip(f"ort-cpu: {ort.available()[1]}")
+    out = {}
+    for name, card in (("tiny-fp32-standard", CARD), ("tiny-fp32-standard-kv64", None)):
+        m = _model(name)
+        dec = OrtDecoder(m, ort, io=DecoderIO.of(m, card) if card else None)
+        dec.reset()
+        seq = [dec.forward(list(PROMPT.encode()))]
+        for _ in range(4):
+            seq.append(dec.forward([int(np.argmax(seq[-1][-1]))]))
+        out[name] = seq
+    assert all(np.array_equal(a, b) for a, b in zip(out["tiny-fp32-standard"], out["tiny-fp32-standard-kv64"]))
