@@ -65,15 +65,39 @@ def test_a_step_past_the_capacity_is_refused():
         dec.forward([2])
 
 
-@pytest.mark.parametrize("name, message", [
-    ("tiny-fp32-decomposed", "(Concat) appends to the past"),
-    ("tiny-int4-genai", "(GroupQueryAttention) takes total_sequence_length from the past's shape"),
-    ("tiny-fp16-standard-mask", "(Range) uses the past length"),
+@pytest.mark.parametrize("name", ["tiny-fp32-decomposed", "tiny-fp16-decomposed", "tiny-fp32-decomposed-mask",
+                                  "tiny-fp16-standard-mask", "tiny-neartie-fp32-standard"])
+def test_every_growing_form_of_locksteps_models_is_one_graph_with_the_growing_tokens(name):
+    """result: the decomposed form (Concat onto the past -> TensorScatter) and the attention-mask forms
+    (the queries' cache positions Range(past, past + new) -> the step's positions) decode the growing form's
+    tokens in one captured graph a step; capture on/off byte-identical (contract)."""
+    shared, _ = _decode(name, CARD, steps=8)
+    growing, _ = _decode(name, steps=8)
+    assert [int(np.argmax(x[-1])) for x in shared] == [int(np.argmax(x[-1])) for x in growing]
+    assert max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(shared, growing)) < 1e-4
+    captured, dec = _decode(name, CARD, capture=True, steps=8)
+    assert all(np.array_equal(a, b) for a, b in zip(shared, captured)), "contract: capture on/off byte identity"
+    assert dec.capture_counters()["segments"] == 1 and dec.capture_counters()["seams_by_reason"] == {}
+
+
+def _export(rel: str) -> onnx.ModelProto:
+    from lockstep.loading import load_model
+
+    folder = MODEL_DIR.parent / "exports" / rel
+    model, _ = load_model(next(iter(sorted(folder.glob("*.onnx")))))
+    return model
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda: _model("tiny-int4-genai"), "(GroupQueryAttention) takes total_sequence_length from the past's shape"),
+    (lambda: _export("optimum/llama-fp32"), "node '/model/Cast' (Cast) uses the past length"),
+    (lambda: _export("optimum/gemma-fp32"), "no position_ids input"),
 ])
-def test_forms_the_rewrite_does_not_know_are_refused_naming_the_node(name, message):
+def test_forms_the_rewrite_does_not_know_are_refused_naming_the_node(model, message):
     """contract: a growing form the rewrite cannot map is refused before it runs, naming the node (it
-    would fail with a shape error later, or read the capacity as the filled length)."""
-    m = _model(name)
+    would fail with a shape error later, or read the capacity as the filled length): GroupQueryAttention's
+    growing mode, Optimum's real exports (their mask casts the past length), a model without position_ids."""
+    m = model()
     with pytest.raises(SharedBufferError) as err:
         shared_buffer(m, DecoderIO.of(m, CARD))
     assert message in str(err.value)
