@@ -318,7 +318,7 @@ def _golden(args: argparse.Namespace) -> int:
     except GoldenError as exc:
         raise CliError(str(exc).replace("--golden-dir ", "--dir ", 1)) from None
     by_name = {m.name: m for m in models}
-    names = args.model or [m.name for m in models if m.kind != "trained" or m.available()[0]]
+    names = args.model or [m.name for m in models if m.kind != "shared" and (m.kind != "trained" or m.available()[0])]
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise CliError(f"unknown golden model(s) {unknown}; known: {sorted(by_name)}")

@@ -348,11 +348,63 @@ def _check_twin_logits(name: str, target: onnx.ModelProto, io: DecoderIO, twin: 
 _ORACLE_RUNS: dict[tuple, tuple] = {}
 
 
+# growing built-in models also locked in their shared-buffer form (lockstep/shared_buffer.py: a
+# kv_capacity card rewrites them to decode into a buffer written in place), one per rewrite the
+# form takes: Attention with past, Concat onto the past, the attention-mask's query positions
+SHARED_FORMS = {"small-fp32-standard": 64, "tiny-fp32-decomposed": 64, "tiny-fp16-standard-mask": 64}
+
+
+@dataclass
+class SharedForm(GoldenModel):
+    """A growing built-in model decoded into a shared buffer of ``capacity`` rows (``NAME@C``): the
+    same file, weights, prompt and snapshot as its growing model (the locks hold the same anchors);
+    its decode sessions get the ``kv_capacity`` card."""
+    base: GoldenModel | None = None
+    capacity: int = 0
+
+    def available(self) -> tuple[bool, str]:
+        return self.base.available()
+
+    def model_path(self) -> Path:
+        return self.base.model_path()
+
+    @property
+    def card(self) -> dict[str, str] | None:
+        return {**(self.base.card or {}), "kv_capacity": str(self.capacity)}
+
+    @cached_property
+    def dtype(self) -> str:
+        return self.base.dtype
+
+    @cached_property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    def prompt(self) -> list[int]:
+        return self.base.prompt()
+
+    def tokenizer_path(self) -> Path | None:
+        return self.base.tokenizer_path()
+
+    def check_provenance(self, snap: dict[str, Any] | None = None) -> None:
+        return self.base.check_provenance(snap)
+
+    def compute_anchors(self, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        return self.base.compute_anchors(progress)
+
+    def write(self, data: dict[str, Any]) -> Path:
+        raise GoldenError(f"{self.name} shares {self.base.name}'s snapshot: regenerate {self.base.name}")
+
+
 def builtin_models() -> list[GoldenModel]:
     from . import anchors  # read at call time: tests point SNAPSHOT_DIR elsewhere
 
-    return [GoldenModel(n, "builtin", anchors.SNAPSHOT_DIR / f"{n}.json", MODEL_DIR / f"{n}.onnx")
-            for n in sorted(VARIANTS)]
+    models = [GoldenModel(n, "builtin", anchors.SNAPSHOT_DIR / f"{n}.json", MODEL_DIR / f"{n}.onnx")
+              for n in sorted(VARIANTS)]
+    by_name = {m.name: m for m in models}
+    shared = [SharedForm(f"{n}@{c}", "shared", by_name[n].snapshot_path, by_name[n]._path, base=by_name[n], capacity=c)
+              for n, c in SHARED_FORMS.items()]
+    return models + shared
 
 
 def _from_snapshot(path: Path, kind: str) -> GoldenModel:

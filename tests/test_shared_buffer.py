@@ -129,3 +129,27 @@ def test_onnx_runtime_decodes_the_shared_buffer_form_as_the_fixed_capacity_model
             seq.append(dec.forward([int(np.argmax(seq[-1][-1]))]))
         out[name] = seq
     assert all(np.array_equal(a, b) for a, b in zip(out["tiny-fp32-standard"], out["tiny-fp32-standard-kv64"]))
+
+
+def test_the_catalog_locks_each_rewrite_in_its_shared_buffer_form():
+    """contract: the golden suite runs locks, capture identity and paging on a shared-buffer form of the
+    growing models, one per rewrite (Attention with past, Concat, the mask's query positions): the same
+    file, prompt and snapshot as the growing model, its decode sessions given the kv_capacity card; its
+    snapshot is the growing model's (regenerated there, never written as its own)."""
+    from lockstep.golden.catalog import SHARED_FORMS, GoldenError, builtin_models
+
+    models = {m.name: m for m in builtin_models()}
+    for base, capacity in SHARED_FORMS.items():
+        form, growing = models[f"{base}@{capacity}"], models[base]
+        assert form.kind == "shared" and form.snapshot_path == growing.snapshot_path
+        assert form.model_path() == growing.model_path() and form.prompt() == growing.prompt()
+        assert form.io().capacity == capacity == form.kv_capacity and growing.io().capacity == 0
+        with pytest.raises(GoldenError, match=f"shares {base}'s snapshot"):
+            form.write({})
+    kinds = {"Attention": False, "Concat": False, "Range": False}
+    for base in SHARED_FORMS:
+        ops = {n.op_type for n in _model(base).graph.node}
+        kinds["Concat"] |= "Concat" in ops
+        kinds["Range"] |= "Range" in ops and "tiny-fp16-standard-mask" == base
+        kinds["Attention"] |= "Attention" in ops
+    assert all(kinds.values()), kinds
