@@ -104,6 +104,11 @@ def open_session(engine: Any, model: onnx.ModelProto, *, capture: bool = False, 
     Raises ``Unsupported`` (capture asked of an engine without it, a model the engine cannot run)
     and ``NotADecoder``."""
     io = io or DecoderIO.of(model)
+    if io.capacity:  # a growing graph given a capacity: rewritten to a shared buffer with its shapes declared
+        from lockstep.shared_buffer import appends  # (lockstep.shared_buffer), for every engine alike
+
+        if appends(model, io):
+            model = io.fixed_model(model)
     decoder = getattr(engine, "decoder", None)
     if decoder is not None:
         params = inspect.signature(decoder).parameters
