@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .audit_index import AuditError, AuditResult, Finding, Site
-from .native_config import NativeConfig
-from .native_index import Event, NFunc, NIndex, index_files, language_of
+from .native_config import NativeAllow, NativeConfig
+from .native_index import Event, NFunc, NIndex, index_files
 from .native_rules import NATIVE_EXTS, UNMAP_WHY
 
 SKIP_DIRS = {".git", "node_modules", "target", "__pycache__", ".venv", "build"}
@@ -130,11 +130,8 @@ def resolve(ix: NIndex, fn: NFunc, ev: Event) -> tuple[list[NFunc], bool]:
                     got.extend(ix.by_owner.get((tr, name), []))
             if not got and fn.trait and t == fn.owner:  # self.f() in a trait's default method or an impl of it
                 got = list(ix.by_owner.get((fn.trait, name), []))
-            if got:
-                return got, True
-            if t in ix.types:  # an audited type without that method: inherited from elsewhere
-                return [], False
-            return [], False
+            # none: a type the sources do not define, or one inheriting the method from elsewhere
+            return got, bool(got)
         cands = [f for f in ix.by_name.get(name, []) if f.owner is not None and f.kind != "macro"]
         return (cands if len(cands) == 1 else []), False
     if ev.scope is not None:
@@ -168,7 +165,6 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
             raise AuditError(f"{p}: no such file or directory")
     files = native_files(targets, cfg)
     ix = index_files([(f, _report_name(f)) for f in files], cfg.guards, cfg.not_capturing)
-    ix.extra_sinks = cfg.sinks  # type: ignore[attr-defined]
     entries = find_entries(ix, cfg)
     notes = []
     if ix.parse_errors:  # tree-sitter recovers: the rest of such a file is audited; said once, not per file
@@ -206,16 +202,12 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
                     if ev.vocab and targets_ and known:
                         continue  # the receiver's own definition is followed (its call event)
                     _sink(findings, sites, cfg, entry, fn, ev, g, chain, steps, at)
-                elif ev.what == "call" and ev.name in cfg.sinks or (
-                        ev.what == "call" and ev.receiver is not None and "." + ev.name in cfg.sinks) or (
-                        ev.what == "call" and ev.scope and f"{ev.scope}::{ev.name}" in cfg.sinks):
-                    kind = cfg.sinks.get(f"{ev.scope}::{ev.name}") or cfg.sinks.get(
-                        "." + ev.name if ev.receiver is not None else ev.name) or cfg.sinks.get(ev.name)
+                elif ev.what == "call" and (kind := _configured_sink(cfg, ev)):
                     _sink(findings, sites, cfg, entry, fn, Event(**{**ev.__dict__, "what": "sink", "sink": kind}), g,
                           chain, steps, at)
                 elif ev.what in ("call", "construct"):
                     got, known = resolve(ix, fn, ev)
-                    if ev.what == "call" and any(e.what == "sink" and e.pos == ev.pos and not known for e in fn.events):
+                    if ev.what == "call" and ev.pos in fn.vocab_sinks and not known:
                         continue  # a sink by name whose receiver is unknown: reported, not followed
                     for callee in got:
                         if callee is fn and callee.kind == "macro":
@@ -248,8 +240,25 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
                       sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
                       sorted({e.name for e in entries}), time.perf_counter() - t0, notes)
     res.files = len(files)  # type: ignore[attr-defined]
-    res.lines = ix.lines  # type: ignore[attr-defined]
     return res
+
+
+def _configured_sink(cfg: NativeConfig, ev: Event) -> str | None:
+    """The user's sink kind for a call (``[[sink]] call``: ``Type::name``, ``.method`` or ``name``)."""
+    if not cfg.sinks:
+        return None
+    keys = [f"{ev.scope}::{ev.name}"] if ev.scope else []
+    keys += ["." + ev.name] if ev.receiver is not None else []
+    return next((cfg.sinks[k] for k in [*keys, ev.name] if k in cfg.sinks), None)
+
+
+def _allowed(cfg: NativeConfig, fn: NFunc, call: str) -> NativeAllow | None:
+    """The allowlist entry excusing ``call`` in ``fn`` (counted as used), or None."""
+    allow = next((a for a in cfg.allows if fn.file.endswith(a.file) and a.function == fn.qualname and a.call in call),
+                 None)
+    if allow is not None:
+        allow.used += 1
+    return allow
 
 
 def _sink(findings, sites, cfg: NativeConfig, entry: NEntry, fn: NFunc, ev: Event, guard: str, chain, steps, at) -> None:
@@ -263,10 +272,8 @@ def _sink(findings, sites, cfg: NativeConfig, entry: NEntry, fn: NFunc, ev: Even
                                  "guarded" if guard else "unsafe", guard, end_line=rev.end_line)
     if guard:
         return
-    allow = next((a for a in cfg.allows if rfn.file.endswith(a.file) and a.function == rfn.qualname
-                  and a.call in call), None)
+    allow = _allowed(cfg, rfn, call)
     if allow is not None:
-        allow.used += 1
         site.status, site.reason = "allowlisted", allow.reason
         return
     site.status = "unsafe"
@@ -298,10 +305,7 @@ def _unmap_findings(ix: NIndex, cfg: NativeConfig) -> list[Finding]:
         for u in unmaps:
             if any(d.pos < u.pos and u.blocks[: len(d.blocks)] == d.blocks for d in drains):
                 continue
-            allow = next((a for a in cfg.allows if fn.file.endswith(a.file) and a.function == fn.qualname
-                          and a.call in u.text), None)
-            if allow is not None:
-                allow.used += 1
+            if _allowed(cfg, fn, u.text) is not None:
                 continue
             out.append(Finding("unmap-without-drain", fn.file, u.line, u.col, fn.qualname, [fn.qualname], u.text,
                                "unmap-without-drain", UNMAP_WHY, [], [f"{fn.qualname} ({fn.file}:{fn.line})",
@@ -309,4 +313,4 @@ def _unmap_findings(ix: NIndex, cfg: NativeConfig) -> list[Finding]:
     return out
 
 
-__all__ = ["audit_native", "native_files", "is_native", "find_entries", "language_of"]
+__all__ = ["audit_native", "native_files", "is_native", "find_entries"]

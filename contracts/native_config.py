@@ -72,10 +72,6 @@ class NativeConfig:
     source: Path | None = None  # the file it was read from
     base: Path | None = None  # its folder: include/exclude are relative to it
 
-    @property
-    def launches_are_entries(self) -> bool:
-        return "launches-kernels" in self.entries
-
 
 def _table(path: Path) -> dict | None:
     if tomllib is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .audit_index import AuditError
@@ -95,6 +96,12 @@ class NFunc:
     def key(self) -> tuple[str, str, int]:
         return (self.file, self.qualname, self.line)
 
+    @cached_property
+    def vocab_sinks(self) -> frozenset[int]:
+        """Positions of the calls that are sinks by name only (their call events are followed only when
+        the receiver's type is known)."""
+        return frozenset(e.pos for e in self.events if e.what == "sink" and e.vocab)
+
 
 @dataclass
 class NIndex:
@@ -180,9 +187,6 @@ class Polarity:
         self.inverse = inverse or set()  # truth = not capturing (normalised names, the user's)
         self.funcs = funcs if funcs is not None else {}  # function name -> what its truth says (from its returns)
         self.vars: dict[str, str] = {}  # local boolean -> what its truth says (per function)
-
-    def mentions(self, n) -> bool:
-        return _norm(_last_word(n)) in self.words
 
     def named(self, n) -> str | None:
         """What a name, field or call says by itself: a guard word, the user's inverse names, a local
@@ -690,7 +694,7 @@ def _is_test_attr(attrs: list[str]) -> bool:
 
 class _Indexer:
     def __init__(self, rel: str, path: Path, lang: str, src: bytes, pol: Polarity, out: NIndex):
-        self.rel, self.path, self.lang, self.src, self.out = rel, path, lang, src, out
+        self.rel, self.path, self.lang, self.out = rel, path, lang, out
         self.pol = pol
 
     def index(self, root) -> None:

@@ -220,12 +220,12 @@ def shared_buffer(model: onnx.ModelProto, io: "DecoderIO") -> onnx.ModelProto:
         base = att.name or y
         pk = pk or f"{base}/{_PREFIX}present_key"
         pv = pv or f"{base}/{_PREFIX}present_value"
-        attrs = [a for a in att.attribute]
         replaced[id(att)] = [
             helper.make_node("TensorScatter", [past_k, k, write_index], [pk], name=f"{base}/present_key", axis=2),
             helper.make_node("TensorScatter", [past_v, v, write_index], [pv], name=f"{base}/present_value", axis=2),
-            _with_attrs(helper.make_node("Attention", [q, pk, pv, mask], [y], name=att.name), attrs),
+            helper.make_node("Attention", [q, pk, pv, mask], [y], name=att.name),
         ]
+        replaced[id(att)][-1].attribute.extend(att.attribute)  # scale, is_causal, ... as they were
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -249,11 +249,6 @@ def _renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
     for k, i in enumerate(out.input):
         out.input[k] = names.get(i, i)
     return out
-
-
-def _with_attrs(node: onnx.NodeProto, attrs) -> onnx.NodeProto:
-    node.attribute.extend(attrs)
-    return node
 
 
 def _ensure_opset(model: onnx.ModelProto, version: int) -> None:

@@ -146,10 +146,19 @@ def test_the_catalog_locks_each_rewrite_in_its_shared_buffer_form():
         assert form.io().capacity == capacity == form.kv_capacity and growing.io().capacity == 0
         with pytest.raises(GoldenError, match=f"shares {base}'s snapshot"):
             form.write({})
-    kinds = {"Attention": False, "Concat": False, "Range": False}
-    for base in SHARED_FORMS:
-        ops = {n.op_type for n in _model(base).graph.node}
-        kinds["Concat"] |= "Concat" in ops
-        kinds["Range"] |= "Range" in ops and "tiny-fp16-standard-mask" == base
-        kinds["Attention"] |= "Attention" in ops
-    assert all(kinds.values()), kinds
+    # each rewrite the form makes is taken by one of them: Attention with past inputs, a Concat onto the
+    # past, and the queries' positions Range(past, past + new) replaced by the step's position_ids
+    paths = set()
+    for base, capacity in SHARED_FORMS.items():
+        m = _model(base)
+        io = DecoderIO.of(m, {"kv_capacity": str(capacity)})
+        before = {n.op_type for n in m.graph.node}
+        after = [n for n in shared_buffer(m, io).graph.node]
+        if any(n.op_type == "Attention" and len(n.input) >= 6 for n in m.graph.node):
+            paths.add("attention")
+        if "Concat" in before and sum(n.op_type == "Concat" for n in after) < sum(
+                n.op_type == "Concat" for n in m.graph.node):
+            paths.add("concat")
+        if sum(n.op_type == "Range" for n in after) < sum(n.op_type == "Range" for n in m.graph.node):
+            paths.add("query positions")
+    assert paths == {"attention", "concat", "query positions"}, paths
