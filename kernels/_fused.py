@@ -31,8 +31,9 @@ import numpy as np
 from ._launch import ITEM_CTYPE, is_cupy, launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
-__all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into",
-           "RMS_NORM_SRC", "ROPE_SRC", "TS_FULL_SRC", "TS_UPDATE_SRC", "KV_CONCAT_SRC", "ATTENTION_SRC"]
+__all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into", "silu_mul_into", "add_rms_norm_into",
+           "RMS_NORM_SRC", "ROPE_SRC", "TS_FULL_SRC", "TS_UPDATE_SRC", "KV_CONCAT_SRC", "ATTENTION_SRC",
+           "SILU_MUL_SRC", "ADD_RMS_NORM_SRC"]
 
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
@@ -49,6 +50,18 @@ def _f32(*arrays) -> bool:
 
 # -- RMSNormalization: one block (256 threads) per row ---------------------------------------------
 
+# The block's sum of squares (``acc`` per thread, a fixed tree over ``part``) and the row's inverse
+# root: shared text of ``RMS_NORM_SRC`` and ``ADD_RMS_NORM_SRC`` (the same roundings in both).
+_RMS_INV = r"""        part[tid] = acc;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (tid < k) part[tid] = __fadd_rn(part[tid], part[tid + k]);
+            __syncthreads();
+        }
+        const float ms = __fdiv_rn(part[0], (float)cols);
+        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+"""
+
 RMS_NORM_SRC = r"""
 extern "C" __global__ void lockstep_rms_norm_f32(
         const float* __restrict__ x, const float* __restrict__ scale, float* __restrict__ y,
@@ -61,15 +74,7 @@ extern "C" __global__ void lockstep_rms_norm_f32(
         for (long long c = tid; c < cols; c += blockDim.x) {
             acc = __fadd_rn(acc, __fmul_rn(xr[c], xr[c]));
         }
-        part[tid] = acc;
-        __syncthreads();
-        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (tid < s) part[tid] = __fadd_rn(part[tid], part[tid + s]);
-            __syncthreads();
-        }
-        const float ms = __fdiv_rn(part[0], (float)cols);
-        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-        for (long long c = tid; c < cols; c += blockDim.x) {
+""" + _RMS_INV + r"""        for (long long c = tid; c < cols; c += blockDim.x) {
             y[r * cols + c] = __fmul_rn(__fmul_rn(xr[c], inv), scale[c]);
         }
         __syncthreads();
@@ -486,4 +491,92 @@ def attention_into(xp, outs, q, k, v, mask, past_k, past_v, scale: float, causal
           np.int64(P), np.int64(Skv), np.int64(D), np.int64(Dv), np.float32(np.sqrt(scale)), np.int32(kind),
           *(np.int64(x) for x in m), np.int64(tm), np.int32(causal)),
          (D + P + Skv) * 4)
+    return True
+
+
+# -- Fused groups of nodes (reference_runtime/fusion.py): one launch where the unfused nodes take
+# two or three, the same bits as those nodes' own fast paths ---------------------------------------
+
+# x * sigmoid(x) * u: Sigmoid's float32 body (``_fast._SIGMOID_BODY``, the very text) then the two
+# products of the Mul nodes (``_fast.BINARY_SRC``'s ``x * y``: one rounding each; IEEE products
+# commute, so either operand order of each Mul gives these bits).
+SILU_MUL_SRC = r"""
+extern "C" __global__ void lockstep_silu_mul_f32(
+        const float* __restrict__ gs, const float* __restrict__ us, float* __restrict__ out, long long n) {{
+    for (long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x; at < n;
+         at += (long long)gridDim.x * blockDim.x) {{
+        float x = gs[at];
+        float y;
+        {BODY}
+        const float m = x * y;
+        out[at] = m * us[at];
+    }}
+}}
+"""
+
+
+def silu_mul_into(xp, out, g, u) -> bool:
+    """CuPy only: ``out = (g * sigmoid(g)) * u`` for float32 g, u and out of one shape, C-contiguous,
+    in one launch: the bits of Sigmoid's and the two Muls' own kernels (``_fast.sigmoid_into``,
+    ``_fast.binary_into``). False, having written nothing, otherwise."""
+    from ._fast import _SIGMOID_BODY
+
+    if (not is_cupy(xp) or not _f32(out, g, u) or tuple(g.shape) != tuple(out.shape)
+            or tuple(u.shape) != tuple(out.shape) or same_buffer(xp, out, g, u)):
+        return False
+    n = int(out.size)
+    if n:
+        k = raw_kernel(xp, lambda: SILU_MUL_SRC.format(BODY=_SIGMOID_BODY["float32"]), "lockstep_silu_mul_f32")
+        launch_1d(k, n, (g, u, out, np.int64(n)))
+    return True
+
+
+# Add then RMSNormalization of the sum: the sum's element is ``_fast.BINARY_SRC``'s ``x + y`` (one
+# rounding; IEEE sums commute), written to ``s`` (the Add's output, or the normalised output itself
+# when nothing else reads the sum: each thread rereads only the elements it wrote), then
+# ``RMS_NORM_SRC`` line for line over those values: the same threads, strides, tree and roundings.
+ADD_RMS_NORM_SRC = r"""
+extern "C" __global__ void lockstep_add_rms_norm_f32(
+        const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ scale,
+        float* s, float* y, long long rows, long long cols, float eps) {
+    __shared__ float part[256];
+    const int tid = threadIdx.x;
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        float* sr = s + r * cols;
+        float acc = 0.0f;
+        for (long long c = tid; c < cols; c += blockDim.x) {
+            const float v = a[r * cols + c] + b[r * cols + c];
+            sr[c] = v;
+            acc = __fadd_rn(acc, __fmul_rn(v, v));
+        }
+""" + _RMS_INV + r"""        for (long long c = tid; c < cols; c += blockDim.x) {
+            y[r * cols + c] = __fmul_rn(__fmul_rn(sr[c], inv), scale[c]);
+        }
+        __syncthreads();
+    }
+}
+"""
+
+
+def add_rms_norm_into(xp, s, out, a, b, scale, axis: int, eps: float) -> bool:
+    """CuPy only: ``s = a + b``; ``out = RMSNormalization(s, scale)`` over axes >= ``axis`` (float32
+    work), one launch with ``rms_norm_into``'s bits for the norm and ``binary_into``'s for the sum.
+    ``s`` None: the sum is not kept (``out`` holds it until normalised). a, b, s and out float32 of
+    one shape, C-contiguous; scale as ``rms_norm_into`` takes it. False, having written nothing,
+    otherwise."""
+    sums = out if s is None else s
+    if (not is_cupy(xp) or not _f32(out, sums, a, b, scale) or tuple(a.shape) != tuple(out.shape)
+            or tuple(b.shape) != tuple(out.shape) or tuple(sums.shape) != tuple(out.shape)
+            or same_buffer(xp, out, a, b, scale) or (s is not None and same_buffer(xp, s, a, b, scale, out))):
+        return False
+    tail = tuple(out.shape[axis:])
+    lead = len(scale.shape) - len(tail)
+    if lead < 0 or tuple(scale.shape[lead:]) != tail or any(d != 1 for d in scale.shape[:lead]):
+        return False
+    cols = math.prod(tail)
+    rows = int(out.size) // cols if cols else 0
+    if rows == 0 or cols == 0:
+        return False
+    k = raw_kernel(xp, ADD_RMS_NORM_SRC, "lockstep_add_rms_norm_f32")
+    launch(k, (min(rows, 65535),), (256,), (a, b, scale, sums, out, np.int64(rows), np.int64(cols), np.float32(eps)))
     return True

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ._launch import launch, launch_1d, raw_kernel, same_buffer
+from ._launch import is_cupy, launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
-__all__ = ["matmul", "matmul_into", "matmul_shape"]
+__all__ = ["matmul", "matmul_into", "matmul_group_into", "matmul_shape", "GROUP_MAX"]
 
 
 def matmul_shape(a_shape, b_shape) -> tuple[int, ...]:
@@ -127,6 +127,23 @@ extern "C" __global__ void lockstep_matmul_rows_{name}(
     }}
 }}
 """
+
+
+# One warp's output element ``C[e]`` (row, col) of ``A @ B``: lanes sum k = lane, lane + 32, ...,
+# then the fixed shuffle tree. Shared text of ``_WARP_SRC`` and ``_GROUP_SRC`` (the same bits).
+_WARP_DOT = r"""        const {T}* __restrict__ Ar = A + (long long)row * K;
+        {ACC} acc = ({ACC})0;
+        for (int k = lane; k < K; k += 32) {{
+            acc += ({ACC})__ldg(Ar + k) * ({ACC})__ldg(B + (long long)k * N + col);
+        }}
+        for (int off = 16; off > 0; off >>= 1) {{
+            acc += __shfl_down_sync(0xffffffffu, acc, off);
+        }}
+        if (lane == 0) {{
+            C[e] = ({T})acc;
+        }}
+"""
+
 # Decode rows of floats: one warp per output element, each lane summing k = lane, lane + 32, ...
 # (k ascending within a lane), then a fixed shuffle tree (offsets 16, 8, 4, 2, 1): deterministic,
 # but another order than the tiles' (not the same bits as the tile kernel or numpy: within the node
@@ -143,18 +160,7 @@ extern "C" __global__ void lockstep_matmul_warp_{name}(
     for (int e = warp; e < total; e += nwarps) {{
         const int row = e / N;
         const int col = e - row * N;
-        const {T}* __restrict__ Ar = A + (long long)row * K;
-        {ACC} acc = ({ACC})0;
-        for (int k = lane; k < K; k += 32) {{
-            acc += ({ACC})__ldg(Ar + k) * ({ACC})__ldg(B + (long long)k * N + col);
-        }}
-        for (int off = 16; off > 0; off >>= 1) {{
-            acc += __shfl_down_sync(0xffffffffu, acc, off);
-        }}
-        if (lane == 0) {{
-            C[e] = ({T})acc;
-        }}
-    }}
+""" + _WARP_DOT + r"""    }}
 }}
 """
 _WARP_TYPES = ("float32", "float64")
@@ -197,6 +203,71 @@ def matmul_into(xp, out, a, b) -> bool:
                       (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
         return True
     _launch_tile(xp, dt, a, b, out, batch, M, N, K)
+    return True
+
+
+# Products of one A with up to four Bs (a decode step's q/k/v projections, its gate and up
+# projections): ``_WARP_SRC``'s warp per output element over the outputs one after another, the
+# same lane split, loop and shuffle tree per element, so each output has the bits ``matmul_into``
+# gives it alone (which outputs a warp visits changes no element's arithmetic).
+_GROUP_SRC = r"""
+extern "C" __global__ void lockstep_matmul_group_{name}(
+        const {T}* __restrict__ A, int M, int K,
+        const {T}* __restrict__ B0, const {T}* __restrict__ B1, const {T}* __restrict__ B2, const {T}* __restrict__ B3,
+        {T}* __restrict__ C0, {T}* __restrict__ C1, {T}* __restrict__ C2, {T}* __restrict__ C3,
+        int N0, int N1, int N2, int N3) {{
+    const int lane = threadIdx.x & 31;
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int nwarps = (int)((gridDim.x * blockDim.x) >> 5);
+    const int t0 = M * N0, t1 = t0 + M * N1, t2 = t1 + M * N2, total = t2 + M * N3;
+    for (int g = warp; g < total; g += nwarps) {{
+        const {T}* __restrict__ B;
+        {T}* __restrict__ C;
+        int N, e;
+        if (g < t0) {{ B = B0; C = C0; N = N0; e = g; }}
+        else if (g < t1) {{ B = B1; C = C1; N = N1; e = g - t0; }}
+        else if (g < t2) {{ B = B2; C = C2; N = N2; e = g - t1; }}
+        else {{ B = B3; C = C3; N = N3; e = g - t2; }}
+        const int row = e / N;
+        const int col = e - row * N;
+""" + _WARP_DOT + r"""    }}
+}}
+"""
+GROUP_MAX = 4  # Bs per launch
+
+
+def matmul_group_into(xp, outs, a, bs) -> bool:
+    """CuPy only: ``outs[j] = matmul(a, bs[j])`` for 2-D Bs, up to ``GROUP_MAX`` of them, in one
+    launch, where ``matmul_into`` would take its warp kernel for every one of them (float32 or
+    float64, a's rows <= 16, C-contiguous, no shared memory): the same bits as those launches. False,
+    having written nothing, otherwise (the caller then runs the products one by one)."""
+    if not is_cupy(xp) or not 1 <= len(bs) <= GROUP_MAX or len(outs) != len(bs):
+        return False
+    dname = dtype_name(a.dtype)
+    if dname not in _WARP_TYPES or a.ndim < 2 or not a.flags.c_contiguous:
+        return False
+    K, M = int(a.shape[-1]), math.prod(a.shape[:-1])
+    for out, b in zip(outs, bs):
+        if (b.dtype != a.dtype or out.dtype != a.dtype or b.ndim != 2 or int(b.shape[0]) != K
+                or not (b.flags.c_contiguous and out.flags.c_contiguous) or same_buffer(xp, out, a, b)
+                or tuple(out.shape) != tuple(a.shape[:-1]) + (int(b.shape[1]),)):
+            return False
+        N = int(b.shape[1])
+        if not (M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32 // 32) or M * N == 0:
+            return False
+    if len({o.data.ptr for o in outs}) != len(outs):
+        return False
+    total = sum(M * int(b.shape[1]) for b in bs)
+    if total >= _INT32 // 32:
+        return False
+    t, acc = _CTYPES[dname]
+    k = raw_kernel(xp, lambda: _GROUP_SRC.format(name=dname, T=t, ACC=acc), f"lockstep_matmul_group_{dname}")
+    pad = GROUP_MAX - len(bs)
+    b_args = list(bs) + [bs[0]] * pad  # unused slots: never read (their N is 0)
+    c_args = list(outs) + [outs[0]] * pad
+    n_args = [np.int32(int(b.shape[1])) for b in bs] + [np.int32(0)] * pad
+    blocks = max(1, min((total + 7) // 8, 65535))  # 8 warps of 32 per block of 256
+    launch(k, (blocks,), (256,), (a, np.int32(M), np.int32(K), *b_args, *c_args, *n_args))
     return True
 
 

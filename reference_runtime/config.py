@@ -73,6 +73,11 @@ class RuntimeConfig:
         RawKernel launches of a body that issued nothing else; on the simulated device it is the
         launch itself. Off: every planned node runs its kernel body. Same launches, same bytes.
         Environment: ``LOCKSTEP_LAUNCH_REPLAY=0|false|off|no`` turns it off.
+    fuse_kernels: an executor fuses groups of nodes into one step and one launch (default on;
+        ``reference_runtime.fusion``: x*sigmoid(x)*u, Add then RMSNormalization, the MatMuls of one
+        activation by constant weights), float32 only, with the unfused nodes' bits. Off: one step
+        per node. Same bytes; fewer launches a step.
+        Environment: ``LOCKSTEP_FUSE_KERNELS=0|false|off|no`` turns it off.
     """
 
     defer_eager_sync: bool = True
@@ -81,6 +86,7 @@ class RuntimeConfig:
     device_memory_limit: int | None = None
     execution_plans: bool = True
     launch_replay: bool = True
+    fuse_kernels: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vram_limit", "device_memory_limit"):
@@ -113,6 +119,9 @@ class RuntimeConfig:
         raw = env.get("LOCKSTEP_LAUNCH_REPLAY")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, launch_replay=parse_bool("LOCKSTEP_LAUNCH_REPLAY", raw))
+        raw = env.get("LOCKSTEP_FUSE_KERNELS")
+        if raw is not None and raw.strip() != "":
+            cfg = replace(cfg, fuse_kernels=parse_bool("LOCKSTEP_FUSE_KERNELS", raw))
         raw = env.get("LOCKSTEP_VRAM_LIMIT")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, vram_limit=parse_bytes("LOCKSTEP_VRAM_LIMIT", raw))

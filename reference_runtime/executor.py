@@ -52,6 +52,7 @@ from .host_values import check_feed, fetch, host_valued, place_feed, run_host_st
 from .plan import PlanCache
 from .runtime import Relaunch, Runtime, Tensor
 from .control_flow import CONTROL_OPS, build_control, implicit_inputs, is_control
+from .fusion import fuse_steps
 from .steps import ALIAS_OPS, _attrs, _node_kernel, _Step, _topological
 from .values import Run, Value
 from .symbols import Symbol, symbolic_shapes
@@ -67,6 +68,7 @@ class Executor:
 
     PAGE_MIN = 4096  # bytes: initializers at least this large are paged when the runtime has a vram_limit
     CHECK_MODEL = True  # onnx.checker at load (off for a subgraph's executor: control_flow.Body)
+    FUSE = True  # kernel fusion at load (``fusion``; off for a subgraph's executor)
 
     def __init__(self, model: Any, runtime: Runtime, *, registry: Registry = REGISTRY):
         self.model, self.base_dir = load_model(model, check=self.CHECK_MODEL)
@@ -140,6 +142,10 @@ class Executor:
         alive = {id(st) for st in kept}
         self.pruned: tuple[str, ...] = tuple(st.info.name for st in self.steps if id(st) not in alive)
         self.steps = kept[::-1]
+        # groups of nodes run as one step and one launch, with their bits (``fusion``)
+        self.fused: tuple[str, ...] = ()
+        if runtime.config.fuse_kernels and self.FUSE:
+            self.steps, self.fused = fuse_steps(self.steps, set(self.outputs), self._constants, self._elem_types)
         self._const_values: dict[str, Value] = {}
         self.pager = None
         if runtime.config.vram_limit is not None:  # weights paged under stable addresses
@@ -201,6 +207,25 @@ class Executor:
             except ModelError as exc:  # onnx's inference crashed or ran away: name the file when there is one
                 raise ModelError(f"{self._source}: {exc}" if self._source is not None else str(exc)) from None
         return self._symbolic
+
+    def _elem_types(self) -> dict[str, int]:
+        """Each value's onnx elem type, by onnx's inference (contained; {} when it fails: no fusion)."""
+        from lockstep.inference import infer
+
+        try:
+            g = infer(self.model, checked=True).graph
+        except ModelError:
+            return {}
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]
+                 if vi.type.HasField("tensor_type")}
+        for name, value in self._constants.items():
+            arr = np.asarray(value)
+            if arr.dtype != object:
+                try:
+                    types[name] = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+                except (KeyError, ValueError, TypeError):
+                    pass
+        return types
 
     @property
     def symbols(self) -> "dict[str, Symbol]":
@@ -607,6 +632,7 @@ class _BodyExecutor(Executor):
     and it never plans (each call may bring other shapes)."""
 
     CHECK_MODEL = False
+    FUSE = False
 
     def __init__(self, model: onnx.ModelProto, runtime: Any, *, registry: Any):
         super().__init__(model, runtime, registry=registry)

@@ -37,7 +37,8 @@ def _plans(dec):
 # Ops whose decode-shaped bodies are RawKernel launches alone on CuPy (kernels/_fast.py, _fused.py,
 # _linalg.py): recorded there; other bodies (CuPy reductions, ufunc fallbacks) run every step.
 _RAW_ON_CUPY = {"MatMul", "Transpose", "RMSNormalization", "RotaryEmbedding", "TensorScatter", "Attention", "Add",
-                "Mul", "Sub", "Sigmoid", "Gather", "Cast", "Slice", "Unsqueeze", "Equal", "LessOrEqual", "Range", "Shape"}
+                "Mul", "Sub", "Sigmoid", "Gather", "Cast", "Slice", "Unsqueeze", "Equal", "LessOrEqual", "Range", "Shape",
+                "SiluMul", "AddRMSNorm", "MatMulGroup"}  # the fused steps (reference_runtime/fusion.py)
 
 
 @pytest.mark.parametrize("model", ["tiny-fp32-standard-kv64", "tiny-fp32-standard"])
