@@ -105,7 +105,12 @@ def load_subject(name: str):
     the decoder I/O; a shared-buffer export decodes into a fixed-capacity cache)."""
     if "/" not in name:
         base, _, capacity = name.partition("@")  # small-fp32-standard@64: its shared-buffer form, 64 rows
-        model = onnx.load(str(MODEL_DIR / f"{base}.onnx"))
+        if base.startswith("smollm2-"):  # the trained SmolLM2-135M, built from its GGUF (smollm2-fp32, -fp16)
+            from lockstep.golden import smollm2
+
+            model = smollm2.load_model(base.removeprefix("smollm2-"))
+        else:
+            model = onnx.load(str(MODEL_DIR / f"{base}.onnx"))
         if not capacity:
             return model, None
         from lockstep.decoder_io import DecoderIO
@@ -276,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cupy", help="cupy (the GPU) or sim")
     ap.add_argument("--models", default="small-fp32-standard-kv64,small-fp32-standard",
-                    help="golden models by name (NAME@C: a growing model decoded into a shared buffer of C rows), "
+                    help="golden models by name (NAME@C: a growing model decoded into a shared buffer of C rows; "
+                         "smollm2-fp32 / smollm2-fp16: the trained SmolLM2, built from its GGUF), "
                          "or real exports' folders as genai/<name> or optimum/<name> (golden/exports/): a "
                          "shared-buffer export decodes into its fixed-capacity cache")
     ap.add_argument("--steps", type=int, default=32)
