@@ -20,6 +20,8 @@ drifting machine does not favour the mode that ran first. Modes:
 - ``eager, deferred, node by node (no plans)``: deferred eager with ``execution_plans=False``: the
   executor infers and allocates every node of every step (the eager path before execution
   plans), the in-process baseline of the plans' gain;
+- ``eager, deferred, unfused`` and ``captured, unfused``: ``fuse_kernels=False``: every node its
+  own step and launch (``reference_runtime/fusion.py`` off), the in-process baseline of fusion's gain;
 - ``ort-cpu``: ONNX Runtime's CPU provider on the same model (IO binding), for scale;
 - ``ort-cuda, eager`` and ``ort-cuda, CUDA graphs`` (where the CUDA provider is available):
   ONNX Runtime's CUDA provider (strict fp32) with IO binding, plainly and with
@@ -91,8 +93,8 @@ def timed_decode(dec, steps: int) -> tuple[float, list[int], dict[str, float]]:
 
 
 def ref_decoder(model: onnx.ModelProto, device: str, *, defer: bool, capture: bool, plans: bool = True,
-                replay: bool = True, io=None) -> RefDecoder:
-    config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans, launch_replay=replay)
+                replay: bool = True, fuse: bool = True, io=None) -> RefDecoder:
+    config = RuntimeConfig(defer_eager_sync=defer, execution_plans=plans, launch_replay=replay, fuse_kernels=fuse)
     return RefDecoder(model, Runtime(make_device(device), config), capture=capture, io=io)
 
 
@@ -141,6 +143,8 @@ def bench_model(name: str, device: str, steps: int, repeats: int) -> list[dict]:
          lambda: ref_decoder(model, device, defer=True, capture=False, replay=False, io=io)),
         ("eager, deferred, node by node (no plans)",
          lambda: ref_decoder(model, device, defer=True, capture=False, plans=False, io=io)),
+        ("eager, deferred, unfused", lambda: ref_decoder(model, device, defer=True, capture=False, fuse=False, io=io)),
+        ("captured, unfused", lambda: ref_decoder(model, device, defer=True, capture=True, fuse=False, io=io)),
     ]
     ort = load_engine("ort-cpu")
     if ort.available()[0]:
