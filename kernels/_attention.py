@@ -323,7 +323,7 @@ def _rope_into(xp, node, outs, x, cos, sin, pos=None):
 def _rope_check(node, specs):
     """position_ids address rows [0, rows) of the 2-D cos/sin caches (ONNX Runtime refuses others)."""
     if len(specs) > 3 and specs[3] is not None:
-        return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]))]
+        return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]), by=(1, 2))]
     return []
 
 

@@ -10,6 +10,11 @@ input: the input, its valid range ``[lo, hi)`` (host ints; a tuple gives one ran
 along the input's last axis, as GatherND's and ScatterND's index tuples need) and an optional
 ``ignore`` value that is always allowed (the losses' ``ignore_index``). A plain ``(input, n)`` pair
 is the common case ``[-n, n)`` (negative indices count from the end, as ONNX's Gather allows).
+``by``, when given, names the inputs whose shapes alone (with the op type) determine the bounds: two
+nodes of one op type checking the same value with the same bounds and the same-named ``by`` inputs
+make the same check in every run, so the executor launches only the first of them in a run (a latch
+keeps the first site that flags anyway): a decode step's RotaryEmbeddings all read one
+``position_ids`` against one cos/sin cache. None (the default): every check is launched.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class IndexCheck(NamedTuple):
     lo: Bound  # inclusive
     hi: Bound  # exclusive
     ignore: int | None = None
+    by: tuple[int, ...] | None = None  # the inputs whose shapes determine lo/hi (see the module's docstring)
 
 
 def as_check(entry) -> IndexCheck:

@@ -509,6 +509,8 @@ class Executor:
         out_specs = self._fold_host_values(step, info, specs, out_specs)
         host = {k: specs[k].value for k in step.kernel.host_inputs if k < len(specs) and specs[k] is not None}
         checks = tuple(as_check(c) for c in step.kernel.index_checks(info, specs)) if step.kernel.index_checks else ()
+        if checks and any(c.by is not None for c in checks):
+            checks = self._fresh_checks(run, step, checks)
         # on a raw-bit device, the small types among the node's values (kernels/_small.py)
         call = info.for_run(tuple(out_specs), host, checks,
                             small_in_dtypes(specs, out_specs) if self._raw_storage else ())
@@ -542,6 +544,24 @@ class Executor:
             if name:
                 env[name] = Value(t, spec)
         self._launch(step, call, outs, [v.tensor for v in values if v is not None], specs)
+
+    @staticmethod
+    def _fresh_checks(run: "Run", step: _Step, checks: tuple) -> tuple:
+        """``checks`` less those a node of the same op type already launched in this run on the same
+        value with the same bounds and the same-named ``by`` inputs (``IndexCheck.by``: then the
+        bounds are equal in every run, so a recorded or captured step that skips one is covered by
+        the earlier node's check, which a replay runs too, or by a fresh step's that launched it)."""
+        keep = []
+        for c in checks:
+            if c.by is None:
+                keep.append(c)
+                continue
+            key = (step.info.op_type, step.info.domain, step.inputs[c.input], c.lo, c.hi, c.ignore,
+                   tuple(step.inputs[i] for i in c.by))
+            if key not in run.checked:
+                run.checked.add(key)
+                keep.append(c)
+        return tuple(keep)
 
     def _launch(self, step: _Step, call: NodeInfo, outs: list[Tensor], ins: list[Tensor],
                 specs: "list[Spec | None] | None", workspace: int | None = None, *,

@@ -34,3 +34,4 @@ class Run:
     bind: dict[str, Tensor]
     handed: set[int] = dataclasses.field(default_factory=set)  # temporaries given to the caller
     record: dict[int, tuple] | None = None  # step -> (out_specs, call): what a plan is built from
+    checked: set[tuple] = dataclasses.field(default_factory=set)  # index checks launched (``IndexCheck.by``)
