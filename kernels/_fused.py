@@ -83,19 +83,26 @@ extern "C" __global__ void lockstep_rms_norm_f32(
 """
 
 
+def _norm_rows(shape, scale_shape, axis: int) -> tuple[int, int]:
+    """(rows, cols) of a normalisation over the axes >= ``axis`` with a scale that varies along them
+    only (its shape, leading 1s aside, is ``shape[axis:]``); (0, 0) when the kernels do not apply."""
+    tail = tuple(shape[axis:])
+    lead = len(scale_shape) - len(tail)
+    if lead < 0 or tuple(scale_shape[lead:]) != tail or any(d != 1 for d in scale_shape[:lead]):
+        return 0, 0
+    cols = math.prod(tail)
+    rows = math.prod(shape) // cols if cols else 0
+    return (rows, cols) if rows and cols else (0, 0)
+
+
 def rms_norm_into(xp, out, x, scale, axis: int, eps: float) -> bool:
     """CuPy only: ``out = x / sqrt(mean(x*x over axes >= axis) + eps) * scale`` for float32 x, out,
     scale, where scale varies along the normalised axes only (its shape, leading 1s aside, is
     ``x.shape[axis:]``): one block per row, float32 accumulation."""
     if not is_cupy(xp) or not _f32(out, x, scale) or same_buffer(xp, out, x, scale):
         return False
-    tail = tuple(x.shape[axis:])
-    lead = len(scale.shape) - len(tail)
-    if lead < 0 or tuple(scale.shape[lead:]) != tail or any(d != 1 for d in scale.shape[:lead]):
-        return False
-    cols = math.prod(tail)
-    rows = int(x.size) // cols if cols else 0
-    if rows == 0 or cols == 0:
+    rows, cols = _norm_rows(x.shape, scale.shape, axis)
+    if rows == 0:
         return False
     k = raw_kernel(xp, RMS_NORM_SRC, "lockstep_rms_norm_f32")
     launch(k, (min(rows, 65535),), (256,), (x, scale, out, np.int64(rows), np.int64(cols), np.float32(eps)))
@@ -569,13 +576,8 @@ def add_rms_norm_into(xp, s, out, a, b, scale, axis: int, eps: float) -> bool:
             or tuple(b.shape) != tuple(out.shape) or tuple(sums.shape) != tuple(out.shape)
             or same_buffer(xp, out, a, b, scale) or (s is not None and same_buffer(xp, s, a, b, scale, out))):
         return False
-    tail = tuple(out.shape[axis:])
-    lead = len(scale.shape) - len(tail)
-    if lead < 0 or tuple(scale.shape[lead:]) != tail or any(d != 1 for d in scale.shape[:lead]):
-        return False
-    cols = math.prod(tail)
-    rows = int(out.size) // cols if cols else 0
-    if rows == 0 or cols == 0:
+    rows, cols = _norm_rows(out.shape, scale.shape, axis)
+    if rows == 0:
         return False
     k = raw_kernel(xp, ADD_RMS_NORM_SRC, "lockstep_add_rms_norm_f32")
     launch(k, (min(rows, 65535),), (256,), (a, b, scale, sums, out, np.int64(rows), np.int64(cols), np.float32(eps)))
