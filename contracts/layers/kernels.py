@@ -140,8 +140,8 @@ MUTANTS = [
     ),
     Mutant(
         "kernels", "rotary_check_off_by_one", _K + "_attention",
-        old="return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]))]",
-        new="return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]) + 1)]",
+        old="return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]), by=(1, 2))]",
+        new="return [IndexCheck(3, 0, min(specs[1].shape[0], specs[2].shape[0]) + 1, by=(1, 2))]",
         breaks="a rotary position_id equal to the cache's row count is flagged (valid rows are [0, rows))",
         tests=_INDEX, select="rotary",
     ),
