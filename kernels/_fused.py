@@ -31,7 +31,7 @@ import numpy as np
 from ._launch import ITEM_CTYPE, is_cupy, launch, launch_1d, raw_kernel, same_buffer
 from ._op import dtype_name
 
-__all__ = ["rms_norm_into", "rope_into", "tensor_scatter_into", "attention_into", "silu_mul_into", "add_rms_norm_into",
+__all__ = ["rms_norm_into", "rope_into", "rope_pair_into", "tensor_scatter_pair_into", "tensor_scatter_into", "attention_into", "silu_mul_into", "add_rms_norm_into",
            "RMS_NORM_SRC", "ROPE_SRC", "TS_FULL_SRC", "TS_UPDATE_SRC", "KV_CONCAT_SRC", "ATTENTION_SRC",
            "SILU_MUL_SRC", "ADD_RMS_NORM_SRC"]
 
@@ -111,65 +111,96 @@ def rms_norm_into(xp, out, x, scale, axis: int, eps: float) -> bool:
 
 # -- RotaryEmbedding: one thread per output element ------------------------------------------------
 
-ROPE_SRC = r"""
+# One output element of RotaryEmbedding: shared by the one-node kernel and the pair kernel (a decode
+# step's q and k rotations in one launch), so each element has the same arithmetic in both.
+_ROPE_ELEM = r"""
+__device__ __forceinline__ void lockstep_rope_elem(
+        const float* __restrict__ x, const float* __restrict__ cosc, const float* __restrict__ sinc,
+        const long long* __restrict__ pos, float* __restrict__ y,
+        long long H, long long S, long long D, long long rd, long long rows,
+        int heads_first, int interleaved, int has_pos, long long e) {
+    const long long half = rd / 2;
+    const long long d = e % D;
+    if (d >= rd) {
+        y[e] = x[e];
+        return;
+    }
+    long long r = e / D;
+    long long b;
+    long long s;
+    if (heads_first) {
+        s = r % S;
+        b = r / (S * H);
+    } else {
+        s = (r / H) % S;
+        b = r / (H * S);
+    }
+    long long i;
+    long long i1;
+    long long i2;
+    int first;
+    if (interleaved) {
+        i = d / 2;
+        i1 = 2 * i;
+        i2 = 2 * i + 1;
+        first = (d % 2) == 0;
+    } else if (d < half) {
+        i = d;
+        i1 = d;
+        i2 = d + half;
+        first = 1;
+    } else {
+        i = d - half;
+        i1 = i;
+        i2 = d;
+        first = 0;
+    }
+    long long crow = b * S + s;
+    if (has_pos) {
+        crow = pos[b * S + s];
+        if (crow < 0) crow = 0;
+        if (crow > rows - 1) crow = rows - 1;
+    }
+    const float c = cosc[crow * half + i];
+    const float sn = sinc[crow * half + i];
+    const long long base = e - d;
+    const float x1 = x[base + i1];
+    const float x2 = x[base + i2];
+    if (first) {
+        y[e] = __fsub_rn(__fmul_rn(c, x1), __fmul_rn(sn, x2));
+    } else {
+        y[e] = __fadd_rn(__fmul_rn(sn, x1), __fmul_rn(c, x2));
+    }
+}
+"""
+
+ROPE_SRC = _ROPE_ELEM + r"""
 extern "C" __global__ void lockstep_rope_f32(
         const float* __restrict__ x, const float* __restrict__ cosc, const float* __restrict__ sinc,
         const long long* __restrict__ pos, float* __restrict__ y,
         long long H, long long S, long long D, long long rd, long long rows,
         int heads_first, int interleaved, int has_pos, long long total) {
-    const long long half = rd / 2;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        const long long d = e % D;
-        if (d >= rd) {
-            y[e] = x[e];
-            continue;
-        }
-        long long r = e / D;
-        long long b;
-        long long s;
-        if (heads_first) {
-            s = r % S;
-            b = r / (S * H);
+        lockstep_rope_elem(x, cosc, sinc, pos, y, H, S, D, rd, rows, heads_first, interleaved, has_pos, e);
+    }
+}
+"""
+
+ROPE_PAIR_SRC = _ROPE_ELEM + r"""
+extern "C" __global__ void lockstep_rope_pair_f32(
+        const float* __restrict__ x0, float* __restrict__ y0, long long H0, long long total0,
+        const float* __restrict__ x1, float* __restrict__ y1, long long H1, long long total1,
+        const float* __restrict__ cosc, const float* __restrict__ sinc, const long long* __restrict__ pos,
+        long long S, long long D, long long rd, long long rows, int heads_first, int interleaved, int has_pos) {
+    const long long total = total0 + total1;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        if (e < total0) {
+            lockstep_rope_elem(x0, cosc, sinc, pos, y0, H0, S, D, rd, rows, heads_first, interleaved, has_pos, e);
         } else {
-            s = (r / H) % S;
-            b = r / (H * S);
-        }
-        long long i;
-        long long i1;
-        long long i2;
-        int first;
-        if (interleaved) {
-            i = d / 2;
-            i1 = 2 * i;
-            i2 = 2 * i + 1;
-            first = (d % 2) == 0;
-        } else if (d < half) {
-            i = d;
-            i1 = d;
-            i2 = d + half;
-            first = 1;
-        } else {
-            i = d - half;
-            i1 = i;
-            i2 = d;
-            first = 0;
-        }
-        long long crow = b * S + s;
-        if (has_pos) {
-            crow = pos[b * S + s];
-            if (crow < 0) crow = 0;
-            if (crow > rows - 1) crow = rows - 1;
-        }
-        const float c = cosc[crow * half + i];
-        const float sn = sinc[crow * half + i];
-        const long long base = e - d;
-        const float x1 = x[base + i1];
-        const float x2 = x[base + i2];
-        if (first) {
-            y[e] = __fsub_rn(__fmul_rn(c, x1), __fmul_rn(sn, x2));
-        } else {
-            y[e] = __fadd_rn(__fmul_rn(sn, x1), __fmul_rn(c, x2));
+            lockstep_rope_elem(x1, cosc, sinc, pos, y1, H1, S, D, rd, rows, heads_first, interleaved, has_pos,
+                               e - total0);
         }
     }
 }
@@ -199,20 +230,30 @@ def _rope_numpy(out, x, cos, sin, pos, H, S, D, rd, heads_first, interleaved):
     out.reshape(-1)[...] = np.where(rot, y, flat)
 
 
-def rope_into(xp, out, x, cos, sin, pos, num_heads: int, rd: int, interleaved: bool) -> bool:
-    """``out = RotaryEmbedding(x, cos, sin, pos)`` for float32 x (4-D (B, H, S, D), or 3-D
-    (B, S, H*D) with ``num_heads``), float32 caches (2-D with int64 position_ids, clamped to the
-    cache rows as compute clamps them; (B, S, rd/2) without), one launch."""
+def _rope_geometry(xp, out, x, cos, sin, pos, num_heads: int):
+    """(H, S, D, heads_first) of a RotaryEmbedding the kernels take (float32, caches of one shape,
+    int64 C-contiguous position_ids or none, nothing shared), else None."""
     if not _f32(out, x, cos, sin) or same_buffer(xp, out, x, cos, sin, pos) or tuple(sin.shape) != tuple(cos.shape):
-        return False
+        return None
     if pos is not None and (pos.dtype != _I64 or not pos.flags.c_contiguous):
-        return False
+        return None
     heads_first = x.ndim == 4
     if heads_first:
         _, H, S, D = (int(d) for d in x.shape)
     else:
         H = int(num_heads)
         S, D = int(x.shape[1]), int(x.shape[2]) // H
+    return H, S, D, heads_first
+
+
+def rope_into(xp, out, x, cos, sin, pos, num_heads: int, rd: int, interleaved: bool) -> bool:
+    """``out = RotaryEmbedding(x, cos, sin, pos)`` for float32 x (4-D (B, H, S, D), or 3-D
+    (B, S, H*D) with ``num_heads``), float32 caches (2-D with int64 position_ids, clamped to the
+    cache rows as compute clamps them; (B, S, rd/2) without), one launch."""
+    geom = _rope_geometry(xp, out, x, cos, sin, pos, num_heads)
+    if geom is None:
+        return False
+    H, S, D, heads_first = geom
     if x.size == 0:
         return True
     if not is_cupy(xp):
@@ -222,6 +263,27 @@ def rope_into(xp, out, x, cos, sin, pos, num_heads: int, rd: int, interleaved: b
     launch_1d(k, x.size, (x, cos, sin, pos if pos is not None else cos, out, np.int64(H), np.int64(S),
                           np.int64(D), np.int64(rd), np.int64(cos.shape[0]), np.int32(heads_first),
                           np.int32(interleaved), np.int32(pos is not None), np.int64(x.size)))
+    return True
+
+
+def rope_pair_into(xp, out0, x0, heads0: int, out1, x1, heads1: int, cos, sin, pos, rd: int, interleaved: bool) -> bool:
+    """CuPy only: ``rope_into`` of two inputs (a decode step's q and k) at one cos/sin cache and
+    position_ids, in one launch with each element's ``rope_into`` arithmetic: both of one rank,
+    sequence length and head size (their head counts may differ). False, having written nothing,
+    otherwise."""
+    if (not is_cupy(xp) or x0.size == 0 or x1.size == 0 or x0.ndim != x1.ndim or same_buffer(xp, out0, out1, x1)
+            or same_buffer(xp, out1, x0)):
+        return False
+    g0 = _rope_geometry(xp, out0, x0, cos, sin, pos, heads0)
+    g1 = _rope_geometry(xp, out1, x1, cos, sin, pos, heads1)
+    if g0 is None or g1 is None or g0[1:] != g1[1:]:
+        return False
+    (H0, S, D, heads_first), H1 = g0, g1[0]
+    k = raw_kernel(xp, ROPE_PAIR_SRC, "lockstep_rope_pair_f32")
+    launch_1d(k, x0.size + x1.size,
+              (x0, out0, np.int64(H0), np.int64(x0.size), x1, out1, np.int64(H1), np.int64(x1.size),
+               cos, sin, pos if pos is not None else cos, np.int64(S), np.int64(D), np.int64(rd),
+               np.int64(cos.shape[0]), np.int32(heads_first), np.int32(interleaved), np.int32(pos is not None)))
     return True
 
 
@@ -251,44 +313,86 @@ extern "C" __global__ void lockstep_ts_full_{S}_{I}(
 }}
 """
 
-TS_UPDATE_SRC = r"""
+# One update element of TensorScatter written into a cache bound in place: shared by the one-node
+# kernel and the pair kernel (a decode step's key and value caches in one launch).
+_TS_UPDATE_ELEM = r"""
+__device__ __forceinline__ void lockstep_ts_update_elem_{S}_{I}(
+        const {T}* __restrict__ upd, const {IT}* __restrict__ wi, {T}* out,
+        long long P, long long L, long long Q, long long Sn, int has_wi, int circular, long long e) {{
+    const long long q = e % Q;
+    long long r = e / Q;
+    const long long s = r % Sn;
+    r = r / Sn;
+    const long long p = r % P;
+    const long long b = r / P;
+    long long dst = s + (has_wi ? (long long)wi[b] : 0LL);
+    if (circular) dst = ((dst % L) + L) % L;
+    if (dst >= 0 && dst < L) {{
+        out[((b * P + p) * L + dst) * Q + q] = upd[e];
+    }}
+}}
+"""
+
+TS_UPDATE_SRC = _TS_UPDATE_ELEM + r"""
 extern "C" __global__ void lockstep_ts_update_{S}_{I}(
         const {T}* __restrict__ upd, const {IT}* __restrict__ wi, {T}* out,
         long long P, long long L, long long Q, long long Sn, int has_wi, int circular, long long total) {{
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {{
-        const long long q = e % Q;
-        long long r = e / Q;
-        const long long s = r % Sn;
-        r = r / Sn;
-        const long long p = r % P;
-        const long long b = r / P;
-        long long dst = s + (has_wi ? (long long)wi[b] : 0LL);
-        if (circular) dst = ((dst % L) + L) % L;
-        if (dst >= 0 && dst < L) {{
-            out[((b * P + p) * L + dst) * Q + q] = upd[e];
+        lockstep_ts_update_elem_{S}_{I}(upd, wi, out, P, L, Q, Sn, has_wi, circular, e);
+    }}
+}}
+"""
+
+TS_UPDATE_PAIR_SRC = _TS_UPDATE_ELEM + r"""
+extern "C" __global__ void lockstep_ts_update_pair_{S}_{I}(
+        const {T}* __restrict__ upd0, const {IT}* __restrict__ wi0, {T}* out0,
+        long long P0, long long L0, long long Q0, long long Sn0, long long total0,
+        const {T}* __restrict__ upd1, const {IT}* __restrict__ wi1, {T}* out1,
+        long long P1, long long L1, long long Q1, long long Sn1, long long total1, int has_wi, int circular) {{
+    const long long total = total0 + total1;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {{
+        if (e < total0) {{
+            lockstep_ts_update_elem_{S}_{I}(upd0, wi0, out0, P0, L0, Q0, Sn0, has_wi, circular, e);
+        }} else {{
+            lockstep_ts_update_elem_{S}_{I}(upd1, wi1, out1, P1, L1, Q1, Sn1, has_wi, circular, e - total0);
         }}
     }}
 }}
 """
 
 
+def _ts_geometry(xp, out, past, upd, wi, axis: int):
+    """(in_place, B, P, L, Q, Sn) of a TensorScatter the kernels take (C-contiguous, one dtype,
+    int32/int64 write_indices, nothing shared but a cache bound in place as its own output), else None."""
+    itemsize = out.dtype.itemsize
+    if (past.dtype != out.dtype or upd.dtype != out.dtype or itemsize not in ITEM_CTYPE
+            or not (out.flags.c_contiguous and past.flags.c_contiguous and upd.flags.c_contiguous)):
+        return None
+    if wi is not None and (dtype_name(wi.dtype) not in _INDEX_CTYPE or not wi.flags.c_contiguous):
+        return None
+    in_place = _address(xp, out) == _address(xp, past)  # the cache bound in place as its own output
+    if same_buffer(xp, out, upd, wi) or (not in_place and same_buffer(xp, out, past)):
+        return None
+    B, L, Sn = int(past.shape[0]), int(past.shape[axis]), int(upd.shape[axis])
+    return in_place, B, math.prod(past.shape[1:axis]), L, math.prod(past.shape[axis + 1:]), Sn
+
+
+def _ts_format(out, wi) -> tuple[dict, str]:
+    itemsize = out.dtype.itemsize
+    iname = dtype_name(wi.dtype) if wi is not None else "int64"
+    return dict(S=itemsize, I=iname, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[iname]), f"{itemsize}_{iname}"
+
+
 def tensor_scatter_into(xp, out, past, upd, wi, axis: int, circular: bool) -> bool:
     """``out = TensorScatter(past, upd, wi)`` (C-contiguous, one dtype; int32/int64 write_indices).
     When ``out`` is ``past``'s memory (the in-place KV cache) only the update rows are written;
     otherwise one kernel writes every element (the cache's, or the update's where it lands)."""
-    itemsize = out.dtype.itemsize
-    if (past.dtype != out.dtype or upd.dtype != out.dtype or itemsize not in ITEM_CTYPE
-            or not (out.flags.c_contiguous and past.flags.c_contiguous and upd.flags.c_contiguous)):
+    geom = _ts_geometry(xp, out, past, upd, wi, axis)
+    if geom is None:
         return False
-    if wi is not None and (dtype_name(wi.dtype) not in _INDEX_CTYPE or not wi.flags.c_contiguous):
-        return False
-    in_place = _address(xp, out) == _address(xp, past)  # the cache bound in place as its own output
-    if same_buffer(xp, out, upd, wi) or (not in_place and same_buffer(xp, out, past)):
-        return False
-    B, L, Sn = int(past.shape[0]), int(past.shape[axis]), int(upd.shape[axis])
-    P = math.prod(past.shape[1:axis])
-    Q = math.prod(past.shape[axis + 1:])
+    in_place, B, P, L, Q, Sn = geom
     if not is_cupy(xp):  # the full kernel's arithmetic (the update kernel writes the same values)
         if Sn == 0:
             xp.copyto(out, past)
@@ -301,21 +405,42 @@ def tensor_scatter_into(xp, out, past, upd, wi, axis: int, circular: bool) -> bo
         picked = np.take_along_axis(upd.reshape(B, P, Sn, Q), idx, axis=2)
         xp.copyto(out, np.where((src >= 0) & (src < Sn), picked, past.reshape(B, P, L, Q)).reshape(out.shape))
         return True
-    iname = dtype_name(wi.dtype) if wi is not None else "int64"
-    fmt = dict(S=itemsize, I=iname, T=ITEM_CTYPE[itemsize], IT=_INDEX_CTYPE[iname])
+    fmt, tag = _ts_format(out, wi)
     wptr = wi if wi is not None else upd
     if in_place:
         total = int(upd.size)
         if total:
-            k = raw_kernel(xp, lambda: TS_UPDATE_SRC.format(**fmt), f"lockstep_ts_update_{itemsize}_{iname}")
+            k = raw_kernel(xp, lambda: TS_UPDATE_SRC.format(**fmt), f"lockstep_ts_update_{tag}")
             launch_1d(k, total, (upd, wptr, out, np.int64(P), np.int64(L), np.int64(Q), np.int64(Sn),
                                  np.int32(wi is not None), np.int32(circular), np.int64(total)))
         return True
     total = int(out.size)
     if total:
-        k = raw_kernel(xp, lambda: TS_FULL_SRC.format(**fmt), f"lockstep_ts_full_{itemsize}_{iname}")
+        k = raw_kernel(xp, lambda: TS_FULL_SRC.format(**fmt), f"lockstep_ts_full_{tag}")
         launch_1d(k, total, (past, upd, wptr, out, np.int64(P), np.int64(L), np.int64(Q), np.int64(Sn),
                              np.int32(wi is not None), np.int32(circular), np.int64(total)))
+    return True
+
+
+def tensor_scatter_pair_into(xp, out0, past0, upd0, wi0, out1, past1, upd1, wi1, axis: int, circular: bool) -> bool:
+    """CuPy only: ``tensor_scatter_into`` of two caches bound in place (a decode step's key and value
+    caches), in one launch of each update element's arithmetic: one dtype, write_indices of one
+    dtype or none for both, nothing shared across the two. False, having written nothing, otherwise."""
+    if not is_cupy(xp) or (wi0 is None) != (wi1 is None) or out0.dtype != out1.dtype:
+        return False
+    if wi0 is not None and wi0.dtype != wi1.dtype:
+        return False
+    g0, g1 = _ts_geometry(xp, out0, past0, upd0, wi0, axis), _ts_geometry(xp, out1, past1, upd1, wi1, axis)
+    if g0 is None or g1 is None or not (g0[0] and g1[0]) or same_buffer(xp, out0, out1, upd1, wi1) \
+            or same_buffer(xp, out1, upd0, wi0) or upd0.size == 0 or upd1.size == 0:
+        return False
+    (_, _, P0, L0, Q0, Sn0), (_, _, P1, L1, Q1, Sn1) = g0, g1
+    fmt, tag = _ts_format(out0, wi0)
+    k = raw_kernel(xp, lambda: TS_UPDATE_PAIR_SRC.format(**fmt), f"lockstep_ts_update_pair_{tag}")
+    launch_1d(k, int(upd0.size) + int(upd1.size),
+              (upd0, wi0 if wi0 is not None else upd0, out0, np.int64(P0), np.int64(L0), np.int64(Q0), np.int64(Sn0),
+               np.int64(upd0.size), upd1, wi1 if wi1 is not None else upd1, out1, np.int64(P1), np.int64(L1),
+               np.int64(Q1), np.int64(Sn1), np.int64(upd1.size), np.int32(wi0 is not None), np.int32(circular)))
     return True
 
 

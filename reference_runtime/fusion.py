@@ -10,10 +10,16 @@ engine comparison see one model whether fusion is on or off (``RuntimeConfig.fus
   and ``s`` too when anything else reads it (the residual stream);
 - ``MatMulGroup``: MatMuls of one A by constant 2-D Bs (q/k/v, gate/up) -> their outputs, by up to
   ``GROUP_MAX`` per step.
+- ``RotaryPair``, ``ScatterPair``: two RotaryEmbeddings (a step's q and k) or two TensorScatters (its
+  key and value caches) next to each other in the step list, of equal attributes, the second not
+  reading the first -> both outputs, one launch (CuPy: ``rope_pair_into`` when they share one cos/sin
+  cache and position_ids; ``tensor_scatter_pair_into`` when both caches are bound in place). Their
+  index checks are the two nodes' checks, one of each value and bounds.
 
 A group fuses only when its intermediates are read by nothing else and are no graph output (a model
 with its intermediates exposed, as ``lockstep locate`` runs it, fuses nothing it exposes), and
-every value in it is float32 by onnx's inference. The fused step's kernel takes its one-launch fast
+every value in it is float32 by onnx's inference (a pair: the two nodes' values of one type each, a
+RotaryEmbedding's input float32). The fused step's kernel takes its one-launch fast
 path (``kernels._fused.silu_mul_into``, ``add_rms_norm_into``, ``kernels._linalg.matmul_group_into``:
 CuPy) when the run's operands allow it; otherwise (and always on the simulated device) it runs the
 original nodes' own kernel bodies one after another (``steps._node_kernel``: each node's ``into``
@@ -35,7 +41,9 @@ import onnx
 from onnx import helper
 
 from lockstep.kernels import NodeInfo, OpKernel, Spec
-from lockstep.kernels._fused import add_rms_norm_into, silu_mul_into
+from lockstep.kernels._attention import _rope_dims
+from lockstep.kernels._fused import add_rms_norm_into, rope_pair_into, silu_mul_into, tensor_scatter_pair_into
+from lockstep.kernels._latch import as_check
 from lockstep.kernels._linalg import GROUP_MAX, matmul_group_into
 from lockstep.kernels._nn_util import stash_dtype
 from lockstep.kernels._op import normalize_axis
@@ -45,7 +53,8 @@ from .steps import _node_kernel, _Step
 __all__ = ["DOMAIN", "fuse_steps", "FUSED_OPS"]
 
 DOMAIN = "lockstep.fused"
-FUSED_OPS = ("SiluMul", "AddRMSNorm", "MatMulGroup")
+FUSED_OPS = ("SiluMul", "AddRMSNorm", "MatMulGroup", "RotaryPair", "ScatterPair")
+PAIRS = {"RotaryEmbedding": "RotaryPair", "TensorScatter": "ScatterPair"}  # op -> its pair's fused op
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,33 @@ def _fused_kernel(op_type: str, parts: tuple[_Part, ...], inputs: tuple[str, ...
         run(xp, outs, ins)
         return tuple(outs)
 
-    into = {"SiluMul": _silu_mul, "AddRMSNorm": _add_rms_norm, "MatMulGroup": _matmul_group}[op_type]
-    return OpKernel(op_type, shapes, compute, domain=DOMAIN, into=into, capture="safe"), run
+    into = {"SiluMul": _silu_mul, "AddRMSNorm": _add_rms_norm, "MatMulGroup": _matmul_group,
+            "RotaryPair": _rotary_pair, "ScatterPair": _scatter_pair}[op_type]
+    checks = _pair_checks(parts, inputs) if any(p.kernel.index_checks for p in parts) else None
+    return OpKernel(op_type, shapes, compute, domain=DOMAIN, into=into, index_checks=checks, capture="safe"), run
+
+
+def _pair_checks(parts: tuple[_Part, ...], inputs: tuple[str, ...]):
+    """The parts' index checks on the fused step's inputs (each part's inputs follow the previous
+    part's), one per value and bounds: two checks of one value against the same bounds in one step
+    are one check (the latch names the fused step either way)."""
+
+    def checks(node, specs):
+        out, seen, off = [], set(), 0
+        for p in parts:
+            n = len(p.inputs)
+            if p.kernel.index_checks is not None:
+                for c in p.kernel.index_checks(p.info, specs[off:off + n]):
+                    c = as_check(c)
+                    c = c._replace(input=c.input + off, by=None if c.by is None else tuple(i + off for i in c.by))
+                    key = (inputs[c.input], c.lo, c.hi, c.ignore)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(c)
+            off += n
+        return out
+
+    return checks
 
 
 def _silu_mul(xp, node, outs, g, u) -> bool:
@@ -127,6 +161,53 @@ def _matmul_group(xp, node, outs, a, *bs) -> bool:
     if not matmul_group_into(xp, list(outs), a, list(bs)):
         node.attrs["chain"](xp, outs, (a, *bs))
     return True
+
+
+def _rotary_pair(xp, node, outs, *ins) -> bool:
+    a_ = node.attrs
+    n = len(ins) // 2
+    first, (x0, x1) = a_["first"], (ins[0], ins[n])
+    done = False
+    if a_["shared"] and x0.ndim == x1.ndim:
+        cos, sin, pos = ins[1], ins[2], (ins[3] if n > 3 else None)
+        _, h0, _, _, rd = _rope_dims(first, [Spec(tuple(x0.shape), x0.dtype)])
+        _, h1, _, _, rd1 = _rope_dims(first, [Spec(tuple(x1.shape), x1.dtype)])
+        done = rd == rd1 and rope_pair_into(xp, outs[0], x0, h0, outs[1], x1, h1, cos, sin, pos, rd,
+                                            bool(int(first.attr("interleaved", 0))))
+    if not done:
+        a_["chain"](xp, outs, ins)
+    return True
+
+
+def _scatter_pair(xp, node, outs, *ins) -> bool:
+    first = node.attrs["first"]
+    n = len(ins) // 2
+    a, b = ins[:n], ins[n:]
+    axis = int(first.attr("axis", -2)) % a[0].ndim
+    circular = first.attr("mode", "linear") == "circular"
+    if not tensor_scatter_pair_into(xp, outs[0], a[0], a[1], a[2] if n > 2 else None,
+                                    outs[1], b[0], b[1], b[2] if n > 2 else None, axis, circular):
+        node.attrs["chain"](xp, outs, ins)
+    return True
+
+
+def _same_attrs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    try:
+        return a.keys() == b.keys() and all(bool(np.all(a[k] == b[k])) for k in a)
+    except Exception:  # attributes that do not compare (graphs): not a pair
+        return False
+
+
+def _typed(op_type: str, members: list[_Step], ins, outs, elem: dict[str, int]) -> bool:
+    """A group's types: every value float32, or for a pair the two nodes' values of one type each
+    (a RotaryEmbedding's input float32: the pair kernel's)."""
+    if op_type in PAIRS.values():
+        a, b = members
+        pairs = list(zip(a.inputs, b.inputs)) + list(zip(a.outputs, b.outputs))
+        if any(elem.get(x) is None or elem.get(x) != elem.get(y) for x, y in pairs):
+            return False
+        return op_type != "RotaryPair" or elem.get(a.inputs[0]) == onnx.TensorProto.FLOAT
+    return _f32(elem, *ins, *outs, *(o for st in members for o in st.outputs))
 
 
 def _f32(types: dict[str, int], *names: str) -> bool:
@@ -208,10 +289,22 @@ def fuse_steps(steps: list[_Step], graph_outputs: set[str], constants: dict[str,
             outs = tuple(steps[j].outputs[0] for j in chunk)
             groups.append(("MatMulGroup", chunk, ins, outs, chunk[0]))
             used.update(chunk)
+    # RotaryPair, ScatterPair: two nodes of one op next to each other, the second not reading the first
+    for k in range(len(steps) - 1):
+        a, b = steps[k], steps[k + 1]
+        op = a.info.op_type
+        if (k in used or k + 1 in used or op not in PAIRS or a.kernel is None or b.kernel is None
+                or b.info.op_type != op or a.info.domain != "" or b.info.domain != ""
+                or len(a.inputs) != len(b.inputs) or not all(a.inputs) or not all(b.inputs)
+                or len(a.outputs) != 1 or len(b.outputs) != 1 or not a.outputs[0] or not b.outputs[0]
+                or a.outputs[0] in b.inputs or not _same_attrs(a.info.attrs, b.info.attrs)):
+            continue
+        groups.append((PAIRS[op], [k, k + 1], a.inputs + b.inputs, a.outputs + b.outputs, k))
+        used.update((k, k + 1))
     if not groups:
         return steps, ()
     elem = types()
-    groups = [gr for gr in groups if _f32(elem, *gr[2], *gr[3], *(o for j in gr[1] for o in steps[j].outputs))]
+    groups = [gr for gr in groups if _typed(gr[0], [steps[j] for j in gr[1]], gr[2], gr[3], elem)]
     if not groups:
         return steps, ()
     replace: dict[int, _Step] = {}
@@ -225,6 +318,9 @@ def fuse_steps(steps: list[_Step], graph_outputs: set[str], constants: dict[str,
             norm = steps[members[1]].info
             attrs.update(axis=int(norm.attr("axis", -1)), epsilon=float(norm.attr("epsilon", 1e-5)),
                          stash_type=int(norm.attr("stash_type", 1)))
+        if op_type in PAIRS.values():
+            a, b = steps[members[0]], steps[members[1]]
+            attrs.update(first=a.info, shared=a.inputs[1:] == b.inputs[1:])
         info = NodeInfo(name, op_type, DOMAIN, 1, attrs, len(ins), len(outs))
         node = helper.make_node(op_type, list(ins), list(outs), name=name, domain=DOMAIN)
         replace[at] = _Step(node, info, kernel, _node_kernel(kernel, info, (True,) * len(ins), len(outs)),

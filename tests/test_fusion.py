@@ -48,11 +48,12 @@ def test_fused_decode_is_the_unfused_decode_byte_for_byte(make_runtime, name, ca
 
 
 def test_fusion_takes_launches_out_of_a_decode_step(make_runtime):
-    """result: small-fp32-standard-kv64's eager decode step launches 28 kernels fewer fused (4 layers:
-    q/k/v 3 -> 1, gate/up 2 -> 1, Sigmoid+Mul+Mul 3 -> 1, two Add+RMSNormalization 2 -> 1 each)."""
+    """result: small-fp32-standard-kv64's eager decode step launches 36 kernels fewer fused (4 layers:
+    q/k/v 3 -> 1, gate/up 2 -> 1, Sigmoid+Mul+Mul 3 -> 1, two Add+RMSNormalization 2 -> 1 each, the
+    q and k RotaryEmbeddings 2 -> 1, the key and value TensorScatters 2 -> 1)."""
     _, dec, fused = _decode(make_runtime, "small-fp32-standard-kv64", RuntimeConfig(), capture=False)
     _, _, plain = _decode(make_runtime, "small-fp32-standard-kv64", OFF, capture=False)
-    assert plain - fused == 28, (plain, fused)
+    assert plain - fused == 36, (plain, fused)
     ops = sorted({n.split("+")[0].split("/")[-1] for n in dec.ex.fused})
     assert {st.info.op_type for st in dec.ex.steps if st.info.name in dec.ex.fused} == set(fusion.FUSED_OPS), ops
 
@@ -191,3 +192,100 @@ def test_the_bit_check_catches_a_wrong_fused_kernel(make_runtime, monkeypatch):
     feeds = {"g": rng.standard_normal((1, 1, 64)).astype(np.float32), "u": rng.standard_normal((1, 1, 64)).astype(np.float32)}
     with pytest.raises(AssertionError, match="contract: the fused step's bits"):
         _same(make_runtime, _silu_model((1, 1, 64)), feeds, 1)
+
+
+# -- pairs: two RotaryEmbeddings, two TensorScatters ------------------------------------------------
+
+def _rope_pair_model(*, shared: bool = True, chained: bool = False, interleaved: int = 0, x_rank: int = 4):
+    """q_rope, k_rope at one position_ids (their cos/sin caches one initializer pair, or copies under
+    other names); ``chained``: k_rope rotates q_rope's output (not a pair)."""
+    rng = np.random.default_rng(7)
+    rows, half = 8, 4
+    cos, sin = rng.standard_normal((rows, half)).astype(np.float32), rng.standard_normal((rows, half)).astype(np.float32)
+    inits = [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin")]
+    if not shared:
+        inits += [numpy_helper.from_array(cos.copy(), "cos_k"), numpy_helper.from_array(sin.copy(), "sin_k")]
+    attrs = {"interleaved": interleaved} if x_rank == 4 else {"interleaved": interleaved, "num_heads": 2}
+    qs, ks = ((1, 4, 3, 8), (1, 2, 3, 8)) if x_rank == 4 else ((1, 3, 16), (1, 3, 16))
+    nodes = [helper.make_node("RotaryEmbedding", ["xq", "cos", "sin", "pos"], ["yq"], name="q_rope", **attrs),
+             helper.make_node("RotaryEmbedding", ["yq" if chained else "xk", *(("cos", "sin") if shared else ("cos_k", "sin_k")),
+                                                  "pos"], ["yk"], name="k_rope", **attrs)]
+    ins = [_f32("xq", qs), _f32("xk", ks), helper.make_tensor_value_info("pos", TensorProto.INT64, [1, 3])]
+    return _graph(nodes, ins, [_f32("yq", qs), _f32("yk", qs if chained else ks)], inits), qs, ks
+
+
+def _rope_feeds(qs, ks, pos=(2, 3, 4)):
+    rng = np.random.default_rng(8)
+    return {"xq": rng.standard_normal(qs).astype(np.float32), "xk": rng.standard_normal(ks).astype(np.float32),
+            "pos": np.array([pos], np.int64)}
+
+
+@pytest.mark.contract("fusion.same_bits")
+@pytest.mark.parametrize("shared", [True, False], ids=["one-cache", "two-caches"])
+@pytest.mark.parametrize("interleaved,x_rank", [(0, 4), (1, 4), (0, 3)])
+def test_rotary_pair_fuses_with_its_nodes_bits(make_runtime, shared, interleaved, x_rank):
+    """contract: two RotaryEmbeddings side by side (q with 4 heads, k with 2; 3-D with num_heads) fuse
+    into one step with the nodes' bits (CuPy: one launch when they share one cache, else the nodes'
+    kernels); result: one fused step."""
+    m, qs, ks = _rope_pair_model(shared=shared, interleaved=interleaved, x_rank=x_rank)
+    ex = _same(make_runtime, m, _rope_feeds(qs, ks), 1)
+    assert [st.info.op_type for st in ex.steps] == ["RotaryPair"]
+
+
+def test_a_rotary_reading_the_other_is_no_pair(make_runtime):
+    """contract: a RotaryEmbedding of the first one's output runs after it (no pair)."""
+    m, qs, ks = _rope_pair_model(chained=True)
+    ex = Executor(m, make_runtime(RuntimeConfig()))
+    assert not ex.fused and [st.info.op_type for st in ex.steps] == ["RotaryEmbedding", "RotaryEmbedding"]
+
+
+@pytest.mark.contract("latch.first_site")
+def test_a_fused_pair_checks_each_value_once_and_still_flags(make_runtime, monkeypatch):
+    """contract: a position past the cache rows is DeviceAssert naming the fused step (its name holds
+    q_rope); result: the pair launches one position check, the unfused nodes' first one only when their
+    caches share names (two caches: one check per node unfused, one in the pair)."""
+    from lockstep.reference_runtime import steps as steps_mod
+    from lockstep.reference_runtime.errors import DeviceAssert
+
+    calls: list[int] = []
+    real = steps_mod.flag_check
+    monkeypatch.setattr(steps_mod, "flag_check", lambda *a: (calls.append(1), real(*a))[1])
+    m, qs, ks = _rope_pair_model(shared=False)
+    Executor(m, make_runtime(RuntimeConfig())).run(_rope_feeds(qs, ks))
+    assert len(calls) == 1, "result: one check of position_ids in the pair"
+    calls.clear()
+    Executor(m, make_runtime(OFF)).run(_rope_feeds(qs, ks))
+    assert len(calls) == 2, "result: each node checks its own cache's rows unfused"
+    ex = Executor(m, make_runtime(RuntimeConfig()))
+    with pytest.raises(DeviceAssert, match="q_rope"):
+        ex.run(_rope_feeds(qs, ks, pos=(2, 3, 8)))
+
+
+def _scatter_pair_model(dtype=TensorProto.FLOAT):
+    """present_value, present_key: TensorScatter of the value and key caches at one write index."""
+    cache, upd = [1, 2, 6, 4], [1, 2, 1, 4]
+    t = lambda n, s: helper.make_tensor_value_info(n, dtype, s)  # noqa: E731
+    nodes = [helper.make_node("TensorScatter", ["pv", "v", "wi"], ["yv"], name="present_value", axis=2),
+             helper.make_node("TensorScatter", ["pk", "k", "wi"], ["yk"], name="present_key", axis=2)]
+    ins = [t("pv", cache), t("v", upd), t("pk", cache), t("k", upd), helper.make_tensor_value_info("wi", TensorProto.INT64, [1])]
+    g = helper.make_graph(nodes, "g", ins, [t("yv", cache), t("yk", cache)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 24)])
+
+
+@pytest.mark.contract("fusion.same_bits")
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16], ids=["float32", "float16"])
+def test_scatter_pair_fuses_with_its_nodes_bits_and_flags_a_bad_index(make_runtime, dtype):
+    """contract: the key and value TensorScatters fuse with the nodes' bits (any one dtype: the pair
+    copies elements), and a write index past the cache is DeviceAssert naming the fused step; result:
+    one fused step."""
+    from lockstep.reference_runtime.errors import DeviceAssert
+
+    rng = np.random.default_rng(9)
+    np_dt = np.float32 if dtype == TensorProto.FLOAT else np.float16
+    feeds = {n: rng.standard_normal(s).astype(np_dt) for n, s in (("pv", (1, 2, 6, 4)), ("v", (1, 2, 1, 4)),
+                                                                  ("pk", (1, 2, 6, 4)), ("k", (1, 2, 1, 4)))}
+    feeds["wi"] = np.array([3], np.int64)
+    ex = _same(make_runtime, _scatter_pair_model(dtype), feeds, 1)
+    assert [st.info.op_type for st in ex.steps] == ["ScatterPair"]
+    with pytest.raises(DeviceAssert, match="present_value"):
+        ex.run(dict(feeds, wi=np.array([6], np.int64)))

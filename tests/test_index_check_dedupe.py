@@ -1,7 +1,9 @@
 """Index checks a run already launched are not launched again (``IndexCheck.by``, ``Executor._fresh_checks``):
 a decode step's RotaryEmbeddings all check one ``position_ids`` against one cos/sin cache, and the error
 latch keeps the first site that flags, so the later checks could never change what a run reports.
-Assertions say whether they encode a contract or a result."""
+Fusion is off here: these are the executor's checks across steps (a fused pair of the two nodes checks
+each value once within its step: tests/test_fusion.py). Assertions say whether they encode a contract or
+a result."""
 
 from __future__ import annotations
 
@@ -63,12 +65,12 @@ def test_one_position_check_per_run_for_one_cache(make_runtime, counted, plans):
     """result: two RotaryEmbeddings of one position_ids and one cos/sin cache launch one check per run
     (the first run, the planned runs after it), two when their caches are other values; contract: each
     run checks again (the dedupe does not cross runs)."""
-    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=plans)))
+    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=plans, fuse_kernels=False)))
     for _ in range(3):
         ex.run(_feeds(2))
     assert len(counted) == 3, f"result: one check a run, got {len(counted)} over 3 runs"
     counted.clear()
-    ex = Executor(_rope_model(shared_cache=False), make_runtime(RuntimeConfig(execution_plans=plans)))
+    ex = Executor(_rope_model(shared_cache=False), make_runtime(RuntimeConfig(execution_plans=plans, fuse_kernels=False)))
     for _ in range(3):
         ex.run(_feeds(2))
     assert len(counted) == 6, "contract: caches of other names are other bounds as far as the executor knows"
@@ -79,7 +81,7 @@ def test_one_position_check_per_run_for_one_cache(make_runtime, counted, plans):
 def test_a_position_past_the_cache_is_still_flagged_at_the_first_node(make_runtime, plans):
     """contract: with the second check not launched, a position past the cache rows is DeviceAssert naming
     the first RotaryEmbedding (the site the latch kept before), on the first run and on planned runs."""
-    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=plans)))
+    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=plans, fuse_kernels=False)))
     ex.run(_feeds(1))
     ex.run(_feeds(2))
     with pytest.raises(DeviceAssert, match="q_rope"):
@@ -88,7 +90,7 @@ def test_a_position_past_the_cache_is_still_flagged_at_the_first_node(make_runti
 
 def test_a_check_in_a_later_run_is_not_skipped_for_an_earlier_one(make_runtime):
     """contract: a run that flags after clean runs raises (each run has its own record of launched checks)."""
-    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=False)))
+    ex = Executor(_rope_model(), make_runtime(RuntimeConfig(execution_plans=False, fuse_kernels=False)))
     ex.run(_feeds(0))
     with pytest.raises(DeviceAssert, match="q_rope"):
         ex.run(_feeds(-1))

@@ -38,7 +38,7 @@ def _plans(dec):
 # _linalg.py): recorded there; other bodies (CuPy reductions, ufunc fallbacks) run every step.
 _RAW_ON_CUPY = {"MatMul", "Transpose", "RMSNormalization", "RotaryEmbedding", "TensorScatter", "Attention", "Add",
                 "Mul", "Sub", "Sigmoid", "Gather", "Cast", "Slice", "Unsqueeze", "Equal", "LessOrEqual", "Range", "Shape",
-                "SiluMul", "AddRMSNorm", "MatMulGroup"}  # the fused steps (reference_runtime/fusion.py)
+                "SiluMul", "AddRMSNorm", "MatMulGroup", "RotaryPair", "ScatterPair"}  # the fused steps (reference_runtime/fusion.py)
 
 
 @pytest.mark.parametrize("model", ["tiny-fp32-standard-kv64", "tiny-fp32-standard"])
