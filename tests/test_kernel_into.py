@@ -1,7 +1,7 @@
 """``OpKernel.into``, the eager fast path (kernels/_op.py): every kernel that has one is checked
 against its own ``compute`` over ONNX's node cases on numpy, the golden models' hot ops are checked
 to take it, and the CuPy-only kernel sources (kernels/_fast.py, _fused.py, _linalg.py) are checked
-as far as a machine without a GPU can: they format, and numpy transliterations of the kernels whose
+as far as a machine without a GPU can: they format, they compile with NVRTC, and numpy transliterations of the kernels whose
 summation order differs from ``compute`` agree with it within the node suite's tolerances. Each
 test says whether it asserts a *contract* (the fast path's rules) or a *result* (values).
 """
@@ -185,6 +185,13 @@ _SOURCES = {
     "sigmoid": _fast.SIGMOID_SRC.format(dt="float32", T="float", BODY=_fast._SIGMOID_BODY["float32"]),
     "range": _fast.RANGE_SRC.format(dt="int64", T="long long"),
     "cast": _fast.CAST_SRC.format(src="bool", dst="float32", S="bool", D="float"),
+    # the fused steps' kernels (reference_runtime/fusion.py)
+    "silu_mul": _fused.SILU_MUL_SRC.format(BODY=_fast._SIGMOID_BODY["float32"]),
+    "add_rms_norm": _fused.ADD_RMS_NORM_SRC,
+    "matmul_group": _linalg._GROUP_SRC.format(name="float32", T="float", ACC="float"),
+    "matmul_group_f64": _linalg._GROUP_SRC.format(name="float64", T="double", ACC="double"),
+    "rope_pair": _fused.ROPE_PAIR_SRC,
+    "ts_update_pair": _fused.TS_UPDATE_PAIR_SRC.format(S=2, I="int32", T="unsigned short", IT="int"),
 }
 
 
@@ -198,6 +205,47 @@ def test_cuda_sources_format_as_c(name):
     entries = re.findall(r'extern "C" __global__ void (lockstep_\w+)\(', src)
     assert len(entries) == 1, entries
     assert "{{" not in src and "{S}" not in src and "{T}" not in src
+
+
+def _nvrtc():
+    """cuda-bindings' NVRTC, the ``nvidia-cuda-nvrtc`` wheel's libraries loaded first (the bindings look
+    for them elsewhere); None when that wheel is not installed (the test extra installs it on Linux)."""
+    import ctypes
+    from importlib import metadata
+
+    try:
+        files = metadata.files("nvidia-cuda-nvrtc") or []
+    except metadata.PackageNotFoundError:
+        return None
+    libs = sorted((f for f in files if f.name.startswith(("libnvrtc.so", "libnvrtc-builtins.so"))),
+                  key=lambda f: "builtins" not in f.name)  # the builtins library first: libnvrtc needs it
+    for f in libs:
+        ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+@pytest.mark.parametrize("name", sorted(_SOURCES))
+def test_cuda_sources_compile_with_nvrtc(name):
+    """Contract: each RawKernel source compiles with NVRTC for compute_90 (the lane's H100/H200), no
+    GPU needed: a source that would not compile fails here, not on the first GPU run. Skipped, counted,
+    only where the nvidia-cuda-nvrtc wheel is absent; installed but not loading is a failure."""
+    nvrtc = _nvrtc()
+    if nvrtc is None:
+        pytest.skip("nvidia-cuda-nvrtc is not installed (pip install -e '.[test]' on Linux brings it)")
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(_SOURCES[name].encode(), f"{name}.cu".encode(), 0, [], [])
+    assert err == ok, err
+    try:
+        opts = [b"--gpu-architecture=compute_90"]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        assert err == ok, f"{name}: NVRTC: {log.rstrip(bytes(1)).decode(errors='replace').strip()}"
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def _rms_norm_kernel_numpy(x, scale, eps):
