@@ -75,8 +75,8 @@ class RuntimeConfig:
         Environment: ``LOCKSTEP_LAUNCH_REPLAY=0|false|off|no`` turns it off.
     fuse_kernels: an executor fuses groups of nodes into one step and one launch (default on;
         ``reference_runtime.fusion``: x*sigmoid(x)*u, Add then RMSNormalization, the MatMuls of one
-        activation by constant weights), float32 only, with the unfused nodes' bits. Off: one step
-        per node. Same bytes; fewer launches a step.
+        activation by constant weights (float32), side-by-side RotaryEmbedding or TensorScatter
+        pairs), with the unfused nodes' bits. Off: one step per node. Same bytes; fewer launches a step.
         Environment: ``LOCKSTEP_FUSE_KERNELS=0|false|off|no`` turns it off.
     """
 

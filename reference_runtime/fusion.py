@@ -20,15 +20,15 @@ A group fuses only when its intermediates are read by nothing else and are no gr
 with its intermediates exposed, as ``lockstep locate`` runs it, fuses nothing it exposes), and
 every value in it is float32 by onnx's inference (a pair: the two nodes' values of one type each, a
 RotaryEmbedding's input float32). The fused step's kernel takes its one-launch fast
-path (``kernels._fused.silu_mul_into``, ``add_rms_norm_into``, ``kernels._linalg.matmul_group_into``:
-CuPy) when the run's operands allow it; otherwise (and always on the simulated device) it runs the
+path (``kernels._fused.silu_mul_into``, ``add_rms_norm_into``, ``rope_pair_into``,
+``tensor_scatter_pair_into``, ``kernels._linalg.matmul_group_into``: CuPy) when the run's operands allow it; otherwise (and always on the simulated device) it runs the
 original nodes' own kernel bodies one after another (``steps._node_kernel``: each node's ``into``
 or ``compute``, as unfused), so its bytes are the unfused bytes by construction. The fast paths
 are checked against that chain on the GPU (tests/test_fusion.py).
 
-A fused step is named after its nodes (``a+b+c``) and carries a synthetic node of op type
-``SiluMul``/``AddRMSNorm``/``MatMulGroup`` in the ``lockstep.fused`` domain, with the group's
-external inputs and outputs, for the capture planner and error messages.
+A fused step is named after its nodes (``a+b+c``: a DeviceAssert from its index checks names it so)
+and carries a synthetic node of its op type (``FUSED_OPS``) in the ``lockstep.fused`` domain, with
+the group's external inputs and outputs, for the capture planner and error messages.
 """
 
 from __future__ import annotations
@@ -112,13 +112,13 @@ def _fused_kernel(op_type: str, parts: tuple[_Part, ...], inputs: tuple[str, ...
 
     into = {"SiluMul": _silu_mul, "AddRMSNorm": _add_rms_norm, "MatMulGroup": _matmul_group,
             "RotaryPair": _rotary_pair, "ScatterPair": _scatter_pair}[op_type]
-    checks = _pair_checks(parts, inputs) if any(p.kernel.index_checks for p in parts) else None
+    checks = _part_checks(parts, inputs) if any(p.kernel.index_checks for p in parts) else None
     return OpKernel(op_type, shapes, compute, domain=DOMAIN, into=into, index_checks=checks, capture="safe"), run
 
 
-def _pair_checks(parts: tuple[_Part, ...], inputs: tuple[str, ...]):
-    """The parts' index checks on the fused step's inputs (each part's inputs follow the previous
-    part's), one per value and bounds: two checks of one value against the same bounds in one step
+def _part_checks(parts: tuple[_Part, ...], inputs: tuple[str, ...]):
+    """The parts' index checks (pairs: RotaryEmbedding's, TensorScatter's) on the fused step's inputs
+    (each part's inputs follow the previous part's), one per value and bounds: two checks of one value against the same bounds in one step
     are one check (the latch names the fused step either way)."""
 
     def checks(node, specs):
