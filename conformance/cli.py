@@ -79,7 +79,11 @@ def _check(args: argparse.Namespace, passthrough: list[str]) -> int:
     from pathlib import Path
     from pathlib import Path as _P
 
-    import pytest
+    try:
+        import pytest
+    except ImportError:  # an install without the test extra: one line, not a traceback
+        raise CliError("lockstep check runs pytest, which is not installed: "
+                       "pip install 'lockstep-conformance[test]'") from None
 
     if not _P(args.report_dir).resolve().parent.is_dir():
         raise CliError(f"--report-dir {args.report_dir}: its parent folder does not exist")

@@ -362,3 +362,14 @@ def test_fuzz_reproducer_command_is_the_cli():
     from lockstep.conformance.fuzz.report import replay_command
 
     assert " -m lockstep fuzz --replay " in replay_command(Path("repro/x"))
+
+
+def test_cli_check_without_pytest_is_one_line(capsys, monkeypatch, tmp_path):
+    """Contract: `lockstep check` on an install without the test extra (no pytest) is a one-line usage
+    error naming the extra, not a traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pytest", None)  # `import pytest` raises ImportError
+    assert main(["check", "--report-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'lockstep-conformance[test]'" in err, err
