@@ -114,7 +114,8 @@ fi
 step spin-check    timeout 60  python3 scripts/spin_check.py
 step contracts     timeout 120 python3 -m pytest --pyargs lockstep.contracts.suite.runtime -m contract -p no:cacheprovider -v --devices=sim,cupy
 # the unit tests select the reference engines only: ORT CUDA, when carried, is not required there
-step all-tests     env LOCKSTEP_REQUIRE_ENGINES=ref-cuda timeout 400 python3 -m pytest tests --pyargs lockstep.conformance lockstep.contracts.suite -p no:cacheprovider -v -n 12 --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2${ALL_TESTS_K:+ and ($ALL_TESTS_K)}"
+# (tests/test_architecture.py is deselected: ruff and import-linter, device-independent, are CI's and not on the device)
+step all-tests     env LOCKSTEP_REQUIRE_ENGINES=ref-cuda timeout 400 python3 -m pytest tests --pyargs lockstep.conformance lockstep.contracts.suite -p no:cacheprovider -v -n 12 --devices=sim,cupy --engines=$ref -m "not node_suite and not golden and not capture and not paging and not packaging" -k "not smollm2 and not test_architecture${ALL_TESTS_K:+ and ($ALL_TESTS_K)}"
 LOCKSTEP_REQUIRE_ENGINES=${LOCKSTEP_REQUIRE_ENGINES%,ort-cuda-tf32} \
 step node-suite    timeout 330 python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 12 --engines=${engines%,ort-cuda-tf32} --lockstep-report-dir "$out/node-report"
 if [ "$ORT_CUDA" = 1 ]; then
