@@ -168,6 +168,12 @@ _ROWS_MAX = 16  # rows of A up to which the row kernel beats 16x16 tiles (decode
 _INT32 = 1 << 31
 
 
+def _rows_fit(M: int, N: int, K: int) -> bool:
+    """Whether ``A (M, K) @ B (K, N)`` is decode-shaped for the row kernels (warp or thread per output
+    element; int32 indexing): ``matmul_into``'s choice, which ``matmul_group_into`` must make alike."""
+    return M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32 // 32
+
+
 def matmul_into(xp, out, a, b) -> bool:
     """``out = matmul(a, b)`` in one launch, no temporaries: a, b and out of one dtype the kernel
     works in (float32, float64, int32, int64), C-contiguous, not sharing memory, and either B 2-D
@@ -189,7 +195,7 @@ def matmul_into(xp, out, a, b) -> bool:
         batch, M = 1, math.prod(a.shape[:-1])
     else:
         batch, M = math.prod(a.shape[:-2]), int(a.shape[-2])
-    if batch == 1 and M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32 // 32:
+    if batch == 1 and _rows_fit(M, N, K):
         if M * N > 0 and dname in _WARP_TYPES:
             t, acc = _CTYPES[dname]
             name = f"lockstep_matmul_warp_{dname}"
@@ -253,7 +259,7 @@ def matmul_group_into(xp, outs, a, bs) -> bool:
                 or tuple(out.shape) != tuple(a.shape[:-1]) + (int(b.shape[1]),)):
             return False
         N = int(b.shape[1])
-        if not (M <= _ROWS_MAX and max(M * N, K * N, M * K) < _INT32 // 32) or M * N == 0:
+        if not _rows_fit(M, N, K) or M * N == 0:
             return False
     if len({o.data.ptr for o in outs}) != len(outs):
         return False
