@@ -6,7 +6,9 @@ lockstep's plugin (devices, engines, golden models, mutants, markers, reports) i
 - pytest's own ``pytester``, for the tests that run pytest on generated test files;
 - the trained golden models (SmolLM2) are required in this repository's runs: without the ``models``
   extra or its GGUF they fail instead of being counted skips (an explicit LOCKSTEP_REQUIRE_MODELS,
-  even empty, wins).
+  even empty, wins). Only in runs started inside this repository: an editable install puts this
+  file above the packaged suite, so pytest loads it into a user's ``lockstep check`` or
+  ``pytest --pyargs lockstep.conformance`` started elsewhere, where the policy is not theirs.
 
 - under pytest-xdist, the longest serial units of work are handed out first (the packaging module's
   chain of venv installs and checks, the mutant catalogue's CI subset, the SmolLM2 module): handed
@@ -17,13 +19,25 @@ cases do not pay for it.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
 
 pytest_plugins = ["pytester"]
 
-os.environ.setdefault("LOCKSTEP_REQUIRE_MODELS", "all")
+REPOSITORY = Path(__file__).resolve().parent
+
+
+def started_here(config) -> bool:
+    """Whether this run was started inside the repository (its invocation directory is in it)."""
+    return Path(config.invocation_params.dir).resolve().is_relative_to(REPOSITORY)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if started_here(config):  # before the workers start: they inherit it
+        os.environ.setdefault("LOCKSTEP_REQUIRE_MODELS", "all")
 
 
 # the longest units of one worker each (measured: docs/benchmarks.md, issue 28), longest first
@@ -33,6 +47,8 @@ LONG_FIRST = ("tests/test_packaging.py::", "tests/test_mutation_catalogue.py::te
 
 @pytest.hookimpl(trylast=True)  # after lockstep's own order (its largest golden models first)
 def pytest_collection_modifyitems(config, items):
+    if not started_here(config):
+        return
     if not getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return  # one process: the order a reader expects
 
