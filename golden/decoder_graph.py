@@ -53,7 +53,11 @@ class Graph:
         self._consts: dict[tuple, str] = {}
 
     def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        """An initializer of ``value``'s shape: a 0-d value stays a scalar (rank 0), as ``Range``'s
+        bounds and GroupQueryAttention's ``total_sequence_length`` must be (``np.ascontiguousarray``
+        alone makes it 1-D, which strict runtimes refuse there)."""
+        a = np.asarray(value)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(a).reshape(a.shape), name))
         return name
 
     def const(self, value, dtype) -> str:

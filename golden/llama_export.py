@@ -64,7 +64,7 @@ __all__ = [
     "random_llama_weights", "rope_tables", "weight_names",
 ]
 
-EXPORTER_VERSION = "1"
+EXPORTER_VERSION = "2"  # 2: scalar constants are rank 0 (Range bounds, GQA total_sequence_length)
 IR_VERSION = 10
 OPSET = 24
 CONVENTIONS = ("optimum", "genai")
