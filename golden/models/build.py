@@ -226,12 +226,17 @@ def build(spec: ModelSpec) -> onnx.ModelProto:
     # shared: causal mask from positions, key k attended by query q iff k <= position_ids[b, q]
     past_len = g.op("Gather", [g.op("Shape", ["past_key_values.0.key"], "mask/past_shape"), g.i64(2)],
                     "mask/past_len", axis=0)
-    seq_len = g.op("Gather", [g.op("Shape", ["input_ids"], "mask/ids_shape"), g.i64(1)], "mask/seq_len", axis=0)
+    # the new length: read by the growing total (past + new) and by the attention mask's query positions only
+    seq_len = (g.op("Gather", [g.op("Shape", ["input_ids"], "mask/ids_shape"), g.i64(1)], "mask/seq_len", axis=0)
+               if not C or spec.attention_mask else None)
     total = g.op("Add", [past_len, seq_len], "mask/total_len") if not C else past_len  # fixed: T = C
     kpos = g.op("Range", [g.i64(0), total, g.i64(1)], "mask/key_positions")  # (T,)
-    if C:  # where this step's keys/values go: from position_ids (batch start, or a one-hot over slots)
+    # where this step's keys/values go, each flavour emitting only the write it reads: TensorScatter
+    # at the batch's first position (standard), or a one-hot over the slots (decomposed)
+    if C and spec.flavour == "standard":
         start = g.op("Squeeze", [g.op("Slice", ["position_ids", g.i64([0]), g.i64([1]), g.i64([1])],
                                       "kv/first_position"), g.i64([1])], "kv/write_index")  # (B,)
+    if C and spec.flavour == "decomposed":
         onehot = g.op("Cast", [g.op("Equal", [g.op("Unsqueeze", ["position_ids", g.i64([2])], "kv/pos3"), kpos],
                                     "kv/slot_hit")], "kv/onehot", to=odt)  # (B, S, C)
         onehot_t = g.op("Unsqueeze", [g.op("Transpose", [onehot], "kv/onehot_t3", perm=[0, 2, 1]), g.i64([1])],

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["GENERATOR_VERSION", "NEAR_TIE", "PROMPT", "VARIANTS", "ModelSpec", "NearTie", "spec_dict"]
 
-GENERATOR_VERSION = "2"  # 2: scalar constants are rank 0 (Range bounds, GQA total_sequence_length)
+GENERATOR_VERSION = "3"  # 2: scalar constants rank 0 (Range bounds, GQA total_sequence_length); 3: a kv64 flavour emits only its own write
 
 # The prompt the golden checks (greedy output, the planted near-tie) are stated against; tokens
 # are its UTF-8 bytes (the models are byte-level: vocab 256, token id = byte value).
