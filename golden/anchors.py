@@ -1,7 +1,8 @@
 """Golden anchors: what the fp32 oracle says at every position of a canonical context.
 
 A snapshot (``golden/snapshots/<model>.json``) holds, for one golden model:
-- provenance: the model file's sha256, generator version, the oracle's name and version, dtype;
+- provenance: the model file's sha256, generator version, the oracle's name and version, dtype, and
+  the MatMulNBits accuracy levels the model declares;
 - the canonical context: the prompt plus a recorded prefix (the oracle's greedy continuation),
   stored, never rebuilt from a live stream;
 - per position from the last prompt token on: the oracle's top-1 and top-2 tokens and their margin;
@@ -17,9 +18,24 @@ and add in quadrature (the probabilistic rounding-error model: a random walk, no
 so a logit of scale ``L`` moves by about ``L * sqrt(n) * (u_s + u_o + sqrt(K) * u_a)``. The band is
 ``KAPPA = 2`` times that (both compared logits carry it). Measured against it: SmolLM2-135M's fp16
 export moves logits by up to 0.2 on a scale of 38 (band 0.5), while the worst-case (linear) sum
-would give 6.9 and make almost every position a near-tie. A snapshot holds a band per precision
-that applies to its model's dtype (storage no finer than the model's); positions whose oracle margin
-lies inside the band of the engine's declared precision are near-ties for that engine.
+would give 6.9 and make almost every position a near-tie.
+
+A model whose MatMulNBits nodes declare an ``accuracy_level`` (ONNX Runtime's contrib-op doc: the
+least accurate A the model allows, 2 fp16, 3 bf16, 4 int8) lets an engine of any precision round
+each of those nodes' distinct A tensors to it: ``n_q`` more roundings of relative size ``u_q``
+(``ACCURACY_LEVEL_ROUNDOFF``; int8's ``1/254`` is half a step of ONNX Runtime's per-block
+quantization, scale = the block's largest magnitude / 127), in quadrature: ``L * sqrt(n * (u_s + u_o
++ sqrt(K) * u_a)^2 + n_q * u_q^2)``. ``ModelShape.quantized_a`` reads them from the graph; the
+snapshot's provenance records them (``matmulnbits_accuracy_level``). The level is a minimum, not the
+arithmetic (ONNX Runtime's CPU kernel quantizes A, the reference runtime does not): the oracle stays
+exact (fp32 A, weights dequantized exactly) and the band widens, covering both. Measured against it
+on the builder's int4 ``-e cpu`` exports (``n_q = 9``, K = 64, blocks of 32), ONNX Runtime CPU and
+nxrt (its own session) move margins by up to 0.197 (Llama, band 0.158: twice the band is the lock's
+margin tolerance), 0.057 (Gemma 2, band 0.182) and 0.046 (Gemma 3, band 0.108).
+
+A snapshot holds a band per precision that applies to its model's dtype (storage no finer than the
+model's); positions whose oracle margin lies inside the band of the engine's declared precision are
+near-ties for that engine.
 """
 
 from __future__ import annotations
@@ -59,6 +75,12 @@ SNAPSHOT_FORMAT = 3  # 3: quadrature error model; 2: bands per precision (1: per
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 ROUNDINGS_PER_LAYER = 6
 KAPPA = 2.0
+# MatMulNBits ``accuracy_level``: the least accurate A the model allows an engine to compute with
+# (ONNX Runtime's contrib-op doc: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8) -> the relative size of
+# that rounding of A. int8 (ONNX Runtime's CPU kernel, MLAS ``QuantizeARow_CompInt8``): each block of
+# ``block_size`` along K scaled by its largest magnitude / 127 and rounded to integers, half a step
+# of 1/127 relative to the block's largest magnitude.
+ACCURACY_LEVEL_ROUNDOFF = {2: 2.0**-11, 3: 2.0**-8, 4: 1 / 254}
 
 
 def precisions_for(dtype: str) -> list[str]:
@@ -76,34 +98,59 @@ def near_tie_band(shape: "ModelShape", precision: str, logit_scale: float) -> fl
     u_o = UNIT_ROUNDOFF[operand] if UNIT_ROUNDOFF[operand] > u_s else 0.0
     roundings = ROUNDINGS_PER_LAYER * (shape.n_layers + 1)
     rel = math.sqrt(roundings) * (u_s + u_o + math.sqrt(shape.k) * UNIT_ROUNDOFF[accum])
+    if shape.quantized_a:  # the A inputs the model lets an engine round below its precision, in quadrature
+        rel = math.sqrt(rel**2 + sum(n * ACCURACY_LEVEL_ROUNDOFF[level] ** 2 for level, n in shape.quantized_a))
     return KAPPA * logit_scale * rel
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """What the error model needs of a model: its dtype, layers and longest dot product."""
+    """What the error model needs of a model: its dtype, layers, longest dot product, and the A inputs
+    its MatMulNBits nodes let an engine round below fp32 (``quantized_a``: (accuracy_level, distinct
+    A tensors) pairs, levels of ``ACCURACY_LEVEL_ROUNDOFF`` only)."""
 
     dtype: str
     n_layers: int
     k: int
+    quantized_a: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, model: onnx.ModelProto, io: DecoderIO | None = None) -> "ModelShape":
         """From the graph: layers = past key inputs, K = the largest contraction dimension of the
-        matrix products whose weights are initializers (MatMul, Gemm, MatMulNBits)."""
+        matrix products whose weights are initializers (MatMul, Gemm, MatMulNBits), and each
+        MatMulNBits A tensor at the lowest accuracy a node reading it declares (a tensor read by
+        several nodes, as the gate and up projections read one norm's output, is one rounding)."""
         io = io or DecoderIO.of(model)
         inits = {t.name: list(t.dims) for t in model.graph.initializer}
         k = 0
+        level_of: dict[str, int] = {}
         for n in model.graph.node:
             if n.op_type == "MatMulNBits":
                 k = max(k, next((a.i for a in n.attribute if a.name == "K"), 0))
+                level = next((a.i for a in n.attribute if a.name == "accuracy_level"), 0)
+                if level in ACCURACY_LEVEL_ROUNDOFF:
+                    level_of[n.input[0]] = max(level, level_of.get(n.input[0], 0))
             elif n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and len(inits.get(n.input[1], [])) == 2:
                 trans_b = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
                 dims = inits[n.input[1]]
                 k = max(k, dims[1] if trans_b else dims[0])
         if not k:
             raise ValueError("no matrix product with a weight initializer found: cannot size the near-tie band")
-        return cls(np.dtype(io.logits_dtype).name, io.n_layers, k)
+        levels = sorted(level_of.values())
+        quantized = tuple((level, levels.count(level)) for level in sorted(set(levels)))
+        return cls(np.dtype(io.logits_dtype).name, io.n_layers, k, quantized)
+
+    def oracle(self) -> "ModelShape":
+        """The oracle's own arithmetic: fp32, every MatMulNBits dequantized exactly (its fp32 band
+        judges the oracle's greedy chain and its float64 cross-check, never an engine)."""
+        return dataclasses.replace(self, dtype="float32", quantized_a=())
+
+    def provenance(self) -> dict[str, Any]:
+        """What the snapshot's provenance records of the error model's inputs beyond dtype: the
+        MatMulNBits A inputs per declared accuracy_level (nothing for a model that declares none)."""
+        if not self.quantized_a:
+            return {}
+        return {"matmulnbits_accuracy_level": {str(level): n for level, n in self.quantized_a}}
 
 
 def band_for(snap: dict[str, Any], precision: str) -> float:
@@ -257,8 +304,7 @@ def _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, *, io_card, prefix_t
     if expected_prefix is not None and len(expected_prefix) == prefix_tokens:
         say(f"{name}: oracle logits over the recorded context ({len(prompt) + prefix_tokens} tokens, one prefill)")
         logits = oracle_logits(oracle_fp32, list(prompt) + list(expected_prefix), io)
-        shape = dataclasses.replace(ModelShape.of(oracle_fp32, io), dtype="float32")
-        band = near_tie_band(shape, "fp32", float(np.abs(logits).max()))
+        band = near_tie_band(ModelShape.of(oracle_fp32, io).oracle(), "fp32", float(np.abs(logits).max()))
         if greedy_chain_holds(logits, prompt, expected_prefix, band):
             prefix = list(expected_prefix)
         else:
@@ -294,7 +340,7 @@ def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: onnx.Mo
     scale = float(np.abs(logits).max())
     shape = ModelShape.of(target, target_io)
     bands = {p: near_tie_band(shape, p, scale) for p in precisions_for(shape.dtype)}
-    fp32_band = near_tie_band(dataclasses.replace(shape, dtype="float32"), "fp32", scale)
+    fp32_band = near_tie_band(shape.oracle(), "fp32", scale)
     start = len(prompt) - 1
     positions = []
     for i in range(start, len(context) - 1):
@@ -312,7 +358,8 @@ def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: onnx.Mo
                     f"(fp32 band {fp32_band:.3g}); refusing to write anchors"
                 )
         positions.append({"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)})
-    prov = {**provenance, "oracle": ORACLE["name"], "oracle_version": ORACLE["version"], "dtype": shape.dtype}
+    prov = {**provenance, "oracle": ORACLE["name"], "oracle_version": ORACLE["version"], "dtype": shape.dtype,
+            **shape.provenance()}
     prov.setdefault("crosscheck", "none")
     return {
         "format": SNAPSHOT_FORMAT,
