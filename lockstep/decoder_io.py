@@ -336,21 +336,33 @@ class DecoderIO:
                 f"position limit {self.max_positions} exceeded: position {position} + {n} tokens would use "
                 f"position {position + n - 1}, past {self.limit_source}")
 
-    def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
+    def step_feeds(self, ids, position: int, *, fixed_shapes: bool = False) -> dict[str, np.ndarray]:
         """The non-cache feeds of a step appending ``ids`` at ``position`` (batch 1): ids, the
         attention mask, positions, extras. The mask marks the filled positions (every key so far,
-        ``position + n``; no padding): a growing cache's mask has that length; a fixed-capacity
-        (shared past/present) buffer's mask has the capacity's length, ones over the filled positions
-        and zeros beyond (one shape for every step, so captured graphs and fixed bindings hold;
-        GroupQueryAttention reads seqlens_k = ReduceSum(mask) - 1 and attends those keys only). A mask
-        of ones over the whole capacity would let the query attend the empty slots."""
+        ``filled = position + n``; no padding), in the form the model's convention documents:
+
+        - a growing cache: ``filled`` columns of ones;
+        - ONNX Runtime GenAI's (``convention == "genai"``: GroupQueryAttention reads
+          ``seqlens_k = ReduceSum(mask) - 1`` and ``total_sequence_length = mask width``): ``filled``
+          columns of ones, also over a shared (fixed-capacity) buffer, because GroupQueryAttention's
+          documented contract is ``total_sequence_length`` = past + new = ``max(seqlens_k) + 1``
+          (ONNX Runtime's contrib-op schema; nxrt's CPU kernel refuses anything else). With
+          ``fixed_shapes=True`` (a session whose every step must have one shape: a captured graph,
+          fixed bindings) it is ``capacity`` columns, ones over the filled positions and zeros beyond:
+          the form ONNX Runtime GenAI feeds its CUDA graphs, whose kernels (ONNX Runtime's, nxrt's
+          CUDA) read ``total_sequence_length`` as a capacity;
+        - any other mask over a fixed-capacity buffer (one column per key slot, as Optimum's exports
+          and lockstep's shared-buffer forms read it): ``capacity`` columns, ones over the filled
+          positions, zeros beyond (ones over the whole buffer would let the query attend empty slots).
+        """
         ids = np.asarray([list(ids)], self.feed_dtypes.get(self.input_ids, np.int64))
         n = ids.shape[1]
         positions = np.arange(position, position + n)
         feeds = {self.input_ids: ids}
         if self.attention_mask:
             filled = position + n
-            mask = np.zeros((1, self.capacity or filled), self.feed_dtypes[self.attention_mask])
+            trimmed = self.convention == "genai" and not fixed_shapes
+            mask = np.zeros((1, filled if trimmed else (self.capacity or filled)), self.feed_dtypes[self.attention_mask])
             mask[:, :filled] = 1
             feeds[self.attention_mask] = mask
         if self.position_ids:

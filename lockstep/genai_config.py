@@ -8,7 +8,10 @@ card (``<model>.lockstep.toml`` overrides it, ``--io`` overrides both):
   becomes the card's ``past = "past_key_values.{layer}.{kind}"``);
 - ``model.decoder.head_size``: the head size, which the builder declares symbolic on past/present;
 - ``search.past_present_share_buffer`` with ``search.max_length``: past and present are one buffer
-  of ``max_length`` positions (``kv_capacity``); the mask then covers the filled positions only;
+  of ``max_length`` positions (``kv_capacity``); the mask still covers the filled positions only
+  (GroupQueryAttention's ``total_sequence_length`` = past + new, its documented contract), except
+  in a session that needs one shape every step (capture, fixed bindings), which feeds it as wide as
+  the buffer (``DecoderIO.step_feeds``);
 - ``model.bos_token_id``/``eos_token_id``/``pad_token_id``, ``context_length``, ``vocab_size``,
   ``type``, ``decoder.filename`` (a config that names another file is not this model's).
 

@@ -236,7 +236,9 @@ class RefDecoder:
         ids = list(ids)
         n = len(ids)
         self.io.check_room(self.position, n)
-        feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position), **self.cache}
+        # a fixed-capacity cache runs one shape every step (its model's declared shapes: fixed_model)
+        feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position, fixed_shapes=bool(self.capacity)),
+                                 **self.cache}
         run = self.session.run if self.session is not None else self.ex.run
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
             out = run(feeds, bind=self._bind)

@@ -105,7 +105,13 @@ def test_the_shared_buffer_mask_covers_the_filled_positions():
     io = DecoderIO.of(model, card_for(path))
     assert io.capacity == cfg.max_length and io.head_dim == cfg.head_size
     for position, n in ((0, 9), (9, 1), (30, 1)):
+        # contract: GroupQueryAttention's documented total_sequence_length is past + new (the mask's width):
+        # by default the mask covers exactly the filled positions (nxrt's CPU kernel refuses anything else)
         mask = io.step_feeds([1] * n, position)[io.attention_mask]
+        assert mask.shape == (1, position + n) and mask.all()
+        # contract: a session that needs one shape every step (capture, fixed bindings) gets the buffer's
+        # width, ones over the filled positions and never the empty slots (as ORT GenAI feeds its CUDA graphs)
+        mask = io.step_feeds([1] * n, position, fixed_shapes=True)[io.attention_mask]
         assert mask.shape == (1, io.capacity)
         assert mask[0, :position + n].all() and not mask[0, position + n:].any()
 

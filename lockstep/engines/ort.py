@@ -39,8 +39,8 @@ class OrtEngine:
 
     def __init__(self, provider: str, *, name: str | None = None, provider_options: dict[str, str] | None = None,
                  precision: dict[str, str] | None = None, deterministic: bool = True, threads: int | None = None):
-        if provider not in _NAMES:
-            raise ValueError(f"unknown provider {provider!r}; one of {list(_NAMES)}")
+        if provider not in _NAMES and name is None:
+            raise ValueError(f"unknown provider {provider!r}; one of {list(_NAMES)} (or give the engine a name)")
         self.provider = provider
         self.name = name or _NAMES[provider]
         self.provider_options = dict(provider_options or {})
@@ -101,8 +101,7 @@ class OrtEngine:
             opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8,
         )
         try:
-            provider = (self.provider, self.provider_options) if self.provider_options else self.provider
-            sess = ort.InferenceSession(probe.SerializeToString(), self._session_options(), providers=[provider])
+            sess = self._new_session(probe.SerializeToString(), self.provider_options)
         except Exception as exc:
             return False, f"{self.provider} failed to create a session: {str(exc)[:200]}"
         got = sess.get_providers()
@@ -119,13 +118,13 @@ class OrtEngine:
     def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
         """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``,
         ONNX Runtime refusing the model (InvalidGraph, Fail, ...) as ``ModelError``."""
-        import onnxruntime as ort
-
         options = {**self.provider_options, **(provider_options or {})}
-        provider = (self.provider, options) if options else self.provider
         try:
-            return ort.InferenceSession(model.SerializeToString(), self._session_options(), providers=[provider])
+            return self._new_session(model.SerializeToString(), options)
         except Exception as exc:
+            refused = self._refusal(model, options, exc)
+            if refused is not None:
+                raise refused from exc
             what = _ort_unsupported(str(exc))
             if what:
                 raise Unsupported(f"{self.name}: {what}: {str(exc).splitlines()[0][:300]}") from exc
@@ -135,6 +134,19 @@ class OrtEngine:
                 first = (str(exc).splitlines() or [""])[0][:500]
                 raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
             raise
+
+    def _new_session(self, model_bytes: bytes, options: dict[str, str]):
+        """An InferenceSession of ``model_bytes`` on exactly this engine's provider with ``options``
+        (a subclass places it otherwise: ``lockstep.engines.nxrt``'s plugin execution providers)."""
+        import onnxruntime as ort
+
+        provider = (self.provider, options) if options else self.provider
+        return ort.InferenceSession(model_bytes, self._session_options(), providers=[provider])
+
+    def _refusal(self, model: onnx.ModelProto, options: dict[str, str], exc: Exception) -> Exception | None:
+        """What a session-creation failure means beyond ONNX Runtime's own messages (None: nothing);
+        a subclass names the nodes its provider did not take."""
+        return None
 
     @property
     def device_type(self) -> str:
@@ -304,6 +316,9 @@ class OrtDecoder:
                               "(fixed shapes and addresses)")
         self.fixed = fixed_bindings or cuda_graphs
         self.cuda_graphs = cuda_graphs
+        # the mask's form (DecoderIO.step_feeds): one shape every step where bindings are fixed, and on
+        # CUDA for a fixed-capacity cache in both modes, so that graph and eager steps get the same feeds
+        self.fixed_shapes = self.fixed or (self.device == "cuda" and bool(self.capacity))
         self.sess = engine.session(model, {"enable_cuda_graph": "1"} if cuda_graphs else None)
         if cuda_graphs:  # read back: a session that silently ignored the option must not count as captured
             options = self.sess.get_provider_options().get("CUDAExecutionProvider", {})
@@ -328,7 +343,8 @@ class OrtDecoder:
             for p in self.io.window_capacity:  # in place: one buffer in both directions
                 self._sets[1][p] = self._sets[0][p]
             # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
-            self._step = {name: new(a.copy(), self.device, 0) for name, a in self.io.step_feeds([0], 0).items()}
+            self._step = {name: new(a.copy(), self.device, 0)
+                          for name, a in self.io.step_feeds([0], 0, fixed_shapes=True).items()}
             self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
             self._extra = {}
             if self.extra:  # shaped by a probe step, which wrote into the caches: zeroed again
@@ -350,7 +366,7 @@ class OrtDecoder:
         if self.fixed:
             return self._forward_fixed(ids)
         binding = self.sess.io_binding()
-        for name, a in self.io.step_feeds(ids, self.position).items():
+        for name, a in self.io.step_feeds(ids, self.position, fixed_shapes=self.fixed_shapes).items():
             binding.bind_cpu_input(name, a)
         for p, value in self.cache.items():
             binding.bind_ortvalue_input(p, value)
@@ -391,7 +407,7 @@ class OrtDecoder:
         n = len(ids)
         src, dst = self._sets[self._current], self._sets[1 - self._current]
         binding = self.sess.io_binding()
-        feeds = self.io.step_feeds(ids, self.position)
+        feeds = self.io.step_feeds(ids, self.position, fixed_shapes=True)
         if n == 1:
             for name, a in feeds.items():
                 self._step[name].update_inplace(a)
