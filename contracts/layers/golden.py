@@ -39,6 +39,20 @@ MUTANTS = [
         breaks="a snapshot holds bands only for precisions whose storage is no finer than the model's dtype",
         **_oracle_of("tiny-fp16-standard"),
     ),
+    Mutant(
+        "golden", "accuracy_level_ignored", _A,
+        old="if level in ACCURACY_LEVEL_ROUNDOFF:",
+        new="if False:",
+        breaks="a model whose MatMulNBits declare accuracy_level gets the band of the arithmetic it allows (int8 A)",
+        tests=("tests/test_golden_accuracy_level.py",), select="provenance_says_so",
+    ),
+    Mutant(
+        "golden", "int8_activation_band_inflated", _A,
+        old="ACCURACY_LEVEL_ROUNDOFF = {2: 2.0**-11, 3: 2.0**-8, 4: 1 / 254}",
+        new="ACCURACY_LEVEL_ROUNDOFF = {2: 2.0**-11, 3: 2.0**-8, 4: 1 / 16}",
+        breaks="the int8-activation term is half an int8 step, not wider (a wider band hides real MatMulNBits bugs)",
+        **_oracle_of("genai-llama-int4-cpu"),
+    ),
     # -- anchors: positions, the oracle's own check, the float64 cross-check -----------------------
     Mutant(
         "golden", "anchors_drop_last_position", _A,
