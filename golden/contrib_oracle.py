@@ -23,7 +23,7 @@ write, with what is covered:
 - ``QuickGelu`` (Optimum's O2: ``x * sigmoid(alpha * x)``);
 - ``RotaryEmbedding``, ``MultiHeadAttention`` (the builder's fp16 CPU graphs), ``MatMulNBits`` and
   ``GatherBlockQuantized`` (its int4 graphs): the dequantized weights in float64, whatever
-  ``accuracy_level`` lets ONNX Runtime approximate.
+  ``accuracy_level`` lets ONNX Runtime approximate (the near-tie band covers that: ``anchors``).
 
 A mode an op does not implement (a quantized KV cache, a QK output, packed batching, ...) is refused
 when the evaluator is built, as is a node of an op nobody implements (``check_supported``): one line,

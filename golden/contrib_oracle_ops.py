@@ -166,7 +166,9 @@ class MatMulNBits(_ContribOp):
     """Y = A @ dequant(B)^T + bias: B [N, k_blocks, blob] holds each row's K values, ``bits`` wide,
     packed low bits first; w = (q - zero_point) * scale per block of ``block_size`` along K
     (zero point 2^(bits-1) when absent; packed uint8 or float). The oracle computes the dequantized
-    product exactly (float64): ``accuracy_level`` (how far ONNX Runtime may quantize A) is ignored."""
+    product exactly (float64): ``accuracy_level`` (the least accurate A the model allows: 4, int8, as
+    ONNX Runtime's CPU kernel computes) is not the oracle's arithmetic; the near-tie band covers it
+    (``anchors.ACCURACY_LEVEL_ROUNDOFF``)."""
 
     ATTRIBUTES = {"K": None, "N": None, "bits": 4, "block_size": None, "accuracy_level": 0, "weight_prepacked": 0}
     N_INPUTS = 6
