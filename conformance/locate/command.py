@@ -1,7 +1,9 @@
 """``lockstep locate MODEL --engine SPEC``: the first node whose value leaves its band.
 
-Exit status: 0 when nothing leaves its band, 1 when a divergent node is found (its report printed;
-with ``--reduce DIR`` the minimal case written), 2 on a usage error or what cannot be located.
+Exit status: 0 when nothing leaves its band, 1 when a node is found (its report printed; with
+``--reduce DIR`` the minimal case written): a divergent node, or the node the engine fails at when it
+raises instead of producing values (one line: that node and the engine's first error line), 2 on a
+usage error or what cannot be located.
 """
 
 from __future__ import annotations
@@ -38,20 +40,34 @@ def command_line(subject_args: list[str], engine: str, session: str | None = Non
 
 def _how(loc: Located) -> str:
     if loc.method == "exposed":
-        return "exposed as outputs"
+        return "exposed as outputs" + (f"; {loc.note}" if loc.note else "")
     if loc.method == "bisect":
         return "by bisection over extracted prefixes: " + loc.note
     return "exposed as outputs, in its " + loc.note
 
 
+def failure_text(loc: Located) -> str:
+    """The one-line result of an engine that raises instead of producing values."""
+    f = loc.failure
+    where = (f"engine error at node {f.label} ({f.op_type}, node {f.node}), {f.how}" if f.node is not None
+             else f"engine error, at no node ({f.how})")
+    return f"{where}: {f.error}"
+
+
 def render_text(loc: Located) -> str:
     d = loc.as_dict()
+    if loc.failure is not None and loc.method == "error":
+        return (f"locate: {loc.subject.label} on {loc.engine}: it raises instead of producing values\n"
+                f"{failure_text(loc)}")
     lines = [f"locate: {loc.subject.label} on {loc.engine} (precision {loc.units.precision}); "
              f"{d['compared']} values compared with the float64 oracle "
              f"({_how(loc)})"]
     outs = ", ".join(f"{o.name} {o.status} (error {_num(o.error)}, band {_num(o.band)})" for o in loc.outputs)
     lines.append(f"graph outputs: {outs or 'none compared'}")
     f = d["first_divergent_node"]
+    if loc.failure is not None:
+        lines.append(failure_text(loc))
+        return "\n".join(lines)
     if f is None:
         lines.append("no divergence: every value is inside its band")
         return "\n".join(lines)
@@ -120,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     loc = locate_in_session(engine, s, args.session, progress=say) if args.session else locate(engine, s, progress=say)
     result = loc.as_dict()
     result["command"] = command_line(s.args, args.engine, args.session)
-    if args.reduce is not None and loc.finding is not None:
+    if args.reduce is not None and loc.found:
         from .reduce import reduce_to_case, write_case
 
         red = reduce_to_case(engine, s, loc, progress=say)
-        write_case(args.reduce, red, engine=args.engine, command=result["command"])
-        result["reduced"] = {"dir": str(args.reduce), "nodes": red.nodes, "tries": red.tries,
-                             "first_node": red.first_node}
+        if red.located is not None:
+            write_case(args.reduce, red, engine=args.engine, command=result["command"])
+            result["reduced"] = {"dir": str(args.reduce), "nodes": red.nodes, "tries": red.tries,
+                                 "first_node": red.first_node, "note": red.note}
+        else:
+            result["reduced"] = {"dir": None, "note": red.note}
     if args.plot is not None:
         result["plot"] = str(plot(loc, args.plot))
     if args.format == "json":
@@ -135,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         print(render_text(loc))
         if "reduced" in result:
             r = result["reduced"]
-            print(f"reduced: {r['nodes']} node(s) written to {r['dir']} ({r['tries']} tries): "
-                  f"lockstep cases --engine {shlex.quote(args.engine)} --cases-dir {shlex.quote(str(args.reduce))}")
+            if r["dir"] is None:
+                print(f"reduced: nothing written: {r['note']}")
+            else:
+                print(f"reduced: {r['nodes']} node(s) written to {r['dir']} ({r['tries']} tries"
+                      f"{'; ' + r['note'] if r['note'] else ''}): "
+                      f"lockstep cases --engine {shlex.quote(args.engine)} --cases-dir {shlex.quote(str(args.reduce))}")
         if "plot" in result:
             print(f"plot: {result['plot']}")
-    return 1 if loc.finding is not None else 0
+    return 1 if loc.found else 0

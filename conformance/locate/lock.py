@@ -46,6 +46,10 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
     except Exception as exc:
         return f"locate: {type(exc).__name__}: {exc} ({cmd})", None
     data = plot_data(loc, gm.name, mode, position)
+    if loc.failure is not None:
+        f = loc.failure
+        where = f"at node {f.label} ({f.op_type})" if f.node is not None else "at no node its error names"
+        return f"{engine.name} raises instead of producing values, {where}: {f.error}: {cmd}", data
     if loc.finding is None:
         session = (f"; through its decode session: {command_line(s.args, spec_of(engine), 'eager')}"
                    if position is not None else "")

@@ -1,7 +1,15 @@
 """Find the first divergent node of an engine on a subject: its intermediate values exposed as
 graph outputs (one run), or, where the engine cannot run that model or exposing its values changes
 what it computes (a fusion that no longer fires), a bisection over the model's prefixes extracted as
-models of their own (about log2(nodes) runs)."""
+models of their own (about log2(nodes) runs).
+
+Where the engine raises instead of producing values (``failure``), the result is that error, at a node:
+the one its error names on the model as it is (exposing values changes what an engine's own type and
+shape inference sees, so what runs once they are exposed does not say where the model fails), else the
+first node whose prefix, extracted as a model, the engine fails on. In a bisection too, a prefix the
+engine fails on is located as its error at the node it names (else the prefix's last node), never as a
+value out of band at a later one.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +20,14 @@ import numpy as np
 
 from lockstep.engines.protocol import Unsupported, precision_of
 
+from .failure import EngineFailure, failed_at, failure_line
 from .graph import declared_types, exposed, extract, outer_reads
 from .judge import Finding, Judged, Units, first_divergence, judge_values, units_for
 from .oracle import LocateError, evaluate, widen_feeds, widened
+from .runs import prepared
 from .subject import Subject
 
-__all__ = ["Located", "locate", "Evaluations", "evaluations"]
+__all__ = ["Located", "locate", "Evaluations", "evaluations", "failure_line"]
 
 
 @dataclass
@@ -35,18 +45,25 @@ def evaluations(s: Subject) -> Evaluations:
 
 @dataclass
 class Located:
-    """What ``locate`` found: every judged value, the first divergent node (or None), how."""
+    """What ``locate`` found: every judged value, the first divergent node (or None), how; or,
+    where the engine raised instead of producing values, ``failure`` (``finding`` is then None)."""
 
     subject: Subject
     engine: str
     units: Units
-    method: str                       # exposed | bisect
+    method: str                       # exposed | session-eager | session-capture | bisect | error
     judged: list[Judged]
     finding: Finding | None
     outputs: list[Judged]             # the graph outputs of the model as it is
     note: str = ""
     runs: int = 0
     evals: Evaluations | None = field(default=None, repr=False)
+    failure: EngineFailure | None = None
+
+    @property
+    def found(self) -> bool:
+        """A node was located: a divergent one, or one the engine fails at."""
+        return self.finding is not None or self.failure is not None
 
     def as_dict(self) -> dict[str, Any]:
         return {"subject": self.subject.label, "engine": self.engine, "precision": self.units.precision,
@@ -54,23 +71,9 @@ class Located:
                 "compared": sum(j.status in ("in", "out") for j in self.judged),
                 "out_of_band": sum(j.status == "out" for j in self.judged),
                 "first_divergent_node": self.finding.as_dict() if self.finding else None,
+                "engine_error": self.failure.as_dict() if self.failure else None,
                 "graph_outputs": [o.as_dict() for o in self.outputs],
                 "values": [j.as_dict() for j in self.judged]}
-
-
-def failure_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"
-
-
-def _run(engine, model, feeds: dict[str, Any]) -> dict[str, Any]:
-    names = [o.name for o in model.graph.output]
-    init = {t.name for t in model.graph.initializer}
-    wanted = {i.name for i in model.graph.input if i.name not in init}
-    outs = engine.prepare(model)({k: v for k, v in feeds.items() if k in wanted})
-    if len(outs) != len(names):
-        raise LocateError(f"{engine.name} returned {len(outs)} outputs for the model's {len(names)}")
-    return dict(zip(names, outs))
 
 
 def _frontier(model, k: int, values: dict[str, Any]) -> list[str]:
@@ -81,50 +84,63 @@ def _frontier(model, k: int, values: dict[str, Any]) -> list[str]:
     return [o for n in g.node[:k] for o in n.output if o in later and isinstance(values.get(o), np.ndarray)]
 
 
-def _bisect(engine, s: Subject, ev: Evaluations, units: Units, why: str) -> tuple[list[Judged], Finding | None, int]:
-    """The smallest prefix whose frontier leaves its band (or on which the engine fails), by bisection."""
-    g = s.model.graph
-    seen: dict[int, list[Judged] | str] = {}
-    declared = declared_types(s.model)
+def _prefix(engine, s: Subject, ev: Evaluations, units: Units, k: int) -> list[Judged] | tuple[Any, BaseException]:
+    """The first ``k`` nodes extracted as a model, run through ``prepare``: their frontier judged, or the
+    extracted model and what the engine raised on it."""
+    outs = _frontier(s.model, k, ev.native)
+    sub = extract(s.model, range(k), outs, ev.native, name=f"prefix-{k}", declared=declared_types(s.model))
+    try:
+        got = prepared(engine, sub, s.feeds)
+        return judge_values(s.model, got, ev.native, ev.exact, units, only=set(outs))
+    except Exception as exc:  # the engine fails on this prefix: located as its error
+        return sub, exc
 
-    def judged(k: int) -> list[Judged] | str:
+
+def _bisect(engine, s: Subject, ev: Evaluations, units: Units, why: str, end: int | None = None,
+            seen: dict[int, list[Judged] | tuple[Any, BaseException]] | None = None,
+            ) -> tuple[list[Judged], Finding | None, EngineFailure | None, int]:
+    """The smallest prefix, of at most ``end`` nodes, whose frontier leaves its band or on which the
+    engine fails, by bisection: (judged values, the divergent node or None, the failure or None, runs).
+    ``seen``: prefixes already run, by length."""
+    g = s.model.graph
+    seen = dict(seen or {})
+    ran = len(seen)
+
+    def judged(k: int) -> list[Judged] | tuple[Any, BaseException]:
         if k not in seen:
-            outs = _frontier(s.model, k, ev.native)
-            sub = extract(s.model, range(k), outs, ev.native, name=f"prefix-{k}", declared=declared)
-            try:
-                got = _run(engine, sub, s.feeds)
-                seen[k] = judge_values(s.model, got, ev.native, ev.exact, units, only=set(outs))
-            except Exception as exc:  # a failure of the engine on a prefix: the divergence is in it
-                seen[k] = failure_line(exc)
+            seen[k] = _prefix(engine, s, ev, units, k)
         return seen[k]
 
     def diverges(k: int) -> bool:
         got = judged(k)
-        return isinstance(got, str) or any(j.status == "out" for j in got)
+        return isinstance(got, tuple) or any(j.status == "out" for j in got)
 
-    lo, hi = 0, len(g.node)
+    lo, hi = 0, len(g.node) if end is None else end
     if not diverges(hi):
-        return judged(hi), None, len(seen)
+        return judged(hi), None, None, len(seen) - ran
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if diverges(mid):
             hi = mid
         else:
             lo = mid
-    if hi == 1 and isinstance(judged(1), str):
-        raise LocateError(f"{engine.name} cannot run the model with its values exposed ({why}) nor its first node "
-                          f"extracted as a model ({judged(1)})")
     found = {j.name: j for j in (judged(lo) if lo else [])}
     last = judged(hi)
-    if isinstance(last, str):  # the engine fails once node hi-1 is in: that node is where it breaks
-        node = g.node[hi - 1]
-        for o in (o for o in node.output if o):
-            found[o] = Judged(o, hi - 1, node.name or f"#{hi - 1}", node.op_type, "?", 0, 0, float("inf"), 0.0,
-                              0.0, "out", f"the engine fails on the model's first {hi} nodes: {last}")
-    else:
-        found.update({j.name: j for j in last})
+    if isinstance(last, tuple):  # the node its error names in the prefix, else the prefix's last node
+        sub, exc = last
+        failure = failed_at(sub, exc, f"named by its error on the model's first {hi} nodes extracted as a model")
+        if failure.node is None:
+            if hi == 1:
+                raise LocateError(f"{engine.name} cannot run the model ({why}) nor its first node extracted as a "
+                                  f"model ({failure_line(exc)})")
+            node = g.node[hi - 1]
+            failure = EngineFailure(failure.error, hi - 1, node.name, node.op_type,
+                                    f"the first node whose prefix it fails on (it runs the first {lo}, fails on "
+                                    f"the first {hi}, each extracted as a model)")
+        return sorted(found.values(), key=lambda j: j.node), None, failure, len(seen) - ran
+    found.update({j.name: j for j in last})
     values = sorted(found.values(), key=lambda j: j.node)
-    return values, first_divergence(s.model, values, s.feeds), len(seen)
+    return values, first_divergence(s.model, values, s.feeds), None, len(seen) - ran
 
 
 def judging(engine, s: Subject, evals: Evaluations | None, say: Callable[[str], None]) -> tuple[Units, Evaluations]:
@@ -137,29 +153,58 @@ def judging(engine, s: Subject, evals: Evaluations | None, say: Callable[[str], 
     return units_for(precision, s.dtype), evals or evaluations(s)
 
 
+def _bisected(engine, s: Subject, ev: Evaluations, units: Units, why: str, outputs: list[Judged], runs: int,
+              say: Callable[[str], None], raised: BaseException | None = None, end: int | None = None,
+              seen: dict | None = None) -> Located:
+    say(f"{engine.name}: bisecting over extracted prefixes ({why})")
+    judged, finding, failure, n = _bisect(engine, s, ev, units, why, end, seen)
+    if raised is not None and finding is None and failure is None:  # it fails on the model, on no prefix
+        failure = EngineFailure(failure_line(raised, 1000), None,
+                                how="its error names no node, and it runs every prefix extracted as a model")
+    return Located(s, engine.name, units, "bisect", judged, finding, outputs, note=why, runs=runs + n, evals=ev,
+                   failure=failure)
+
+
+def _named(engine, s: Subject, ev: Evaluations, units: Units, failure: EngineFailure,
+           say: Callable[[str], None]) -> Located:
+    """The node the engine's error names, unless a value before it is already out of its band (a run-time
+    failure on a wrong input, a shape): the nodes before it, extracted as a model, are judged (one run; a
+    failure of the engine on them proves nothing, as an extraction changes what its inference sees)."""
+    k = failure.node
+    before = _prefix(engine, s, ev, units, k) if k else []
+    if isinstance(before, tuple) or not any(j.status == "out" for j in before):
+        return Located(s, engine.name, units, "error", before if isinstance(before, list) else [], None, [],
+                       note="it fails on the model itself", runs=2 if k else 1, evals=ev, failure=failure)
+    why = (f"it fails on the model itself at {failure.label} ({failure.op_type}) on values already out of band "
+           f"before it: {failure.error[:300]}")
+    return _bisected(engine, s, ev, units, why, [], 2, say, end=k, seen={k: before})
+
+
 def locate(engine, s: Subject, *, evals: Evaluations | None = None,
            progress: Callable[[str], None] | None = None) -> Located:
-    """Run ``engine`` on ``s`` and find its first divergent node (module docstring)."""
+    """Run ``engine`` on ``s`` and find its first divergent node, or the node it fails at (module
+    docstring). Raises ``LocateError`` where the engine declares ``s`` unsupported."""
     say = progress or (lambda _m: None)
     units, ev = judging(engine, s, evals, say)
     outputs = {o.name for o in s.model.graph.output}
     say(f"{engine.name}: the model as it is")
     try:
-        plain = _run(engine, s.model, s.feeds)
+        plain = prepared(engine, s.model, s.feeds)
     except Unsupported as exc:
         raise LocateError(f"{engine.name} cannot run {s.label}: {exc}") from None
-    except Exception as exc:  # it fails on the model itself: bisection finds the node it fails at
-        why = f"it fails on the model itself: {failure_line(exc)}"
-        say(f"{engine.name}: bisecting over extracted prefixes ({why})")
-        judged, finding, runs = _bisect(engine, s, ev, units, why)
-        return Located(s, engine.name, units, "bisect", judged, finding, [], note=why, runs=runs + 1, evals=ev)
+    except Exception as exc:  # it raises on the model itself: at the node its error names, else bisected
+        failure = failed_at(s.model, exc, "named by its error on the model itself")
+        if failure.node is None:
+            why = f"it fails on the model itself: {failure_line(exc)}"
+            return _bisected(engine, s, ev, units, why, [], 1, say, raised=exc)
+        return _named(engine, s, ev, units, failure, say)
     final = judge_values(s.model, plain, ev.native, ev.exact, units, only=outputs)
     diverges = any(j.status == "out" for j in final)
     m, _ = exposed(s.model, ev.native)
     say(f"{engine.name}: the model with its {len(m.graph.output) - len(outputs)} intermediate values exposed")
     why = ""
     try:
-        values = _run(engine, m, s.feeds)
+        values = prepared(engine, m, s.feeds)
     except Exception as exc:
         values, why = None, f"it refused: {failure_line(exc)}"
     if values is not None:
@@ -168,6 +213,4 @@ def locate(engine, s: Subject, *, evals: Evaluations | None = None,
         if finding is not None or not diverges:
             return Located(s, engine.name, units, "exposed", judged, finding, final, runs=2, evals=ev)
         why = "exposing them hides the divergence of the graph's outputs (a fusion that no longer fires?)"
-    say(f"{engine.name}: bisecting over extracted prefixes ({why})")
-    judged, finding, runs = _bisect(engine, s, ev, units, why)
-    return Located(s, engine.name, units, "bisect", judged, finding, final, note=why, runs=runs + 2, evals=ev)
+    return _bisected(engine, s, ev, units, why, final, 2, say)

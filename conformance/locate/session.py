@@ -19,6 +19,7 @@ from typing import Callable
 from lockstep.decoding import open_session
 from lockstep.engines.protocol import Unsupported
 
+from .failure import failed_at
 from .graph import data_dependent, exposed
 from .judge import first_divergence, judge_values
 from .oracle import LocateError
@@ -68,8 +69,10 @@ def locate_in_session(engine, s: Subject, mode: str, *, evals: Evaluations | Non
             logits = session.forward([d.context[p]])
         after = session.capture_stats()
     except Exception as exc:  # the engine's failure, in one line: where, and what it said
+        f = failed_at(m, exc)
+        node = f" at node {f.label} ({f.op_type}, node {f.node})" if f.node is not None else ""
         raise LocateError(f"{engine.name}'s {mode} decode session fails on the model with its values exposed, "
-                          f"at position {p}: {failure_line(exc)}") from None
+                          f"at position {p}{node}: {failure_line(exc)}") from None
     got = dict(session.values())
     got[d.io.logits] = logits[None]  # [1, 1, vocab], as the graph's output
     judged = judge_values(s.model, got, ev.native, ev.exact, units, only=set(got))
