@@ -1,16 +1,21 @@
-"""``lockstep locate`` when the engine raises instead of producing values.
+"""``lockstep locate`` when the engine raises instead of producing values, and when its decode session is
+not its ``prepare``.
 
 - An engine's own type or shape inference at load depends on the model around a node: exposing a value as
   an output (or extracting a prefix) declares its type and shape and can mend what failed. The failure
   is located at the node the engine's error names on the model as it is (nxrt's and ONNX Runtime's
   message forms), else at the first node whose prefix fails, and said as an error, never as a value out
   of band at a later node. ``--reduce`` writes that node alone where it fails alone, else says so.
+- A decoder's prefill runs in the engine's own decode session (``open_session``), as its prefill lock
+  does: an engine whose ``decoder()`` and ``prepare`` differ is located through the decoder.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from lockstep.conformance.locate import locate, subject
 from lockstep.conformance.locate.command import render_text
@@ -145,3 +150,51 @@ def test_nxrt_failure_is_located_at_the_node_it_names():
     loc = locate(engine, s)
     assert loc.failure is not None and (loc.failure.node, loc.failure.op_type) == (49, "Transpose"), loc.as_dict()
     assert "perm rank" in loc.failure.error
+
+
+def _scaled(model: onnx.ModelProto, node: str) -> onnx.ModelProto:
+    """``model`` with ``node``'s MatMul weight scaled by 1.25 (a fusion bug)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    n = next(n for n in m.graph.node if n.name == node)
+    t = next(t for t in m.graph.initializer if t.name == n.input[1])
+    t.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(t) * np.float32(1.25)).astype(np.float32), t.name))
+    return m
+
+
+class _TwoPaths:
+    """ONNX Runtime's CPU provider whose decode session (``decoder``) and ``prepare`` differ: a bug planted
+    in the one named ``broken``."""
+
+    def __init__(self, broken: str, node: str = "layers.1/up_proj"):
+        self.inner, self.name, self.broken, self.node = load_engine("ort-cpu"), f"broken-{broken}", broken, node
+        self.precision = self.inner.precision
+
+    def available(self):
+        return True, ""
+
+    def _model(self, model, path):
+        return _scaled(model, self.node) if path == self.broken and any(
+            n.name == self.node for n in model.graph.node) else model
+
+    def prepare(self, model):
+        return self.inner.prepare(self._model(model, "prepare"))
+
+    def decoder(self, model, *, capture=False, io=None):
+        return self.inner.decoder(self._model(model, "decoder"), capture=capture, io=io)
+
+
+def test_a_prefill_is_located_through_the_engines_own_decoder():
+    """The prefill lock runs in the engine's decode session, so locate does: a bug in the decoder only is
+    located at its node, a bug in prepare only is not (the decoder is right)."""
+    s = subject("tiny-fp32-standard")
+    loc = locate(_TwoPaths("decoder"), s)
+    assert loc.method == "session-eager", loc.method
+    assert loc.finding is not None and loc.finding.name == "layers.1/up_proj", \
+        f"result: the decoder's bug located at {loc.finding and loc.finding.name}"
+    loc = locate(_TwoPaths("prepare"), s)
+    assert loc.method == "session-eager" and loc.finding is None and loc.failure is None, \
+        f"result: prepare's bug located through the prefill: {loc.finding and loc.finding.name}"
+    step = locate(_TwoPaths("prepare"), subject("tiny-fp32-standard", position=20))
+    assert step.method == "exposed" and step.finding.name == "layers.1/up_proj", \
+        "contract: a step on the oracle's past runs through prepare"

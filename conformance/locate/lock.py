@@ -53,6 +53,9 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
     if loc.finding is None:
         session = (f"; through its decode session: {command_line(s.args, spec_of(engine), 'eager')}"
                    if position is not None else "")
+        if loc.method.startswith("session"):
+            return (f"no node leaves its band in {engine.name}'s decode session's prefill with its values exposed "
+                    f"(exposing them may hide it): {cmd}"), data
         return (f"no node leaves its band when {engine.name} runs the graph through prepare (the divergence is "
                 f"in its decode session, not in its graph execution): {cmd}{session}"), data
     f = loc.finding.as_dict()

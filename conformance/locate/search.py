@@ -3,6 +3,10 @@ graph outputs (one run), or, where the engine cannot run that model or exposing 
 what it computes (a fusion that no longer fires), a bisection over the model's prefixes extracted as
 models of their own (about log2(nodes) runs).
 
+A decoder's prefill on an engine that declares its own decode session runs in that session (``runs``:
+what the golden prefill lock runs, not ``prepare``); node cases, decode steps on the oracle's past,
+bisections and the values of a session without ``values()`` run through ``prepare``.
+
 Where the engine raises instead of producing values (``failure``), the result is that error, at a node:
 the one its error names on the model as it is (exposing values changes what an engine's own type and
 shape inference sees, so what runs once they are exposed does not say where the model fails), else the
@@ -21,10 +25,10 @@ import numpy as np
 from lockstep.engines.protocol import Unsupported, precision_of
 
 from .failure import EngineFailure, failed_at, failure_line
-from .graph import declared_types, exposed, extract, outer_reads
+from .graph import data_dependent, declared_types, exposed, extract, outer_reads
 from .judge import Finding, Judged, Units, first_divergence, judge_values, units_for
 from .oracle import LocateError, evaluate, widen_feeds, widened
-from .runs import prepared
+from .runs import prefilled, prepared, through_session
 from .subject import Subject
 
 __all__ = ["Located", "locate", "Evaluations", "evaluations", "failure_line"]
@@ -187,30 +191,43 @@ def locate(engine, s: Subject, *, evals: Evaluations | None = None,
     say = progress or (lambda _m: None)
     units, ev = judging(engine, s, evals, say)
     outputs = {o.name for o in s.model.graph.output}
-    say(f"{engine.name}: the model as it is")
+    session = through_session(engine, s)
+    inside = " in its decode session" if session else ""
+    say(f"{engine.name}: the model as it is{inside}")
     try:
-        plain = prepared(engine, s.model, s.feeds)
+        plain = prefilled(engine, s.model, s.decode, values=False) if session else prepared(engine, s.model, s.feeds)
     except Unsupported as exc:
         raise LocateError(f"{engine.name} cannot run {s.label}: {exc}") from None
     except Exception as exc:  # it raises on the model itself: at the node its error names, else bisected
-        failure = failed_at(s.model, exc, "named by its error on the model itself")
+        failure = failed_at(s.model, exc, f"named by its error on the model itself{inside}")
         if failure.node is None:
-            why = f"it fails on the model itself: {failure_line(exc)}"
+            why = f"it fails on the model itself{inside}: {failure_line(exc)}"
             return _bisected(engine, s, ev, units, why, [], 1, say, raised=exc)
         return _named(engine, s, ev, units, failure, say)
-    final = judge_values(s.model, plain, ev.native, ev.exact, units, only=outputs)
+    # the graph outputs it returned (a decode session keeps its presents)
+    final = judge_values(s.model, plain, ev.native, ev.exact, units, only=outputs & set(plain))
     diverges = any(j.status == "out" for j in final)
-    m, _ = exposed(s.model, ev.native)
-    say(f"{engine.name}: the model with its {len(m.graph.output) - len(outputs)} intermediate values exposed")
-    why = ""
+    # a session builds its own feeds (a mask of its cache's width): only the values the step computes from
+    # its data, of symbolic shapes, as ``locate_in_session`` exposes them
+    m, _ = exposed(s.model, ev.native, symbolic=True, only=data_dependent(s.model.graph)) if session else \
+        exposed(s.model, ev.native)
+    say(f"{engine.name}: the model with its {len(m.graph.output) - len(outputs)} intermediate values exposed{inside}")
+    why, method, note = "", "exposed", ""
     try:
-        values = prepared(engine, m, s.feeds)
+        values = prefilled(engine, m, s.decode, values=True) if session else prepared(engine, m, s.feeds)
+        if session and values is not None:
+            method, note = "session-eager", f"eager decode session: prefill of {len(s.decode.context)}"
+        elif session:  # its session returns no values: the intermediate values through prepare
+            note = "its decode session returns no values(): the logits from it, the values through prepare"
+            values = prepared(engine, exposed(s.model, ev.native)[0], s.feeds)
     except Exception as exc:
         values, why = None, f"it refused: {failure_line(exc)}"
     if values is not None:
         judged = judge_values(s.model, values, ev.native, ev.exact, units)
         finding = first_divergence(s.model, judged, s.feeds)
         if finding is not None or not diverges:
-            return Located(s, engine.name, units, "exposed", judged, finding, final, runs=2, evals=ev)
+            return Located(s, engine.name, units, method, judged, finding, final, note=note, runs=2, evals=ev)
         why = "exposing them hides the divergence of the graph's outputs (a fusion that no longer fires?)"
+    if session:
+        why += "; the prefixes through prepare"
     return _bisected(engine, s, ev, units, why, final, 2, say)
