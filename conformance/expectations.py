@@ -281,10 +281,43 @@ def rows_from_report(report: dict, engine: str, *, new_only: bool = False) -> li
     return rows
 
 
+def failures_from_report(report: dict, engine: str) -> list[tuple[str, str]]:
+    """``(key, reason)`` of every test ``engine`` failed in a report, by a wrong value or an error
+    (not a test it newly cannot run: ``rows_from_report``): the golden locks, tripwires and capture
+    identity as well as node cases. ``reason``: what failed (``wrong value``, ``error``) and the
+    failure's first line."""
+    rows = []
+    for nodeid, o in report.get("tests", {}).items():
+        if o.get("engine") != engine or o.get("outcome") != "failed" or o.get("newly_unsupported"):
+            continue
+        message = o.get("message") or ""
+        if " newly cannot run " in message:
+            continue
+        key = o.get("key") or key_from_nodeid(nodeid, engine)
+        rows.append((key, f"{o.get('failure') or 'error'}: {message}".strip()[:240]))
+    return sorted(rows)
+
+
+def emit_xfails(engine: str, rows: Iterable[tuple[str, str]], when: dict[str, str] | None = None, *,
+                engine_field: bool = False, source: str = "") -> str:
+    """TOML strict ``xfail`` entries, one per failing test (``(key, reason)`` rows): known failures,
+    each with what failed; a test that starts passing then fails the run, so the entry goes."""
+    rows = list(rows)
+    lines = [f"# {engine}: {len(rows)} known failure(s)" + (f" (from {source})" if source else ""), ""]
+    for key, reason in rows:
+        lines += ["[[expect]]"] + ([f'engine = "{engine}"'] if engine_field else [])
+        lines += [f"pattern = {_q(key)}", 'kind = "xfail"', f"reason = {_q(reason)}"]
+        if when:
+            lines.append("when = { " + ", ".join(f"{k} = {_q(v)}" for k, v in when.items()) + " }")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``lockstep expectations --from-report reports/report.json --engine NAME [--new]
+    """``lockstep expectations --from-report reports/report.json --engine NAME [--new | --failures]
     [--when onnxruntime==1.31.*] [--engine-field]``: TOML ``unsupported`` entries for what the engine
-    could not run, for its own expectations file."""
+    could not run, or (``--failures``) strict ``xfail`` entries for what it failed, for its own
+    expectations file."""
     import json
     import sys
 
@@ -297,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", action="store_true",
                     help="only the cases that failed as newly unsupported (append them: >> FILE); default: every "
                          "case the engine could not run, expected or not (a whole unsupported section)")
+    ap.add_argument("--failures", action="store_true",
+                    help="strict xfail entries for every test the engine failed by a wrong value or an error (golden "
+                         "locks, tripwires, capture identity, node cases): record known failures, each with what "
+                         "failed; append them: >> FILE")
     ap.add_argument("--engine-field", action="store_true",
                     help="write engine = NAME into each entry (a file several engines share, like lockstep's own); "
                          "default: entries for the engine's own file, which its variants may share")
@@ -320,7 +357,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ap.prog}: error: --engine {', '.join(unknown)}: not in {args.from_report} (its engines: {', '.join(known)})",
               file=sys.stderr)
         return 2
+    if args.failures and args.new:
+        print(f"{ap.prog}: error: --failures and --new: one at a time (xfail entries, or unsupported ones)",
+              file=sys.stderr)
+        return 2
     for engine in args.engine:
+        if args.failures:
+            print(emit_xfails(engine, failures_from_report(report, engine), when or None,
+                              engine_field=args.engine_field, source=args.from_report))
+            continue
         print(emit(engine, rows_from_report(report, engine, new_only=args.new), when or None,
                    engine_field=args.engine_field, source=args.from_report))
     return 0

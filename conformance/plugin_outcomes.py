@@ -116,9 +116,11 @@ class OutcomeRecorder:
         if report.failed:
             if entry["outcome"] != "failed":
                 entry["message"] = first_line(report)
+                entry["failure"] = "newly unsupported" if "newly_unsupported" in entry else failure_kind(report)
             entry["outcome"] = "failed"
         elif hasattr(report, "wasxfail"):
             entry["outcome"] = "xfailed"
+            entry["failure"] = failure_kind(report)
         elif report.skipped and entry["outcome"] == "passed":
             entry["outcome"] = "skipped"
             msg = skip_reason(report)
@@ -126,6 +128,18 @@ class OutcomeRecorder:
             if UNAVAILABLE in msg:
                 name, reason = msg.split(UNAVAILABLE, 1)[1].split(": ", 1)
                 st.skipped[(name, reason)] += int(props.get("stands_for", 1))
+
+
+FAILURE_KINDS = ("wrong value", "error", "newly unsupported")
+
+
+def failure_kind(report) -> str:
+    """What a failed (or xfailed) test's exception says it is: ``wrong value`` (an ``AssertionError``:
+    a result outside its tolerance or band, a contract's check) or ``error`` (anything the engine or
+    the test raised: ``lockstep.engines.refusal``'s rule)."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    text = crash.message if crash is not None else str(getattr(report, "longrepr", ""))
+    return "wrong value" if text.lstrip().startswith(("AssertionError", "assert ")) else "error"
 
 
 def first_line(report) -> str:

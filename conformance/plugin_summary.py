@@ -39,6 +39,7 @@ def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
                 f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
                 yellow=t["near_tie"], red=not t["near_tie"],
             )
+    _failures_by_kind(tr, st)
     _newly_unsupported(tr, config, st)
     _newly_running(tr, st)
     _unsupported_by_operator(tr, st)
@@ -52,6 +53,22 @@ def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
         )
     if st.suite:
         _short_summary_with_messages(tr, config)
+
+
+def _failures_by_kind(tr, st: SuiteState) -> None:
+    """Per engine, its failures counted apart by what failed: wrong values (an AssertionError: outside
+    the tolerance or band), errors (the engine raised), tests it newly cannot run."""
+    by_engine: dict[str, Counter] = {}
+    for o in st.outcomes.values():
+        if o.get("outcome") == "failed" and o.get("engine") not in (None, "-"):
+            by_engine.setdefault(o["engine"], Counter())[o.get("failure") or "error"] += 1
+    if not by_engine:
+        return
+    tr.section("lockstep: failures by kind (wrong values, errors, newly unsupported)")
+    for engine, c in sorted(by_engine.items()):
+        parts = [_n(c[k], k).replace("errors", "errors (the engine raised)") for k in
+                 ("wrong value", "error", "newly unsupported") if c[k]]
+        tr.write_line(f"{engine}: " + ", ".join(parts), red=True)
 
 
 def _shown(path: Path) -> str:

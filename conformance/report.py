@@ -35,12 +35,17 @@ class ReportError(LockstepError, ValueError):
 
 
 def summarize(outcomes: dict[str, dict]) -> dict:
+    """Per engine: counts of each status; ``kinds``: its failed and xfailed tests by what failed
+    (``wrong value``, ``error``, ``newly unsupported``: counted apart); ``gaps``: by operator."""
     per_engine: dict[str, Counter] = defaultdict(Counter)
+    kinds: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     gaps: dict[str, Counter] = defaultdict(Counter)  # op -> engine -> non-passing node cases
     for _nodeid, o in outcomes.items():
         engine = o.get("engine") or NO_ENGINE
         status = o.get("outcome", "passed")
         per_engine[engine][status] += int(o.get("stands_for", 1))  # an unavailable engine's one skip for many
+        if status in ("failed", "xfailed"):
+            kinds[engine][status][o.get("failure") or "error"] += 1
         ops = [o["op"]] if o.get("op") else o.get("ops", [])  # the op the case is about
         if status != "passed" and ops:
             unavailable = "lockstep: unavailable: " in (o.get("reason") or "")
@@ -49,6 +54,7 @@ def summarize(outcomes: dict[str, dict]) -> dict:
                     gaps[op][engine] += 1
     return {
         "engines": {e: {s: c.get(s, 0) for s in STATUSES} for e, c in sorted(per_engine.items())},
+        "kinds": {e: {s: dict(sorted(c.items())) for s, c in sorted(k.items())} for e, k in sorted(kinds.items())},
         "gaps": {op: dict(sorted(c.items())) for op, c in sorted(gaps.items())},
     }
 
@@ -93,11 +99,22 @@ def render_markdown(summary: dict, engines: dict[str, dict] | None = None, outco
              "|---|" + "---|" * len(STATUSES)]
     for engine, counts in summary["engines"].items():
         lines.append(f"| {engine} | " + " | ".join(str(counts[s]) for s in STATUSES) + " |")
+    kinds = summary.get("kinds") or {}
+    if kinds:
+        lines += ["", "Failed and known-failing (xfailed) tests by what failed: a wrong value (outside its tolerance "
+                  "or band), an error (the engine raised), a test the engine newly cannot run.", "",
+                  "| engine | failed: wrong values | failed: errors | failed: newly unsupported "
+                  "| xfailed: wrong values | xfailed: errors |", "|---|---|---|---|---|---|"]
+        for engine, k in kinds.items():
+            f, x = k.get("failed", {}), k.get("xfailed", {})
+            lines.append(f"| {engine} | {f.get('wrong value', 0)} | {f.get('error', 0)} | {f.get('newly unsupported', 0)} "
+                         f"| {x.get('wrong value', 0)} | {x.get('error', 0)} |")
     failed = {k: o for k, o in (outcomes or {}).items() if o.get("outcome") == "failed"}
     if failed:
         lines += ["", f"## Failures ({len(failed)})", ""]
         for nodeid, o in list(failed.items())[:200]:
-            lines.append(f"- `{nodeid}`: {(o.get('message') or '').replace('|', '/')}")
+            kind = f" ({o['failure']})" if o.get("failure") else ""
+            lines.append(f"- `{nodeid}`{kind}: {(o.get('message') or '').replace('|', '/')}")
         if len(failed) > 200:
             lines.append(f"- ... and {len(failed) - 200} more (report.json)")
     newly = [(o.get("engine"), o["newly_runs"]) for o in (outcomes or {}).values() if o.get("newly_runs")]

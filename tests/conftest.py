@@ -1,6 +1,11 @@
 """The unit tests' pytest configuration (the repository-wide one is ../conftest.py)."""
 
+import onnx  # noqa: F401  (see below)
 import pytest
+
+# pytester's in-process runs restore sys.modules after each run: a module first imported inside one is
+# imported again by the next, and onnx's C++ extension cannot be (protobuf aborts the process on the
+# second registration of onnx.proto). Imported here, before any such run, it is kept across them.
 
 
 @pytest.fixture(autouse=True)

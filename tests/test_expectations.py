@@ -282,3 +282,56 @@ def test_the_key_of_a_test_whose_only_parameter_is_the_engine_is_its_function():
     assert key_from_nodeid("conformance/x/test_y.py::test_f[ort-genai]", "ort-genai") == "test_f"
     assert key_from_nodeid("conformance/x/test_y.py::test_f[ort-genai-tiny]", "ort-genai") == "test_f[tiny]"
     assert key_from_nodeid("conformance/x/test_y.py::test_f[tiny-ort-genai]", "ort-genai") == "test_f[tiny]"
+
+
+FLAKY = '''
+from pathlib import Path
+
+import numpy as np
+
+
+class Flaky:
+    """Gets Abs wrong (a wrong value) and raises on Neg (an error): two kinds of failure."""
+    name = "flaky"
+    expectations = Path(__file__).with_name("flaky.toml")
+
+    def available(self):
+        return True, "here"
+
+    def prepare(self, model):
+        op = model.graph.node[0].op_type
+        if op == "Neg":
+            raise RuntimeError("internal executor error: node 0 (Neg) failed")
+        return lambda feeds: [np.abs(next(iter(feeds.values()))) + 1]
+
+
+def make():
+    return Flaky()
+'''
+
+
+def test_failures_are_counted_by_kind_and_recorded_as_strict_xfails(pytester, capsys):
+    """Contract: a wrong value and an error are counted apart (terminal summary, report.json, report.md), and
+    `lockstep expectations --failures` records both as strict xfails that make the next run green."""
+    pytester.makepyfile(lockstep_flaky=FLAKY)
+    pytester.syspathinsert()
+    sel = ["--pyargs", "lockstep.conformance.node_suite", "-m", "node_suite", "-k", "test_abs or test_neg",
+           "--engines", "lockstep_flaky:make", "-p", "no:cacheprovider"]
+    first = pytester.runpytest(*sel, "--lockstep-report-dir", "rep")
+    first.assert_outcomes(failed=3)
+    first.stdout.fnmatch_lines(["*failures by kind*", "flaky: 1 wrong value, 2 errors (the engine raised)"])
+    report = json.loads((pytester.path / "rep" / "report.json").read_text())
+    assert report["summary"]["kinds"]["flaky"] == {"failed": {"error": 2, "wrong value": 1}}
+    assert "| flaky | 1 | 2 | 0 | 0 | 0 |" in (pytester.path / "rep" / "report.md").read_text()
+    capsys.readouterr()
+    assert expectations.main(["--from-report", str(pytester.path / "rep" / "report.json"), "--engine", "flaky",
+                              "--failures"]) == 0
+    written = capsys.readouterr().out
+    assert written.count('kind = "xfail"') == 3 and "error: " in written and "wrong value: " in written, written
+    (pytester.path / "flaky.toml").write_text(written)
+    again = pytester.runpytest(*sel, "--lockstep-report-dir", "rep2")
+    again.assert_outcomes(xfailed=3)
+    kinds = json.loads((pytester.path / "rep2" / "report.json").read_text())["summary"]["kinds"]["flaky"]
+    assert kinds == {"xfailed": {"error": 2, "wrong value": 1}}, "result: known failures keep their kind"
+    assert expectations.main(["--from-report", str(pytester.path / "rep" / "report.json"), "--engine", "flaky",
+                              "--failures", "--new"]) == 2

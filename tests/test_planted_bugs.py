@@ -51,8 +51,8 @@ class NewestKeyMasked(DecoderIO):
     """The mask bug for any session that builds its feeds through ``io.step_feeds`` (every
     lockstep session does): a one-token step with a past feeds a mask whose last key is 0."""
 
-    def step_feeds(self, ids, position: int) -> dict[str, np.ndarray]:
-        feeds = super().step_feeds(ids, position)
+    def step_feeds(self, ids, position: int, **kwargs) -> dict[str, np.ndarray]:
+        feeds = super().step_feeds(ids, position, **kwargs)
         if self.attention_mask and len(list(ids)) == 1 and position > 0:
             mask = feeds[self.attention_mask].copy()
             mask[:, position:] = 0

@@ -19,6 +19,7 @@ import pytest
 from lockstep.reference_runtime.node_cases import load_case_dirs, load_cases, locate_command, run_case
 
 from lockstep.engines import unsupported_reason
+from lockstep.engines.refusal import EngineError
 from lockstep.engines.registry import spec_of
 
 CASES = load_cases()
@@ -43,5 +44,7 @@ def test_node_case(engine, case):
     outcome = run_case(engine, case)
     if outcome.status == "unsupported":
         pytest.skip(unsupported_reason(engine.name, outcome.detail[:300]))
-    assert outcome.status == "passed", (f"{engine.name} {outcome.status}: {outcome.detail}\n"
-                                        f"locate it: {locate_command(name, spec_of(engine), where)}")
+    locate = f"locate it: {locate_command(name, spec_of(engine), where)}"
+    if outcome.status == "error":  # the engine raised: an error, counted apart from wrong values
+        raise EngineError(f"{engine.name} error: {outcome.detail}\n{locate}")
+    assert outcome.status == "passed", f"{engine.name} {outcome.status}: {outcome.detail}\n{locate}"
