@@ -128,11 +128,12 @@ def _self_tests(engines: str | None) -> list[str]:
     """The packages of the selected engines' own tests (their ``self_tests``: the reference engines'
     ``lockstep.contracts.suite``), each once, run beside the suite."""
     from lockstep.engines import EngineLoadError, load_engine, registered
+    from lockstep.engines.protocol import capabilities
     from lockstep.engines.selection import split
 
     try:
         specs = split(engines) or list(registered())
-        found = [getattr(load_engine(spec), "self_tests", None) for spec in specs]
+        found = [capabilities(load_engine(spec)).self_tests for spec in specs]
     except EngineLoadError:
         return []  # pytest's plugin says which engine, as a usage error, before anything runs
     return list(dict.fromkeys(p for p in found if p))

@@ -5,7 +5,6 @@ run (an ``unsupported:`` skip no entry expects) failed."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from lockstep.conformance import expectations
 from lockstep.conformance.plugin_state import state
 from lockstep.engines import selection
+from lockstep.engines.protocol import capabilities
 from lockstep.paths import package_path
 
 
@@ -30,9 +30,9 @@ def load(config: pytest.Config) -> list:
         try:
             entries = expectations.load(path) if path is not None and path.is_file() else []
             for name, eng in selection.engines(config).items():
-                own = getattr(eng, "expectations", None)
-                if own is not None and Path(os.fspath(own)).is_file():  # not written yet: nothing expected
-                    entries += expectations.load(Path(os.fspath(own)), name)
+                own = capabilities(eng).expectations
+                if own is not None and Path(own).is_file():  # not written yet: nothing expected
+                    entries += expectations.load(Path(own), name)
         except expectations.ExpectationsError as exc:
             raise pytest.UsageError(str(exc)) from None
         # variants of one plugin sharing a file load it once each: an entry naming one of them once

@@ -15,6 +15,7 @@ from lockstep.conformance.plugin_expectations import skip_reason
 from lockstep.conformance.plugin_state import MARKERS, state
 from lockstep.contracts.pytest_plugin import MARKER_NAMES as RUNTIME_MARKER_NAMES
 from lockstep.engines import selection
+from lockstep.engines.protocol import capabilities
 from lockstep.engines.selection import UNAVAILABLE
 
 # lockstep's own markers, by name (its and the reference runtime's plugins')
@@ -168,7 +169,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         engines = selection.of(session.config).loaded_engines()
         described = {}
         for name, eng in engines.items():
-            describe = getattr(eng, "describe", None)
-            described[name] = {"precision": dict(getattr(eng, "precision", None) or {}),
-                               **(describe() if callable(describe) else {})}
+            caps = capabilities(eng)
+            described[name] = {"precision": dict(caps.precision), **caps.described()}
         st.report_paths = write_report(st.outcomes, report_dir, described)

@@ -11,13 +11,13 @@ id leaves no room, as in an 80-column log).
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections import Counter
 from pathlib import Path
 
 from lockstep.conformance import expectations
 from lockstep.engines import selection
+from lockstep.engines.protocol import capabilities
 from lockstep.paths import package_path
 from lockstep.conformance.plugin_expectations import UNSUPPORTED
 from lockstep.conformance.plugin_outcomes import first_line
@@ -86,11 +86,11 @@ def record_command(config, st: SuiteState, engine: str) -> list[str]:
     report_dir = config.getoption("--lockstep-report-dir")
     report = _shown(Path(report_dir) / "report.json") if report_dir else "reports/report.json"
     engines = selection.of(config).loaded_engines()
-    own = getattr(engines.get(engine), "expectations", None)
+    own = capabilities(engines[engine]).expectations if engine in engines else None
     if own is not None:
-        target, field = _shown(Path(os.fspath(own))), ""
+        target, field = _shown(Path(own)), ""
         where = f"its expectations file {target}" + (
-            "" if Path(os.fspath(own)).is_file() else " (not written yet: this writes it)")
+            "" if Path(own).is_file() else " (not written yet: this writes it)")
     else:
         given = config.getoption("--lockstep-expectations")
         builtin = type(engines.get(engine)).__module__.startswith("lockstep.")

@@ -17,7 +17,6 @@ session does; sessions check each step too.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,7 +24,7 @@ import numpy as np
 import onnx
 
 from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder, StepError
-from lockstep.engines.protocol import CaptureStats, Unsupported
+from lockstep.engines.protocol import CaptureStats, Unsupported, capabilities
 
 __all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence", "NotADecoder",
            "ContextLimitExceeded"]
@@ -109,12 +108,11 @@ def open_session(engine: Any, model: onnx.ModelProto, *, capture: bool = False, 
 
         if appends(model, io):
             model = io.fixed_model(model)
-    decoder = getattr(engine, "decoder", None)
-    if decoder is not None:
-        params = inspect.signature(decoder).parameters
-        if "io" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return decoder(model, capture=capture, io=io)
-        return decoder(model, capture=capture)  # a session that reads lockstep's own convention itself
+    caps = capabilities(engine)
+    if caps.decoder is not None:
+        if caps.decoder_takes_io:
+            return caps.decoder(model, capture=capture, io=io)
+        return caps.decoder(model, capture=capture)  # a session that reads lockstep's own convention itself
     if capture:
         raise Unsupported(f"{engine.name}: declares no decode session, so no graph capture")
     return HostKVSession(model, engine.prepare(model), io)

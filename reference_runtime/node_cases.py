@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from lockstep.engines.protocol import Unsupported
+from lockstep.engines.protocol import Unsupported, capabilities
 
 from lockstep.loading import ModelError
 
@@ -253,7 +253,7 @@ def assert_similar(expected: list, outputs: list, rtol: float, atol: float) -> N
 
 def run_case(engine, case: NodeCase) -> Outcome:
     ins, outs = [_value(x) for x in case.inputs], [_value(x) for x in case.outputs]
-    kinds = _kinds([*ins, *outs]) - set(getattr(engine, "values", ()))
+    kinds = _kinds([*ins, *outs]) - capabilities(engine).values
     if kinds:  # the engine declares which non-tensor values it takes (protocol: ``values``)
         return Outcome("unsupported", f"{engine.name} takes no {' or '.join(sorted(kinds))} values")
     case = NodeCase(case.name, case.model, ins, outs, case.rtol, case.atol)
@@ -340,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _engine_version(engine) -> str:
     """What the engine says of its versions (``describe()``), for an expectation's reason."""
-    describe = getattr(engine, "describe", None)
-    info = describe() if callable(describe) else {}
+    info = capabilities(engine).described()
     versions = [f"{k} {v}" for k, v in info.items() if re.fullmatch(r"\d+(\.\d+)+\S*", str(v))]
     return ", ".join(versions) or engine.name

@@ -21,6 +21,7 @@ import pytest
 
 from lockstep.decoding import first_divergence, greedy, open_session
 from lockstep.engines import Unsupported, unsupported_reason
+from lockstep.engines.protocol import capabilities
 from lockstep.engines.registry import spec_of
 
 from ..locate.command import command_line
@@ -42,7 +43,7 @@ def test_capture_on_off_byte_identity(engine, golden_model, request):
     assert on.capture.captures >= 1 and on.capture.replays >= 1, f"contract: capture was really on ({on.capture})"
     assert on.capture.fallbacks == 0, f"contract: no step fell back to eager ({on.capture})"
     assert off.capture.captures == 0 and off.capture.replays == 0, f"contract: capture was really off ({off.capture})"
-    if getattr(engine, "runtime_device", None):  # the reference runtime: its counters are exact
+    if capabilities(engine).runtime_device:  # the reference runtime: its counters are exact
         # prefill, one eager warm-up step, then TOKENS - 2 steps replayed (the first right after its
         # capture): one graph per step with a fixed-capacity cache, one per segment with a growing one
         segments = 1 if io.capacity else on.capture.detail["segments"]

@@ -40,7 +40,9 @@ def prepared(engine, model, feeds: dict[str, Any]) -> dict[str, Any]:
 
 def through_session(engine, s: Subject) -> bool:
     """Whether ``s`` runs in ``engine``'s own decode session: a decoder's prefill, an engine with ``decoder``."""
-    return s.decode is not None and s.decode.position is None and callable(getattr(engine, "decoder", None))
+    from lockstep.engines.protocol import capabilities
+
+    return s.decode is not None and s.decode.position is None and capabilities(engine).decoder is not None
 
 
 def prefilled(engine, model, d: Decode, *, values: bool) -> dict[str, Any] | None:

@@ -10,15 +10,17 @@ turns any ``onnx.backend.base.Backend`` into an engine.
 from .protocol import (
                        DEFAULT_PRECISION,
                        PRECISIONS,
+                       Capabilities,
                        CaptureStats,
                        DecodeSession,
                        Engine,
                        RunFn,
                        Unsupported,
+                       capabilities,
                        precision_of,
                        unsupported_reason,
 )
 from .registry import GROUP, EngineLoadError, load_engine, registered, validate
 
-__all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS", "DEFAULT_PRECISION",
-           "precision_of", "unsupported_reason", "GROUP", "EngineLoadError", "load_engine", "registered", "validate"]
+__all__ = ["Engine", "DecodeSession", "CaptureStats", "Capabilities", "Unsupported", "RunFn", "PRECISIONS",
+           "DEFAULT_PRECISION", "capabilities", "precision_of", "unsupported_reason", "GROUP", "EngineLoadError", "load_engine", "registered", "validate"]

@@ -222,11 +222,27 @@ class NxrtEpEngine(OrtEngine):
 
     @property
     def device_type(self) -> str:
+        """Where decode sessions bind the KV cache (``OrtDecoder``'s IO binding): the EP's device for the
+        CUDA plugin when this ONNX Runtime build has a CUDA allocator to put OrtValues there, else the
+        host (``describe()`` says which)."""
+        if self._device_type == "cuda" and not self._cuda_allocator():
+            return "cpu"
         return self._device_type
+
+    @staticmethod
+    def _cuda_allocator() -> bool:
+        try:
+            import onnxruntime as ort
+        except Exception:
+            return False
+        return "CUDAExecutionProvider" in ort.get_available_providers()
 
     def describe(self) -> dict[str, str]:
         info = super().describe()
+        cache = ("the device (IO binding)" if self.device_type == self._device_type == "cuda" else "the host" +
+                 (" (this ONNX Runtime build has no CUDA allocator)" if self._device_type == "cuda" else ""))
         info.update({"provider": f"{self.ep_name or self.package} (plugin EP, CPU fallback off)",
+                     "decode KV cache": f"on {cache}",
                      self.package.replace("_", "-"): _dist_version(self.package.replace("_", "-")) or "not installed"})
         return info
 

@@ -59,7 +59,7 @@ import numpy as np
 from lockstep.errors import LockstepError
 
 __all__ = ["Engine", "DecodeSession", "CaptureStats", "Unsupported", "RunFn", "PRECISIONS",
-           "DEFAULT_PRECISION", "precision_of"]
+           "DEFAULT_PRECISION", "precision_of", "Capabilities", "capabilities"]
 
 RunFn = Callable[[dict[str, Any]], list[Any]]  # arrays; lists and None too for an engine's ``values``
 
@@ -92,9 +92,71 @@ PRECISIONS: dict[str, tuple[str, str, str]] = {
 DEFAULT_PRECISION: dict[str, str] = {"float32": "fp32", "float16": "fp16"}
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """An engine's optional members, resolved once (``capabilities(engine)``: when the registry loads
+    it, else on first use) and read from here by the whole suite: what it declares, or the
+    protocol's default where it declares nothing."""
+
+    decoder: Callable[..., Any] | None          # its own decode session, else None (HostKVSession)
+    decoder_takes_io: bool                      # the decoder accepts ``io=`` (else lockstep's own roles)
+    precision: Mapping[str, str]                # model dtype -> precision (empty: DEFAULT_PRECISION)
+    expectations: str | None                    # its own expectations file (a path, maybe not written yet)
+    describe: Callable[[], dict[str, str]] | None
+    values: frozenset[str]                      # non-tensor values run() takes: "sequence", "optional"
+    runtime_device: str | None                  # the reference runtime's device it runs on (sim, cupy)
+    self_tests: str | None                      # the package of its own machinery's tests
+
+    @classmethod
+    def of(cls, engine: Any) -> "Capabilities":
+        import inspect
+        import os
+
+        decoder = getattr(engine, "decoder", None)
+        takes_io = False
+        if callable(decoder):
+            try:
+                params = inspect.signature(decoder).parameters
+            except (TypeError, ValueError):  # a builtin or C callable: assume the full protocol
+                params = {}
+                takes_io = True
+            takes_io = takes_io or "io" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        else:
+            decoder = None
+        describe = getattr(engine, "describe", None)
+        expectations = getattr(engine, "expectations", None)
+        device = getattr(engine, "runtime_device", None)
+        self_tests = getattr(engine, "self_tests", None)
+        return cls(decoder=decoder, decoder_takes_io=takes_io,
+                   precision=dict(getattr(engine, "precision", None) or {}),
+                   expectations=os.fspath(expectations) if expectations is not None else None,
+                   describe=describe if callable(describe) else None,
+                   values=frozenset(getattr(engine, "values", None) or ()),
+                   runtime_device=device if isinstance(device, str) and device else None,
+                   self_tests=self_tests if isinstance(self_tests, str) and self_tests else None)
+
+    def described(self) -> dict[str, str]:
+        """``describe()``'s versions and options, or nothing where the engine declares none."""
+        return dict(self.describe()) if self.describe is not None else {}
+
+
+# engine -> its capabilities (the object kept, so that its id is never reused while here)
+_RESOLVED: dict[int, tuple[Any, Capabilities]] = {}
+
+
+def capabilities(engine: Any) -> Capabilities:
+    """``engine``'s optional capabilities, resolved once per engine object."""
+    held = _RESOLVED.get(id(engine))
+    if held is not None and held[0] is engine:
+        return held[1]
+    caps = Capabilities.of(engine)
+    _RESOLVED[id(engine)] = (engine, caps)
+    return caps
+
+
 def precision_of(engine: Any, dtype: str) -> str:
     """The precision ``engine`` declares for models of ``dtype`` (``DEFAULT_PRECISION`` if it declares none)."""
-    declared: Mapping[str, str] = getattr(engine, "precision", None) or {}
+    declared: Mapping[str, str] = capabilities(engine).precision
     got = declared.get(dtype, DEFAULT_PRECISION.get(dtype))
     if got is None:
         raise Unsupported(f"{engine.name}: declares no precision for {dtype} models")

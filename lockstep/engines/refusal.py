@@ -128,15 +128,16 @@ def _signature(node: onnx.NodeProto) -> bytes:
 def confirm(engine_name: str, reason: str, model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto],
             load: Callable[[onnx.ModelProto], object], runtime_message: str,
             limit: int = 16) -> Unsupported | EngineError:
-    """The rule for a refusal naming ``nodes``: ``Unsupported(reason)`` if one of them is refused
-    alone too (``load`` raises on its one-node model: a missing kernel, whose absence may make the
-    runtime decline its neighbours as well), or cannot be probed; ``EngineError`` if the engine loads
-    every one of them alone. A model of one node is its own probe: the engine's word stands. At
-    most ``limit`` probes (nodes of one op with equal attributes probe once)."""
+    """The rule for a refusal naming ``nodes``: ``Unsupported`` if one of them is refused alone too
+    (``load`` raises on its one-node model: a missing kernel, whose absence may make the runtime
+    decline its neighbours as well), the reason then naming the operators refused alone; also
+    ``Unsupported(reason)`` where a node cannot be probed; ``EngineError`` if the engine loads every
+    one of them alone. A model of one node is its own probe: the engine's word stands. At most
+    ``limit`` probes (nodes of one op with equal attributes probe once)."""
     nodes = list(nodes)
     if len(model.graph.node) <= 1 or not nodes:
         return Unsupported(f"{engine_name}: {reason}")
-    loads, seen = [], set()
+    loads, refused, unprobed, seen = [], [], False, set()
     for node in nodes:
         key = _signature(node)
         if key in seen:
@@ -144,12 +145,21 @@ def confirm(engine_name: str, reason: str, model: onnx.ModelProto, nodes: Iterab
         seen.add(key)
         probe = alone(model, node) if len(seen) <= limit else None
         if probe is None:
-            return Unsupported(f"{engine_name}: {reason}")
+            unprobed = True
+            continue
         try:
             load(probe)
         except Exception:
-            return Unsupported(f"{engine_name}: {reason}")
+            refused.append(node)
+            continue
         loads.append(f"{node.op_type} {node.name!r}" if node.name else node.op_type)
+    if refused:
+        ops = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in refused})
+        others = len(nodes) - sum(1 for n in nodes if _signature(n) in {_signature(r) for r in refused})
+        beside = f"; {others} other declined node(s) load alone" if others else ""
+        return Unsupported(f"{engine_name}: no kernel for {', '.join(ops)} (refused alone too{beside})")
+    if unprobed:
+        return Unsupported(f"{engine_name}: {reason}")
     return EngineError(
         f"{engine_name}: refuses {', '.join(loads)} in this model ({first_line(runtime_message, 300)}) but loads "
         f"{'it' if len(loads) == 1 else 'each'} alone with the same input types: the refusal depends on the model "

@@ -27,7 +27,7 @@ from typing import Any
 
 from lockstep.errors import LockstepError
 
-from .protocol import PRECISIONS
+from .protocol import PRECISIONS, capabilities
 
 __all__ = ["GROUP", "EngineLoadError", "registered", "load_engine", "validate", "spec_of", "load_available"]
 
@@ -122,6 +122,7 @@ def load_engine(name_or_spec: str) -> Any:
     except Exception as exc:
         raise EngineLoadError(f"{origin}: the factory raised {type(exc).__name__}: {exc}") from exc
     validate(engine, origin, expected_name)
+    capabilities(engine)  # its optional members, resolved once, here
     _SPECS[id(engine)] = (engine, text)
     return engine
 

@@ -94,8 +94,9 @@ def own_fixture(metafunc: pytest.Metafunc, name: str) -> bool:
 def runtime_device(engine: Any) -> str | None:
     """The reference-runtime device an engine runs on (the protocol's optional ``runtime_device``):
     such an engine brings the reference runtime's own tests; any other engine is a runtime of its own."""
-    device = getattr(engine, "runtime_device", None)
-    return device if isinstance(device, str) and device else None
+    from .protocol import capabilities
+
+    return capabilities(engine).runtime_device
 
 
 def unavailable(kind: str, name: str, reason: str, required: list[str]) -> None:
