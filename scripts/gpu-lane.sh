@@ -22,6 +22,9 @@
 #               --by-op, cProfile; scripts/step_parts.py: per part, us per step) and the host cost of
 #               CuPy call forms (scripts/host_costs.py)
 #   capture-probe what CuPy does with each host-read form inside a stream capture (scripts/capture_probe.py)
+#   nxrt        nxrt's engines when its wheels came along (nxrt, nxrt-ep-cuda): what nxrt reports here, then
+#               ONNX's node cases, the golden locks and capture identity on nxrt-cuda and nxrt-ep-cuda
+#               (torch's CUDA 13 libraries; ONNX Runtime's CUDA build when carried), with a report
 #   paging      scripts/paging_check.py (the seeds' use-after-unmap through the pager, child processes)
 #               and scripts/bench_paging.py (decode under paging vs resident)
 # and prints a summary table last. Uses the preinstalled python3 packages plus .whl/ (made here by
@@ -75,6 +78,13 @@ GENAI=0
 if [ "$ORT_CUDA" = 1 ] && whl=$(assemble genai); then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ortsite "$whl" && GENAI=1
 fi
+# nxrt's CUDA plugin EP loads the CUDA 13 user-space libraries from the loader's path: torch's
+NXRT=0
+if compgen -G ".whl/nxrt_ep_cuda-*.whl" >/dev/null; then
+  N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+  case ":${LD_LIBRARY_PATH:-}:" in *":$N/cu13/lib:"*) ;; *) export LD_LIBRARY_PATH="$N/cu13/lib:$N/cudnn/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+  NXRT=1
+fi
 if gguf=$(assemble gguf); then
   export LOCKSTEP_SMOLLM2_GGUF=$gguf LOCKSTEP_CACHE_DIR=/tmp/lockstep-cache && SMOLLM2=1
 fi
@@ -85,7 +95,7 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cupy, onnx; print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| cupy', cupy.__version__, '| cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), '| onnx', onnx.__version__)"
   python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers(), o.__file__)"
-  echo "ort-cuda carried: $ORT_CUDA; ort-genai-cuda carried: $GENAI; smollm2 gguf carried: $SMOLLM2"
+  echo "ort-cuda carried: $ORT_CUDA; ort-genai-cuda carried: $GENAI; smollm2 gguf carried: $SMOLLM2; nxrt carried: $NXRT"
   [ "$GENAI" = 1 ] && python3 -c "import onnxruntime_genai as g; print('onnxruntime-genai', g.__version__, g.__file__)"
 } > "$out/device.txt" 2>&1
 
@@ -130,6 +140,13 @@ step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs loc
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
 # the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
 [ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4
+# nxrt (the seeds' runtime): its engines on the GPU, each with its own report; never required (an engine
+# nxrt cannot offer here is a counted skip whose reason the report and nxrt-probe.txt keep)
+if [ "$NXRT" = 1 ]; then
+  step nxrt        timeout ${NXRT_TIMEOUT:-420} bash -c "python3 scripts/nxrt_probe.py > '$out/nxrt-probe.txt' 2>&1; cat '$out/nxrt-probe.txt'; \
+    LOCKSTEP_REQUIRE_ENGINES= python3 -m pytest --pyargs lockstep.conformance -m 'node_suite or golden or capture' -p no:cacheprovider -q -rfE -n 8 \
+      --engines=nxrt-cuda,nxrt-ep-cuda --lockstep-report-dir '$out/nxrt-report'"
+fi
 # BENCH_MODELS="a,b" (golden models, genai/<export>, optimum/<export>) instead of the script's default pair
 step bench         timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_decode.py --device cupy ${BENCH_MODELS:+--models "$BENCH_MODELS"} --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
