@@ -347,7 +347,8 @@ class NxrtEpEngine(OrtEngine):
 
     def decoder(self, model: onnx.ModelProto, *, capture: bool = False, io: DecoderIO | None = None):
         if capture:
-            raise Unsupported(f"{self.name}: no graph capture through ONNX Runtime for nxrt's plugin EP")
+            raise Unsupported(f"{self.name}: no graph capture through ONNX Runtime for nxrt's plugin EP (it leaves "
+                              "ONNX Runtime's plugin-EP graph-capture hooks unimplemented and ignores enable_cuda_graph)")
         return super().decoder(model, capture=False, io=io)
 
 
