@@ -1,0 +1,1 @@
+Bpresent_stateJS‹Q>ÇsŸ¾…Ö?ª„j¾
