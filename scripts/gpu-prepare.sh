@@ -16,12 +16,13 @@ python3 -m pip wheel -q --no-deps -w .whl . 2>&1 | grep -v -i warning || true
 rm -rf build
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "syrupy>=4" "platformdirs>=3" "gguf>=0.10" "tokenizers>=0.19"
-# nxrt (the seeds' runtime) and its execution providers as plugin EPs, unless NXRT=0: the lane's nxrt step
-# (nxrt-cuda, nxrt-ep-cuda); --no-deps: the CUDA 13 libraries are torch's on the device (gpu-lane.sh)
+# nxrt (the seeds' runtime) and its CUDA execution provider as a plugin EP, unless NXRT=0: the lane's nxrt
+# step (nxrt-cuda, nxrt-ep-cuda; nxrt-ep-cpu is CI's); --no-deps: the CUDA 13 libraries are torch's on the
+# device (gpu-lane.sh). 15 MiB: with the tree (~27 MiB) and the rest of .whl, just under a call's 64 MiB
 if [ "${NXRT:-1}" = 1 ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 -d .whl "nxrt==${NXRT_VERSION:-0.1.0.dev6}" \
-    "nxrt-ep-cpu==${NXRT_VERSION:-0.1.0.dev6}" "nxrt-ep-cuda==${NXRT_VERSION:-0.1.0.dev6}"
+    "nxrt-ep-cuda==${NXRT_VERSION:-0.1.0.dev6}"
 fi
 git rev-parse HEAD > .whl/COMMIT
 # chunks made earlier by scripts/gpu-chunks.sh stay usable: their manifest travels with the wheels
