@@ -143,9 +143,15 @@ step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs loc
 # nxrt (the seeds' runtime): its engines on the GPU, each with its own report; never required (an engine
 # nxrt cannot offer here is a counted skip whose reason the report and nxrt-probe.txt keep)
 if [ "$NXRT" = 1 ]; then
+  # the node suite and the decoders in processes of their own: a case that poisons the engine's CUDA context
+  # fails every later call in its process, and the golden results must not depend on the node suite's
   step nxrt        timeout ${NXRT_TIMEOUT:-420} bash -c "python3 scripts/nxrt_probe.py > '$out/nxrt-probe.txt' 2>&1; cat '$out/nxrt-probe.txt'; \
-    LOCKSTEP_REQUIRE_ENGINES= python3 -m pytest --pyargs lockstep.conformance -m 'node_suite or golden or capture' -p no:cacheprovider -q -rfE -n 8 \
-      --engines=nxrt-cuda,nxrt-ep-cuda --lockstep-report-dir '$out/nxrt-report'"
+    for part in node_suite 'golden or capture'; do LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_DEVICES= python3 -m pytest --pyargs lockstep.conformance \
+      -m \"\$part\" -p no:cacheprovider -q -rfE -n 8 --engines=nxrt-cuda,nxrt-ep-cuda --lockstep-report-dir '$out/nxrt-report-'\${part%% *}; done"
+  # NXRT_ORDER=1: the node suite in one process (its JUnit order) and which case poisons the CUDA context
+  if [ "${NXRT_ORDER:-0}" = 1 ]; then
+    step nxrt-order timeout 300 bash -c "LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_DEVICES= python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 0 --engines=nxrt-ep-cuda --junitxml '$out/nxrt-order.xml' > '$out/nxrt-order-run.log' 2>&1; tail -n 2 '$out/nxrt-order-run.log'; python3 scripts/nxrt_poison.py '$out/nxrt-order.xml' --engine nxrt-ep-cuda"
+  fi
 fi
 # BENCH_MODELS="a,b" (golden models, genai/<export>, optimum/<export>) instead of the script's default pair
 step bench         timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_decode.py --device cupy ${BENCH_MODELS:+--models "$BENCH_MODELS"} --json "$out/bench-decode.json"

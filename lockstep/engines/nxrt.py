@@ -33,6 +33,7 @@ with its reason); the findings, with their reduced cases, are in ``docs/nxrt-fin
 from __future__ import annotations
 
 import importlib
+import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Sequence
@@ -69,6 +70,9 @@ NXRT_REFUSALS = Refusals((
     (r"(?P<op>\w+): expected (?P<range>[\d.=]+) inputs, got (?P<n>\d+)", "{op} takes {range} inputs, not {n}"),
 ))
 _NODE_NAMED = r'node "(?P<node>[^"]*)"'
+# a sticky CUDA error: the context is unusable afterwards, every later call in the process fails with it
+_STICKY = re.compile(r"CUDA_ERROR_ILLEGAL_ADDRESS|CUDA_ERROR_LAUNCH_FAILED|illegal memory access|unspecified launch "
+                     r"failure", re.IGNORECASE)
 
 
 def _dist_version(dist: str) -> str | None:
@@ -219,6 +223,7 @@ class NxrtEpEngine(OrtEngine):
         self.package = package
         self._device_type = device_type
         self.ep_name = ""
+        self.poisoned = ""  # the first sticky CUDA error this process saw (the context is unusable since)
 
     @property
     def device_type(self) -> str:
@@ -298,14 +303,23 @@ class NxrtEpEngine(OrtEngine):
     def _new_session(self, model_bytes: bytes, options: dict[str, str], *, record: bool = False):
         import onnxruntime as ort
 
+        if self.poisoned:  # said once, where it happened; every later test names it instead of ORT's echo
+            raise EngineError(f"{self.name}: the CUDA context of this process is unusable since an earlier failure "
+                              f"({self.poisoned}); this test did not run")
+
         want = "GPU" if self.device_type == "cuda" else "CPU"
         so = self._options(record=record)
         so.add_provider_for_devices([d for d in self._devices() if d.device.type.name == want], dict(options))
         return ort.InferenceSession(model_bytes, so)
 
+    def _sticky(self, exc: BaseException) -> None:
+        if not self.poisoned and _STICKY.search(str(exc)):
+            self.poisoned = first_line(exc, 240)
+
     def _refusal(self, model: onnx.ModelProto, options: dict[str, str], exc: Exception) -> Exception | None:
         """ONNX Runtime placed nodes on its CPU provider (the plugin EP declined them): read back which
         (graph-assignment record, fallback on), then the rule of ``lockstep.engines.refusal``."""
+        self._sticky(exc)
         message = str(exc)
         reason = NXRT_REFUSALS.reason(message)
         if reason is not None:  # a kernel's refusal at compile time (an attribute value it lacks)
@@ -336,6 +350,7 @@ class NxrtEpEngine(OrtEngine):
             except Unsupported:
                 raise
             except Exception as exc:
+                self._sticky(exc)
                 if "Non-zero status code returned while running" in str(exc):
                     reason = NXRT_REFUSALS.reason(str(exc))
                     if reason is not None:
