@@ -50,9 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("junit")
     ap.add_argument("--engine", default="nxrt-ep-cuda")
     ap.add_argument("--before", type=int, default=8)
+    ap.add_argument("--first", action="store_true", help="print only the first case failing with a sticky error "
+                                                          "(nothing if none), for a loop that deselects it")
     args = ap.parse_args(argv)
     ran = order(args.junit, args.engine)
     first = next((i for i, (_, text) in enumerate(ran) if STICKY.search(text)), None)
+    if args.first:
+        if first is not None:
+            print(ran[first][0])
+        return 0
     if first is None:
         print(f"no sticky CUDA error among {len(ran)} cases")
         return 0
