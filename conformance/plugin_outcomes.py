@@ -170,5 +170,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         described = {}
         for name, eng in engines.items():
             caps = capabilities(eng)
-            described[name] = {"precision": dict(caps.precision), **caps.described()}
+            described[name] = {"precision": dict(caps.precision), **caps.described(),
+                               "decode session": "its own (decoder)" if caps.decoder is not None
+                               else "lockstep's HostKVSession over prepare (the cache on the host)"}
         st.report_paths = write_report(st.outcomes, report_dir, described)

@@ -39,7 +39,7 @@ def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
                 f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
                 yellow=t["near_tie"], red=not t["near_tie"],
             )
-    _failures_by_kind(tr, st)
+    _failures_by_kind(tr, config, st)
     _newly_unsupported(tr, config, st)
     _newly_running(tr, st)
     _unsupported_by_operator(tr, st)
@@ -55,7 +55,7 @@ def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
         _short_summary_with_messages(tr, config)
 
 
-def _failures_by_kind(tr, st: SuiteState) -> None:
+def _failures_by_kind(tr, config, st: SuiteState) -> None:
     """Per engine, its failures counted apart by what failed: wrong values (an AssertionError: outside
     the tolerance or band), errors (the engine raised), tests it newly cannot run."""
     by_engine: dict[str, Counter] = {}
@@ -69,6 +69,9 @@ def _failures_by_kind(tr, st: SuiteState) -> None:
         parts = [_n(c[k], k).replace("errors", "errors (the engine raised)") for k in
                  ("wrong value", "error", "newly unsupported") if c[k]]
         tr.write_line(f"{engine}: " + ", ".join(parts), red=True)
+        if c["wrong value"] or c["error"]:  # (the newly unsupported have their own section and command)
+            for line in record_command(config, st, engine, failures=True):
+                tr.write_line(line)
 
 
 def _shown(path: Path) -> str:
@@ -81,8 +84,9 @@ def _shown(path: Path) -> str:
     return shlex.quote(str(rel))
 
 
-def record_command(config, st: SuiteState, engine: str) -> list[str]:
-    """How to record ``engine``'s newly unsupported tests of this run: lines to print."""
+def record_command(config, st: SuiteState, engine: str, *, failures: bool = False) -> list[str]:
+    """How to record ``engine``'s newly unsupported tests of this run (``failures``: its failures, as
+    strict xfails): lines to print."""
     report_dir = config.getoption("--lockstep-report-dir")
     report = _shown(Path(report_dir) / "report.json") if report_dir else "reports/report.json"
     engines = selection.of(config).loaded_engines()
@@ -102,8 +106,9 @@ def record_command(config, st: SuiteState, engine: str) -> list[str]:
             shared = Path(given) if given else package_path("lockstep.conformance.node_suite", "expectations.toml")
             target, field = _shown(shared), " --engine-field"
             where = f"the expectations file in use, {target}"
-    lines = [f"  intended? record them in {where}:",
-             f"  lockstep expectations --from-report {report} --engine {engine} --new{field} >> {target}"]
+    what = "--failures" if failures else "--new"
+    lines = [f"  {'known failures' if failures else 'intended'}? record them in {where}:",
+             f"  lockstep expectations --from-report {report} --engine {engine} {what}{field} >> {target}"]
     if not report_dir:
         lines.insert(0, "  (this run wrote no report: rerun with --lockstep-report-dir reports, as `lockstep check` does)")
     return lines

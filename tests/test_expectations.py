@@ -319,9 +319,13 @@ def test_failures_are_counted_by_kind_and_recorded_as_strict_xfails(pytester, ca
            "--engines", "lockstep_flaky:make", "-p", "no:cacheprovider"]
     first = pytester.runpytest(*sel, "--lockstep-report-dir", "rep")
     first.assert_outcomes(failed=3)
-    first.stdout.fnmatch_lines(["*failures by kind*", "flaky: 1 wrong value, 2 errors (the engine raised)"])
+    first.stdout.fnmatch_lines(["*failures by kind*", "flaky: 1 wrong value, 2 errors (the engine raised)",
+                                "  known failures? record them in its expectations file*",
+                                "  lockstep expectations --from-report rep/report.json --engine flaky --failures >> flaky.toml"])
     report = json.loads((pytester.path / "rep" / "report.json").read_text())
     assert report["summary"]["kinds"]["flaky"] == {"failed": {"error": 2, "wrong value": 1}}
+    assert report["engines"]["flaky"]["decode session"].startswith("lockstep's HostKVSession"), \
+        "contract: the report says which decode session ran the locks"
     assert "| flaky | 1 | 2 | 0 | 0 | 0 |" in (pytester.path / "rep" / "report.md").read_text()
     capsys.readouterr()
     assert expectations.main(["--from-report", str(pytester.path / "rep" / "report.json"), "--engine", "flaky",
