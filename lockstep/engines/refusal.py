@@ -83,7 +83,8 @@ def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 def alone(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto | None:
     """A model of ``node`` alone: its inputs graph inputs of the types the whole model's inference
-    gives them (small initializers kept as constants), its outputs untyped graph outputs; the
+    gives them (small initializers kept as constants), its outputs graph outputs typed as inferred
+    (untyped where inference says nothing); the
     model's opsets, IR version and functions. None where an input's type is unknown or the node holds
     a subgraph (its outer-scope values cannot be typed here)."""
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -99,7 +100,7 @@ def alone(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto | Non
             inputs.append(onnx.helper.make_value_info(name, types[name]))
         else:
             return None
-    outputs = [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o]
+    outputs = [onnx.helper.make_value_info(o, types[o] if o in types else onnx.TypeProto()) for o in node.output if o]
     graph = onnx.helper.make_graph([node], "alone", inputs, outputs, initializer=kept)
     probe = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     probe.functions.extend(model.functions)
@@ -157,7 +158,8 @@ def confirm(engine_name: str, reason: str, model: onnx.ModelProto, nodes: Iterab
         ops = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in refused})
         others = len(nodes) - sum(1 for n in nodes if _signature(n) in {_signature(r) for r in refused})
         beside = f"; {others} other declined node(s) load alone" if others else ""
-        return Unsupported(f"{engine_name}: no kernel for {', '.join(ops)} (refused alone too{beside})")
+        return Unsupported(f"{engine_name}: declines {', '.join(ops)}, alone too (no kernel, or an input, type or "
+                           f"attribute of theirs it does not take{beside})")
     if unprobed:
         return Unsupported(f"{engine_name}: {reason}")
     return EngineError(
