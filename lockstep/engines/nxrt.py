@@ -68,6 +68,10 @@ NXRT_REFUSALS = Refusals((
     (r"(?P<op>\w+): WHAT: (?P<what>[\w=]+) is not implemented", "{op}: {what} is not implemented"),
     (r"(?P<op>\w+): (?P<what>training_mode=\d|non-zero training dropout) is unsupported", "{op}: {what} is not implemented"),
     (r"(?P<op>\w+): expected (?P<range>[\d.=]+) inputs, got (?P<n>\d+)", "{op} takes {range} inputs, not {n}"),
+    (r"(?P<op>\w+): only (?P<types>[\w, ]+) quantized tensors are supported, got (?P<dtype>\w+)",
+     "{op} has no {dtype} kernel (only {types})"),
+    (r"(?P<op>OneHot): indices and depth must be (?P<dtype>\w+)", "{op} takes only {dtype} indices and depth"),
+    (r"(?P<op>Mod): fmod=0 requires an integer dtype, got (?P<dtype>\w+)", "{op} with fmod=0 has no {dtype} kernel"),
 ))
 _NODE_NAMED = r'node "(?P<node>[^"]*)"'
 # a sticky CUDA error: the context is unusable afterwards, every later call in the process fails with it
