@@ -67,8 +67,11 @@ def installed(tmp_path_factory):
     rc, out = _run([sys.executable, "-m", "venv", str(venv)], tmp, dict(os.environ))
     assert rc == 0, out
     bindir = venv / "bin"
+    # the outer run's own requirements (a CI lane's LOCKSTEP_REQUIRE_*) are not the fresh install's, whose
+    # runs select engines of their own: this module's fixtures run before tests/conftest.py drops them
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR", "LOCKSTEP_REQUIRE_MODELS")}
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LOCKSTEP_CACHE_DIR", "LOCKSTEP_REQUIRE_MODELS",
+                        "LOCKSTEP_REQUIRE_ENGINES", "LOCKSTEP_REQUIRE_DEVICES")}
     # bytecode caches on (in the venv): each lockstep call would compile pytest's assertion rewrite of
     # lockstep's modules again (3 s a call)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
