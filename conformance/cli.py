@@ -374,8 +374,13 @@ def _golden_add(args: argparse.Namespace) -> int:
             from lockstep.golden.catalog import load_file
 
             _warn_bytes(None, DecoderIO.of(load_file(Path(args.model)), card).vocab)
+        from lockstep.decoder_io import card_path_for, parse_io_option, read_card
+
+        toml = card_path_for(args.model)
+        said = {**(read_card(toml) if toml.is_file() else {}), **(parse_io_option(args.io) if args.io else {})}
         path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=tokenizer,
-                         twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print)
+                         twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print,
+                         fit_capacity="kv_capacity" not in said)
     except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,
             FileNotFoundError) as exc:
         raise CliError(str(exc)) from None

@@ -461,11 +461,33 @@ def catalog(golden_dirs: list[str | Path] = ()) -> list[GoldenModel]:
     return models
 
 
+LOCK_ROWS = 64  # a lock's shared buffer: a multiple of this many rows
+
+
+def _lock_sized(target: onnx.ModelProto, card: dict[str, str] | None, io: DecoderIO,
+                context: int) -> tuple[dict[str, str] | None, DecoderIO]:
+    """The card and roles a lock of ``context`` positions decodes with: a shared buffer that only the
+    card sizes (GenAI's ``genai_config.json`` says ``max_length``, the builder's context length: 4,096
+    rows an 0.5B Qwen2 export has) is cut to the context, rounded up to ``LOCK_ROWS``; a buffer the
+    graph declares, or one already that small, stays. The snapshot records the card, so every engine's
+    locks, tripwire and capture identity decode through the smaller buffer (the oracle reads no cache)."""
+    rows = -(-(context + 1) // LOCK_ROWS) * LOCK_ROWS
+    if not card or "kv_capacity" not in card or io.capacity <= rows:
+        return card, io
+    without = {k: v for k, v in card.items() if k != "kv_capacity"} or None
+    if DecoderIO.of(target, without).capacity:  # the graph's own capacity: not the card's to change
+        return card, io
+    card = {**card, "kv_capacity": str(rows)}
+    return card, DecoderIO.of(target, card)
+
+
 def add_model(model_path: str | Path, name: str, prompt: str, directory: str | Path, *, tokens: int | None = None,
               tokenizer: str | Path | None = None, twin: str | Path | None = None,
               card: dict[str, str] | None = None, crosscheck: bool = True,
-              progress: Callable[[str], None] | None = None) -> Path:
-    """Record a snapshot for a user's model in ``directory`` (see the module docstring)."""
+              progress: Callable[[str], None] | None = None, fit_capacity: bool = True) -> Path:
+    """Record a snapshot for a user's model in ``directory`` (see the module docstring).
+    ``fit_capacity``: a shared buffer sized by the card (not the graph) is cut to the lock's context
+    (``_lock_sized``); off where the user gave the capacity."""
     from .text import Text
 
     directory = Path(directory)
@@ -490,6 +512,8 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
 
     if tokens is not None and tokens < 1:
         raise GoldenError(f"--tokens {tokens}: the recorded greedy prefix needs at least one token")
+    if fit_capacity:
+        card, io = _lock_sized(target, card, io, len(ids) + (tokens or PREFIX_TOKENS))
     twin_io = None
     if twin is not None:
         from lockstep.genai_config import card_for, tokenizer_for

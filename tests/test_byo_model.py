@@ -172,3 +172,19 @@ def test_unknown_inputs_and_fixed_batches_are_refused(exports):
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4
     with pytest.raises(NotADecoder, match="batch axis fixed to 4; lockstep decodes batch 1"):
         DecoderIO.of(m)
+
+
+def test_golden_add_sizes_a_config_sized_buffer_for_the_lock(tmp_path):
+    """Contract (issue 51): the builder's genai_config.json sizes the shared KV buffer at its context length
+    (4,096 rows for a Qwen2 export); a lock needs only its own context, so `golden add` records a card of
+    that many rows (rounded up to 64), and a capacity the user gave stays theirs."""
+    from pathlib import Path
+
+    export = Path(__file__).resolve().parents[1] / "golden/exports/genai/llama-fp32-cpu/model.onnx"
+    for extra, want in (([], "64"), (["--io", "kv_capacity=128"], "128")):
+        d = tmp_path / (want + "rows")
+        assert main(["golden", "add", str(export), "--name", "m", "--prompt", "Hello", "--dir", str(d),
+                     "--tokens", "8", "--no-crosscheck", *extra]) == 0
+        snap = json.loads((d / "m.json").read_text())
+        assert snap["source"]["io"]["kv_capacity"] == want, snap["source"]["io"]
+        assert snap["source"]["kv_capacity"] == int(want)
