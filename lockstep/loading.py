@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from lockstep.engines.protocol import Unsupported
 from lockstep.errors import ModelError
 
-from .inference import check_for_inference
+from .inference import check_for_inference, prefork
 from .ort_schemas import validate_default_domain
 
 __all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
@@ -416,6 +416,8 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         path = Path(src)
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
+        if check:
+            prefork()  # the inference worker, forked before the weights are read: it never holds them
         try:
             data = path.read_bytes()
             model = onnx.load_from_string(data)  # onnx.load without external data: the file's bytes parsed
