@@ -137,8 +137,6 @@ class NxrtEngine:
         reason = NXRT_REFUSALS.reason(message)
         if reason is None:
             return EngineError(f"{self.name}: {phase}: {type(exc).__name__}: {first_line(message, 1000)}")
-        import re
-
         named = re.search(_NODE_NAMED, message)
         op = re.search(r"::(\w+):", message)
         node = find_node(model, name=named.group("node") if named else None, op_type=op.group(1) if op else None)
