@@ -18,6 +18,8 @@ from typing import Any
 
 import onnx
 
+from lockstep.engines.refusal import first_line
+
 __all__ = ["EngineFailure", "failure_line", "named_node", "failed_at"]
 
 # (regex, group of the node's name, group of its index or None, group of its op or None)
@@ -32,8 +34,7 @@ _NAMED = (
 
 def failure_line(exc: BaseException, limit: int = 300) -> str:
     """``Type: the first line of its message`` (at most ``limit`` characters of it)."""
-    text = str(exc).strip().splitlines()[0][:limit] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"
+    return f"{type(exc).__name__}: {first_line(exc, limit)}"
 
 
 def _texts(exc: BaseException) -> list[str]:

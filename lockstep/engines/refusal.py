@@ -33,7 +33,7 @@ from lockstep.errors import LockstepError
 
 from .protocol import Unsupported
 
-__all__ = ["EngineError", "Refusals", "alone", "confirm", "first_line"]
+__all__ = ["EngineError", "Refusals", "alone", "confirm", "first_line", "types_of"]
 
 SMALL_INITIALIZER = 4096  # bytes: a probe keeps smaller initializers as constants (shapes, axes, indices)
 
@@ -66,13 +66,16 @@ class Refusals:
         return None
 
 
-def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every value's type as onnx infers it (declared ones first), for a probe's inputs."""
-    from onnx import shape_inference
+def types_of(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Every value's type as onnx infers it (declared ones first), for probes' inputs: through
+    ``lockstep.inference.infer`` (contained: a model that crashes onnx's inference is a named error,
+    not a dead process; the model uninferred where inference says nothing)."""
+    from lockstep.errors import ModelError
+    from lockstep.inference import infer
 
     try:
-        inferred = shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:
+        inferred = infer(model)
+    except ModelError:
         inferred = model
     g = inferred.graph
     out = {v.name: v.type for v in [*g.value_info, *g.input, *g.output]}
@@ -81,15 +84,17 @@ def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return out
 
 
-def alone(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto | None:
+def alone(model: onnx.ModelProto, node: onnx.NodeProto,
+          types: dict[str, onnx.TypeProto] | None = None) -> onnx.ModelProto | None:
     """A model of ``node`` alone: its inputs graph inputs of the types the whole model's inference
     gives them (small initializers kept as constants), its outputs graph outputs typed as inferred
     (untyped where inference says nothing); the
     model's opsets, IR version and functions. None where an input's type is unknown or the node holds
-    a subgraph (its outer-scope values cannot be typed here)."""
+    a subgraph (its outer-scope values cannot be typed here). ``types``: ``types_of(model)``, when the
+    caller probes several nodes of one model."""
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return None
-    types = _types(model)
+    types = types_of(model) if types is None else types
     inits = {t.name: t for t in model.graph.initializer}
     inputs, kept = [], []
     for name in dict.fromkeys(i for i in node.input if i):
@@ -139,12 +144,13 @@ def confirm(engine_name: str, reason: str, model: onnx.ModelProto, nodes: Iterab
     if len(model.graph.node) <= 1 or not nodes:
         return Unsupported(f"{engine_name}: {reason}")
     loads, refused, unprobed, seen = [], [], False, set()
+    types = types_of(model)  # one inference for every probe
     for node in nodes:
         key = _signature(node)
         if key in seen:
             continue
         seen.add(key)
-        probe = alone(model, node) if len(seen) <= limit else None
+        probe = alone(model, node, types) if len(seen) <= limit else None
         if probe is None:
             unprobed = True
             continue
