@@ -45,8 +45,9 @@ class Graph:
     """Nodes and initializers in insertion order; small constants deduplicated by value (named
     ``const.<n>``); ``contrib`` records whether a ``com.microsoft`` op was used."""
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, sink: Any = None):
         self.dtype = dtype
+        self.sink = sink  # where large initializers go instead of the proto (``scale_export.ExternalData``)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.contrib = False
@@ -57,6 +58,9 @@ class Graph:
         bounds and GroupQueryAttention's ``total_sequence_length`` must be (``np.ascontiguousarray``
         alone makes it 1-D, which strict runtimes refuse there)."""
         a = np.asarray(value)
+        if self.sink is not None and a.nbytes >= self.sink.threshold:
+            self.inits.append(self.sink.tensor(name, a))  # written to the data file now, referenced here
+            return name
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(a).reshape(a.shape), name))
         return name
 

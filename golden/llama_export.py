@@ -229,30 +229,31 @@ class _CoreWeights(Mapping):
 
 def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, convention: str,
                      dtype: str = "float32", int4: Mapping[str, Int4Weight | tuple] | None = None,
-                     position_ids: bool = True, name: str = "llama") -> onnx.ModelProto:
+                     position_ids: bool = True, name: str = "llama", external: Any = None) -> onnx.ModelProto:
     """The ONNX decoder of ``cfg`` with ``weights`` (HF naming, float64 or float32) in ``convention``
     (``optimum`` or ``genai``, see the module docstring), weights and activations in ``dtype``
     (float32 or float16). ``int4`` maps projection names (``projection_names``) to ``Int4Weight``
     (or a 4-tuple of the same fields): those become MatMulNBits and their float weight may be absent
-    from ``weights``. ``position_ids`` (optimum only): whether positions are an input. Deterministic."""
+    from ``weights``. ``position_ids`` (optimum only): whether positions are an input. ``external``
+    (``scale_export.ExternalData``): large initializers are written to its data file as they are
+    made and referenced from the proto (``weights`` and ``int4`` may then be lazy mappings: each
+    value is read once, where it is used). Deterministic."""
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     if convention == "genai" and position_ids:
         position_ids = False  # the GenAI convention has no position_ids input (GroupQueryAttention derives them)
-    int4 = {k: Int4Weight(*v) for k, v in (int4 or {}).items()}
+    int4 = int4 or {}  # read where each projection is made: a lazy mapping quantizes one at a time
     unknown = sorted(set(int4) - set(projection_names(cfg)))
     if unknown:
         raise KeyError(f"int4: {unknown[:4]} are not projection weights of this config "
                        f"(e.g. {projection_names(cfg)[0]!r})")
     _check_weights(cfg, weights, skip=set(int4))
-    for key, q in int4.items():
-        _check_int4(cfg, key, q)
 
     odt = _DTYPES[dtype]
     KV, D, L = cfg.n_kv_heads, cfg.head_dim, cfg.n_layers
-    g = Graph(dtype)
+    g = Graph(dtype, external)
 
     def cast(a) -> np.ndarray:
         return np.asarray(a, np.float64).astype(dtype)
@@ -271,7 +272,9 @@ def build_llama_onnx(cfg: LlamaConfig, weights: Mapping[str, np.ndarray], *, con
     g.init("rope.sin_cache", sin.astype(dtype))
 
     def proj(x: str, key: str, node: str) -> str:
-        q = int4.get(key)
+        q = Int4Weight(*int4[key]) if key in int4 else None
+        if q is not None:
+            _check_int4(cfg, key, q)
         if q is None:
             wt = g.init(key + ".T", np.ascontiguousarray(cast(weights[key]).T))
             return g.op("MatMul", [x, wt], node)
