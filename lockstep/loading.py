@@ -5,12 +5,21 @@ that fail ``onnx.checker``, tensors of unknown type or whose data does not match
 external data that is not inside the model's folder (symlinks resolved) or not inside its file,
 and attribute values that crash onnx's shape inference, each with a ``ModelError`` naming the
 file, the tensor or node, and what was wrong.
+
+External data stays external (issue 51: a model past 2 GiB of weights, which protobuf can neither
+hold nor serialise): ``load_model`` checks each external initializer's file, range and length
+without reading it, runs ``onnx.checker`` on the model with those initializers as typed graph
+inputs, and marks the proto with its file (``lockstep.model_source.mark_source``: the folder its
+locations are relative to). ``tensor_to_numpy`` reads an external tensor as a read-only view of a
+memory map of its file (one map per file, shared by its tensors, kept per process: ``_FileMap``),
+never a copy; ``serialized`` refuses to serialise a proto past protobuf's limit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import sys
 from collections import OrderedDict
@@ -27,7 +36,8 @@ from lockstep.errors import ModelError
 from .inference import check_for_inference, prefork
 from .ort_schemas import validate_default_domain
 
-__all__ = ["ModelError", "UnsupportedModel", "check_opsets", "known_opsets", "load_model", "np_dtype", "tensor_to_numpy"]
+__all__ = ["ModelError", "UnsupportedModel", "check_opsets", "external_folder", "file_range", "has_external_data",
+           "known_opsets", "load_model", "np_dtype", "serialized", "tensor_to_numpy", "with_weights"]
 
 
 class UnsupportedModel(Unsupported):
@@ -59,7 +69,16 @@ _RAW_READ_AS_IS = sys.byteorder == "little"  # raw_data is little-endian: numpy 
 
 
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
+    """``t``'s value: a read-only view of its ``raw_data``, or of a memory map of its external data
+    file (``base_dir``: the folder its location is relative to), where numpy can read the bytes as
+    they are; else numpy_helper's copy (typed fields, sub-byte types, a big-endian host)."""
     try:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            if base_dir is None:
+                raise ModelError("external data, but no model folder to find it in")
+            if _RAW_READ_AS_IS and t.data_type not in _UNPACKED and t.data_type != onnx.TensorProto.STRING:
+                return _external_view(t, Path(base_dir))
+            _check_external(t, f"initializer {t.name!r}", Path(base_dir).resolve())  # the same checks first
         if (_RAW_READ_AS_IS and t.HasField("raw_data") and t.data_type not in _UNPACKED
                 and t.data_type not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED)
                 and t.data_location != onnx.TensorProto.EXTERNAL and not t.HasField("segment")
@@ -193,9 +212,10 @@ def _external_int(entries: dict[str, str], key: str, where: str) -> int | None:
     return value
 
 
-def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
-    """Read ``t``'s external data into ``raw_data``: only from a file inside ``base`` (after
-    resolving symlinks), within the file, exactly as many bytes as its dims need."""
+def _check_external(t: onnx.TensorProto, where: str, base: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of ``t``'s external data, checked: only a file inside ``base`` (a
+    resolved path; symlinks resolved), within the file, exactly as many bytes as its dims need.
+    Nothing is read."""
     entries = {e.key: e.value for e in t.external_data}
     loc = entries.get("location", "")
     if not loc or "\0" in loc:
@@ -217,28 +237,184 @@ def _load_external(t: onnx.TensorProto, where: str, base: Path) -> None:
     if offset + length > size:
         raise ModelError(f"{where}: external data offset {offset} + length {length} lies beyond the end of "
                          f"{target.name} ({size} bytes)")
-    with open(target, "rb") as f:
-        f.seek(offset)
-        t.raw_data = f.read(length)
-    del t.external_data[:]
-    t.data_location = onnx.TensorProto.DEFAULT
+    return target, offset, length
+
+
+class _FileMap(mmap.mmap):
+    """A read-only shared map of a whole external data file; ``path`` and ``address`` (of its first
+    byte) say which file a view of it shows, and where (``file_range``)."""
+
+    path: Path
+    address: int
+
+
+# (resolved path, device, inode, size, mtime) -> the file's map: one per file, shared by every tensor
+# read from it, for the life of the process (least recently used out past _MAPS_SIZE files; a map
+# dropped from here lives on while a view of it does). A file rewritten since is mapped anew.
+_MAPS: "OrderedDict[tuple, _FileMap]" = OrderedDict()
+_MAPS_SIZE = 64
+
+
+def _file_map(target: Path) -> _FileMap:
+    st = target.stat()
+    key = (str(target), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    fm = _MAPS.get(key)
+    if fm is None:
+        with open(target, "rb") as f:
+            fm = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)  # (the map keeps the file, not the fd)
+        fm.path = target
+        fm.address = np.frombuffer(fm, dtype=np.uint8, count=1).__array_interface__["data"][0]
+        _MAPS[key] = fm
+        while len(_MAPS) > _MAPS_SIZE:
+            _MAPS.popitem(last=False)
+    _MAPS.move_to_end(key)
+    return fm
+
+
+def _external_view(t: onnx.TensorProto, base: Path) -> np.ndarray:
+    """``t``'s external data as a read-only array over its file's map (``_check_external``'s checks)."""
+    target, offset, length = _check_external(t, f"initializer {t.name!r}", base.resolve())
+    dtype = np_dtype(t.data_type)
+    shape = tuple(t.dims)
+    if length == 0:  # (an empty file cannot be mapped)
+        out = np.empty(shape, dtype)
+        out.flags.writeable = False
+        return out
+    return np.frombuffer(_file_map(target), dtype=dtype, count=length // dtype.itemsize, offset=offset).reshape(shape)
+
+
+def file_range(a: Any) -> tuple[Path, int] | None:
+    """(file, offset) when ``a`` is a C-contiguous view of an external data file's map
+    (``tensor_to_numpy``), else None. The bytes of the file from there are ``a``'s."""
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+        return None
+    base: Any = a
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    if not isinstance(base, _FileMap):
+        return None
+    return base.path, a.__array_interface__["data"][0] - base.address
+
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    """Whether any of the main graph's initializers keeps its data in a file."""
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def external_folder(model: onnx.ModelProto, who: str = "") -> Path | None:
+    """The folder ``model``'s external data locations are relative to (the folder of the file it
+    was loaded from: ``lockstep.model_source``), each external initializer checked there as
+    ``load_model`` checks it (inside the folder, within its file; nothing read); None when it has no
+    external data. ``ModelError`` when it has some and names no file, or one fails a check."""
+    if not has_external_data(model):
+        return None
+    from .model_source import SOURCE_KEY, source_of
+
+    lead = f"{who}: " if who else ""
+    source = source_of(model)
+    if source is None:
+        raise ModelError(f"{lead}the model keeps initializers in external data but names no file to find them "
+                         f"beside (metadata {SOURCE_KEY}: load it from its file, lockstep.loading.load_model(path))")
+    try:
+        _check_externals(model, source.parent)
+    except ModelError as exc:
+        raise ModelError(f"{lead}{source}: {exc}") from None
+    return source.parent
+
+
+def with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when it has no external data, else a copy with every external initializer's
+    bytes read into ``raw_data`` (checked as ``load_model`` checks them): for what needs each weight
+    in the proto (onnx's reference evaluator, a retyping through ``numpy_helper``), at the cost of
+    the weights' memory once more. Not for a model past 2 GiB of weights: read those through
+    ``tensor_to_numpy``."""
+    folder = external_folder(model)
+    if folder is None:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    resolved = folder.resolve()
+    for t in out.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            target, offset, length = _check_external(t, f"initializer {t.name!r}", resolved)
+            t.raw_data = bytes(_file_map(target)[offset:offset + length]) if length else b""
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+    return out
+
+
+# protobuf's limit on a serialised message; a model holding more bytes of tensor data in memory
+# cannot be serialised (``serialized``)
+PROTOBUF_LIMIT = 2 << 30
+
+
+def _inline_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
+
+
+def serialized(model: onnx.ModelProto, who: str = "") -> bytes:
+    """``model.SerializeToString()``, refused with a one-line ``ModelError`` when the weights it holds
+    in memory (main-graph ``raw_data``) pass protobuf's 2 GiB limit, instead of protobuf's failure
+    deep inside an engine. A model loaded from its file keeps large weights external: its bytes
+    are the graph's."""
+    held = _inline_bytes(model)
+    if held >= PROTOBUF_LIMIT:
+        raise ModelError(f"{who}{': ' if who else ''}the model holds {held:,} bytes of weights in memory, past "
+                         f"protobuf's limit of {PROTOBUF_LIMIT:,} bytes for a serialised model: keep them in "
+                         "external data (onnx.save(..., save_as_external_data=True)) and load it from its file")
+    return model.SerializeToString()
+
+
+def _check_externals(model: onnx.ModelProto, base: Path | None) -> None:
+    """``_check_external`` on each external initializer of the main graph (kept external)."""
+    resolved = None
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            where = f"initializer {t.name!r}"
+            if base is None:
+                raise ModelError(f"{where}: external data, but the model was not loaded from a file")
+            if resolved is None:
+                resolved = base.resolve()
+            _check_external(t, where, resolved)
 
 
 def _check_tensors(model: onnx.ModelProto, base: Path | None, nodes: list | None = None) -> None:
-    """Every tensor of the model: a known type, data matching its dims; external data (only on the
-    main graph's initializers, only from inside ``base``) read in. ``nodes``: see ``_attribute_tensors``."""
+    """Every tensor of the model: a known type, data matching its dims; external data only on the
+    main graph's initializers, only from inside ``base``, checked but not read. ``nodes``: see
+    ``_attribute_tensors``."""
     tensors = list(_graph_tensors(model.graph, "", nodes))  # one walk of the graph and its subgraphs
     for t, where in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL and not where.startswith("initializer "):
             raise ModelError(f"{where}: external data is allowed on the graph's initializers only")
-    for t in model.graph.initializer:
-        where = f"initializer {t.name!r}"
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            if base is None:
-                raise ModelError(f"{where}: external data, but the model was not loaded from a file")
-            _load_external(t, where, base.resolve())
+    _check_externals(model, base)
     for t, where in tensors:
         _check_tensor(t, where)
+
+
+def _without_external(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
+                      hidden: list[onnx.NodeProto]) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
+    """What onnx.checker checks of a model with external data (the checker resolves a proto's
+    locations against the working directory): a copy with each external initializer a typed graph
+    input (its file, range and length are ``_check_external``'s), and the copy's nodes at ``hidden``'s
+    places in ``nodes``. The copy holds no external weights: it is the graph's size."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    external = [t for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    kept = [t for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    declared = {vi.name for vi in g.input}
+    inputs = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in external
+              if t.name not in declared]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    g.input.extend(inputs)
+    if not hidden:
+        return out, []
+    places = {id(n): i for i, n in enumerate(nodes)}
+    copied: list[onnx.NodeProto] = []
+    for _ in _attribute_tensors(g, "", copied):  # the same walk: the same order
+        pass
+    return out, [copied[places[id(n)]] for n in hidden]
 
 
 _TYPE_STRING = 9  # google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
@@ -346,21 +522,20 @@ def _copy_fields(msg: Any, dst: Any, skip: str) -> None:
             setattr(dst, fd.name, value)
 
 
-def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[int]] | None:
+def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[int]]:
     """The model without its main-graph initializers' ``raw_data`` (every other field as it is), and
-    those byte counts; None when an initializer's data is external (loading it changes the model).
+    those byte counts.
 
     Everything ``load_model``'s checks read is in the skeleton but the bytes of ``raw_data``, whose
-    contents no check reads (their length is checked against the dims: kept in the list), so a model
-    whose skeleton was validated before is valid now. Built without re-encoding the weights."""
+    contents no check reads (their length is checked against the dims: kept in the list), and the
+    files of external data (their entries are in it; the files are checked again on every load), so
+    a model whose skeleton was validated before is valid now. Built without re-encoding the weights."""
     graph = model.graph
     skel = onnx.ModelProto()
     _copy_fields(model, skel, "graph")
     _copy_fields(graph, skel.graph, "initializer")
     lengths = []
     for t in graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            return None
         shell = skel.graph.initializer.add()
         _copy_fields(t, shell, "raw_data")
         lengths.append(len(t.raw_data) if t.HasField("raw_data") else -1)
@@ -398,14 +573,22 @@ def _digest(skeleton_bytes: bytes, lengths: list[int]) -> bytes:
 
 
 def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check: bool = True) -> tuple[onnx.ModelProto, str | None]:
-    """Return (model, base_dir). External data is loaded only from inside the model's folder.
+    """Return (model, base_dir). External data is checked only inside the model's folder and kept
+    external (``tensor_to_numpy`` maps it); a model file with external data comes back marked with
+    its path (``lockstep.model_source.mark_source``), and a ``ModelProto`` marked so finds its
+    external data in that file's folder (``base_dir``).
 
     A model whose skeleton (``_skeleton``: all of it but the weights' bytes) passed these checks
-    before in this process is returned without checking it again."""
+    before in this process is returned without checking it again (its external data files are)."""
     base_dir: str | None = None
     data: bytes | None = None  # the model's serialised bytes, when at hand
     if isinstance(src, onnx.ModelProto):
         model = src
+        if has_external_data(model):
+            from .model_source import source_of
+
+            source = source_of(model)
+            base_dir = None if source is None else str(source.parent)
     elif isinstance(src, (bytes, bytearray)):
         data = bytes(src)
         try:
@@ -424,9 +607,17 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         except Exception as exc:
             raise ModelError(f"{path}: not a valid ONNX protobuf: {exc}") from exc
         base_dir = str(path.parent)
-    where = f"{src}: " if base_dir is not None else ""
+        if has_external_data(model):  # the proto names its folder wherever it goes (engines find the data)
+            from .model_source import mark_source
+
+            try:
+                mark_source(model, path)
+            except Exception as exc:  # noqa: BLE001 - a path protobuf cannot hold as text
+                raise ModelError(f"{path}: its path cannot be recorded in the model: {exc}") from exc
+    where = f"{src}: " if not isinstance(src, (onnx.ModelProto, bytes, bytearray)) else ""
+    external = has_external_data(model)
     try:
-        shape = _skeleton(model)
+        shape: tuple[onnx.ModelProto, list[int]] | None = _skeleton(model)
     except Exception:  # noqa: BLE001 - text that is not UTF-8 cannot be copied: the checks below name it
         shape = None
     digest = None
@@ -435,6 +626,11 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         skel_data = skel.SerializeToString()
         digest = _digest(skel_data, lengths)
         if check and digest in _VALIDATED:
+            if external:  # the files may have changed since: checked again (not read)
+                try:
+                    _check_externals(model, None if base_dir is None else Path(base_dir))
+                except ModelError as exc:
+                    raise ModelError(f"{where}{exc}") from exc.__cause__
             _VALIDATED.move_to_end(digest)
             return model, base_dir
     try:
@@ -444,18 +640,20 @@ def load_model(src: "str | os.PathLike[str] | bytes | onnx.ModelProto", *, check
         else:
             _check_text(model, data=data)
         nodes: list[onnx.NodeProto] = []  # every node, subgraphs included: walked once, checked twice
-        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
         _check_tensors(model, None if base_dir is None else Path(base_dir), nodes)
         if check:
             # ops ONNX Runtime registers in the default domain (SimplifiedLayerNormalization, as GenAI's
             # builder writes it): checked against its schemas, hidden from onnx.checker, which has none
             hidden = validate_default_domain(model, nodes, ModelError)
-            try:  # the file's bytes when they are the model's (external data read in since changes them)
+            checked = model
+            if external:  # the checker resolves a proto's external locations against the working directory
+                checked, hidden = _without_external(model, nodes, hidden)
+            try:  # the file's bytes when they are the model's
                 if hidden:
-                    with _hidden_from_checker(model, hidden):
-                        onnx.checker.check_model(model)
+                    with _hidden_from_checker(checked, hidden):
+                        onnx.checker.check_model(checked)
                 else:
-                    onnx.checker.check_model(data if data is not None and not external else model)
+                    onnx.checker.check_model(data if data is not None and not external else checked)
             except Exception as exc:
                 # one line: the checker's message carries a "\n\n==> Context:" trailer
                 raise ModelError(f"model fails onnx.checker: {' '.join(str(exc).split())}") from exc

@@ -42,7 +42,7 @@ from lockstep.genai_config import card_for
 from lockstep.golden.contrib_oracle import CONTRIB_OPS, OracleUnsupported, check_supported
 from lockstep.golden.contrib_oracle_attention import _resident
 from lockstep.golden.oracle import _evaluator, _feeds, greedy_oracle, oracle_logits, retyped
-from lockstep.loading import load_model
+from lockstep.loading import load_model, with_weights
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -68,7 +68,7 @@ GREEDY_TOKENS = 4    # a prefill per token: keep it short
 def _load(path: str, upcast: bool = False):
     """(model, its DecoderIO); ``upcast``: its float16 tensors made float32 first (its fp32 computation)."""
     model_path = ROOT / path / "model.onnx"
-    model, _ = load_model(model_path)
+    model = with_weights(load_model(model_path)[0])  # (the oracle and the tests' sessions read weights from the proto)
     if upcast:
         model = retyped(model, TP.FLOAT16, TP.FLOAT)
     return model, DecoderIO.of(model, card_for(model_path))

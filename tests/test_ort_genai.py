@@ -39,7 +39,7 @@ from lockstep.engines import ort_genai
 from lockstep.engines.ort_genai import GenAIEngine
 from lockstep.genai_config import card_for
 from lockstep.model_source import SOURCE_KEY, mark_source, source_of
-from lockstep.loading import load_model
+from lockstep.loading import load_model, tensor_to_numpy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTS_DIR = ROOT / "golden" / "exports"
@@ -193,7 +193,8 @@ def test_the_model_run_is_the_modelproto_handed_not_the_file():
     changed = onnx.ModelProto()
     changed.CopyFrom(model)
     (t,) = [t for t in changed.graph.initializer if t.name == "lm_head.MatMul.weight"]
-    t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+    # (its weights stay in model.onnx.data, read through a map: lockstep.loading.tensor_to_numpy)
+    t.CopyFrom(numpy_helper.from_array(tensor_to_numpy(t, str(source_of(model).parent)) * 2, t.name))
     assert source_of(changed) == source_of(model), "contract: a copy keeps its source"
     doubled = open_session(eng, changed, io=io).forward(prompt)
     np.testing.assert_allclose(doubled, 2 * base, rtol=1e-5, atol=1e-5)
@@ -418,7 +419,9 @@ def _epsilon_broken(tmp_path) -> Path:
             if "LayerNorm" in n.op_type and a.name == "epsilon":
                 a.f = -1.0
     onnx.save(model, folder / "model.onnx")
-    for f in ("genai_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    # the weights stay external (load_model keeps them in their file): the data file goes beside it
+    for f in ("model.onnx.data", "genai_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json"):
         shutil.copy(EXPORTS_DIR / LLAMA / f, folder)
     return folder / "model.onnx"
 

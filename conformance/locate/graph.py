@@ -198,4 +198,8 @@ def extract(model: onnx.ModelProto, nodes: Iterable[int], outputs: list[str], va
     graph = helper.make_graph(picked, name, inputs, [_typed(o, values[o]) for o in outputs], inits)
     m = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     m.functions.extend(model.functions)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in inits):  # its weights' folder: the model's
+        from lockstep.model_source import SOURCE_KEY
+
+        m.metadata_props.extend(p for p in model.metadata_props if p.key == SOURCE_KEY)
     return m

@@ -26,7 +26,11 @@ class LocateError(LockstepError, ValueError):
 
 
 def widened(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with every float16, bfloat16 and float32 tensor, value and Cast target made float64."""
+    """The model with every float16, bfloat16 and float32 tensor, value and Cast target made float64
+    (external data read in: the widened weights are new ones)."""
+    from lockstep.loading import with_weights
+
+    model = with_weights(model)
     for t in _NARROW:
         model = retyped(model, t, TensorProto.DOUBLE)
     return model
@@ -41,9 +45,12 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, Any], *, where: str) -> di
     """Every value (initializers, feeds, each node's outputs) of one evaluation of ``model``."""
     from onnx.reference import ReferenceEvaluator
 
+    from lockstep.loading import with_weights
+
     try:
         check_supported(model)
-        ev = ReferenceEvaluator(model, new_ops=CONTRIB_OPS)
+        # onnx's evaluator reads external data only from a container of its own: the weights read in
+        ev = ReferenceEvaluator(with_weights(model), new_ops=CONTRIB_OPS)
         return dict(ev.run(None, feeds, intermediate=True))
     except LockstepError:
         raise

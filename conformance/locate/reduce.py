@@ -145,13 +145,37 @@ def _tensor(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(value), name)
 
 
+def _standalone(model: onnx.ModelProto, out: Path) -> onnx.ModelProto:
+    """``model`` as a node-case folder at ``out`` holds it: initializers kept in the source model's
+    external data files (a large model's, ``lockstep.loading``) read in, the source's mark dropped;
+    past 1 GiB of them, written to ``out``/model.onnx.data instead (1 KiB and up). The model itself
+    when it has none."""
+    from lockstep.loading import with_weights
+    from lockstep.model_source import SOURCE_KEY
+
+    m = with_weights(model)
+    if m is model:
+        return model
+    keep = [(p.key, p.value) for p in m.metadata_props if p.key != SOURCE_KEY]
+    del m.metadata_props[:]
+    for key, value in keep:
+        m.metadata_props.add(key=key, value=value)
+    if sum(len(t.raw_data) for t in m.graph.initializer) <= 1 << 30:
+        return m
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+    (out / "model.onnx.data").unlink(missing_ok=True)  # (written by appending)
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+    return write_external_data_tensors(m, str(out))
+
+
 def write_case(out: Path, reduced: Reduced, *, engine: str, command: str) -> Path:
     """The reduced subject as a node-case folder at ``out`` (files written atomically)."""
     s, loc = reduced.subject, reduced.located
     ev = loc.evals
     data = out / "test_data_set_0"
     data.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "model.onnx", s.model.SerializeToString())
+    atomic_write(out / "model.onnx", _standalone(s.model, out).SerializeToString())
     init = {t.name for t in s.model.graph.initializer}
     names = [vi.name for vi in s.model.graph.input if vi.name not in init]
     for k, name in enumerate(names):

@@ -33,6 +33,7 @@ with its reason); the findings, with their reduced cases, are in ``docs/nxrt-fin
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -126,7 +127,21 @@ class NxrtEngine:
         alone too) or ``EngineError``."""
         import nxrt
 
-        data = model.SerializeToString()
+        from lockstep.loading import external_folder, serialized
+
+        if external_folder(model, self.name) is not None:
+            # nxrt takes a path or bytes and finds external data only beside a file: the model's own,
+            # where the proto is still the file's (a rewrite, DecoderIO.fixed_model's, is not on disk)
+            from lockstep.model_source import file_of, source_of
+
+            path = file_of(model)
+            if path is None:
+                raise Unsupported(f"{self.name}: nxrt reads external data only beside a model file, and this model "
+                                  f"was changed since it was loaded from {source_of(model)} (nxrt takes a path "
+                                  "or bytes, not a folder for the weights of bytes)")
+            data: "bytes | str" = str(path)
+        else:
+            data = serialized(model, self.name)
         try:
             return nxrt.InferenceSession(data, providers=[self.provider])
         except Exception as exc:
@@ -295,14 +310,15 @@ class NxrtEpEngine(OrtEngine):
             return False, f"{self.ep_name} requested but the session runs on {sess.get_providers()}"
         return True, f"onnxruntime {ort.__version__} with {self.package} {_dist_version(self.package.replace('_', '-'))}"
 
-    def _options(self, *, record: bool = False):
-        so = self._session_options()
+    def _options(self, *, record: bool = False, folder: "os.PathLike[str] | None" = None):
+        so = self._session_options(folder)
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if record else "1")
         if record:
             so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         return so
 
-    def _new_session(self, model_bytes: bytes, options: dict[str, str], *, record: bool = False):
+    def _new_session(self, model_bytes: bytes, options: dict[str, str], *, record: bool = False,
+                     folder: "os.PathLike[str] | None" = None):
         import onnxruntime as ort
 
         if self.poisoned:  # said once, where it happened; every later test names it instead of ORT's echo
@@ -310,7 +326,7 @@ class NxrtEpEngine(OrtEngine):
                               f"({self.poisoned}); this test did not run")
 
         want = "GPU" if self.device_type == "cuda" else "CPU"
-        so = self._options(record=record)
+        so = self._options(record=record, folder=folder)
         so.add_provider_for_devices([d for d in self._devices() if d.device.type.name == want], dict(options))
         return ort.InferenceSession(model_bytes, so)
 
@@ -331,7 +347,10 @@ class NxrtEpEngine(OrtEngine):
                 return None  # ONNX Runtime's own limits and refusals, as for ort-cpu
             return EngineError(f"{self.name}: load: {type(exc).__name__}: {first_line(message)}")
         try:
-            sess = self._new_session(model.SerializeToString(), options, record=True)
+            from lockstep.loading import external_folder, serialized
+
+            sess = self._new_session(serialized(model, self.name), options, record=True,
+                                     folder=external_folder(model, self.name))
             declined = [n for sub in sess.get_provider_graph_assignment_info() if sub.ep_name != self.ep_name
                         for n in sub.get_nodes()]
         except Exception as again:  # ONNX Runtime's CPU provider cannot take them either

@@ -21,6 +21,9 @@ from lockstep.engines.protocol import CaptureStats, RunFn, Unsupported
 __all__ = ["OrtEngine", "OrtDecoder", "cpu_engine", "cuda_engine", "cuda_tf32_engine", "CUDA_STRICT", "CUDA_TF32"]
 
 _NAMES = {"CPUExecutionProvider": "ort-cpu", "CUDAExecutionProvider": "ort-cuda"}
+# ONNX Runtime's session config entry (1.17+; 1.31.1 checked) naming the folder that a model given as
+# bytes finds its external data in (kOrtSessionOptionsModelExternalInitializersFileFolderPath)
+EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 # Options that matter for conformance, explicit rather than ONNX Runtime's defaults. On the CUDA
@@ -70,7 +73,10 @@ class OrtEngine:
                 "deterministic_compute": str(self.deterministic),
                 "intra_op_threads": str(self.threads) if self.threads else "default (one per core)"}
 
-    def _session_options(self):
+    def _session_options(self, folder: "os.PathLike[str] | str | None" = None):
+        """``folder``: where the model's external data locations are relative to (a model loaded from
+        its file with its weights kept there: ``lockstep.loading.external_folder``), handed to ONNX
+        Runtime with the model's bytes (the graph's, not the weights')."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -78,6 +84,8 @@ class OrtEngine:
         so.use_deterministic_compute = self.deterministic
         if self.threads:
             so.intra_op_num_threads = self.threads
+        if folder is not None:
+            so.add_session_config_entry(EXTERNAL_FOLDER_KEY, os.fspath(folder))
         return so
 
     def _probe(self) -> tuple[bool, str]:
@@ -118,9 +126,15 @@ class OrtEngine:
     def session(self, model: onnx.ModelProto, provider_options: dict[str, str] | None = None):
         """An InferenceSession on exactly this engine's provider; cannot-run errors as ``Unsupported``,
         ONNX Runtime refusing the model (InvalidGraph, Fail, ...) as ``ModelError``."""
+        from lockstep.loading import external_folder, serialized
+
         options = {**self.provider_options, **(provider_options or {})}
+        # external data stays in its files: ONNX Runtime gets the graph's bytes and the folder to read
+        # the weights from (a model changed after loading, DecoderIO.fixed_model's, runs as changed)
+        folder = external_folder(model, self.name)
+        data = serialized(model, self.name)
         try:
-            return self._new_session(model.SerializeToString(), options)
+            return self._new_session(data, options, folder=folder)
         except Exception as exc:
             refused = self._refusal(model, options, exc)
             if refused is not None:
@@ -135,13 +149,14 @@ class OrtEngine:
                 raise ModelError(f"{self.name} refuses the model: {type(exc).__name__}: {first}") from exc
             raise
 
-    def _new_session(self, model_bytes: bytes, options: dict[str, str]):
+    def _new_session(self, model_bytes: bytes, options: dict[str, str], *, folder: "os.PathLike[str] | None" = None):
         """An InferenceSession of ``model_bytes`` on exactly this engine's provider with ``options``
-        (a subclass places it otherwise: ``lockstep.engines.nxrt``'s plugin execution providers)."""
+        (a subclass places it otherwise: ``lockstep.engines.nxrt``'s plugin execution providers);
+        ``folder``: its external data's (``_session_options``)."""
         import onnxruntime as ort
 
         provider = (self.provider, options) if options else self.provider
-        return ort.InferenceSession(model_bytes, self._session_options(), providers=[provider])
+        return ort.InferenceSession(model_bytes, self._session_options(folder), providers=[provider])
 
     def _refusal(self, model: onnx.ModelProto, options: dict[str, str], exc: Exception) -> Exception | None:
         """What a session-creation failure means beyond ONNX Runtime's own messages (None: nothing);

@@ -265,8 +265,11 @@ class GenAIDecoder:
         self.capture = capture
         self.max_length = cfg.max_length if cfg.share_buffer else (cfg.max_length or cfg.context_length)
         # GenAI keeps a pointer to these bytes, not a reference: they must outlive the og.Model (0.18.0
-        # crashed in og.Model when the buffer had been freed)
-        self._bytes = model.SerializeToString()
+        # crashed in og.Model when the buffer had been freed). External data stays in its file: GenAI
+        # reads it from the config's folder, the model's (the graph's bytes only, never past 2 GiB)
+        from lockstep.loading import serialized
+
+        self._bytes = serialized(model, engine.name)
         try:
             config = og.Config(str(source.parent))
             # ONNX Runtime's own log off (a refusal is raised, and said once, by lockstep), as ort-cpu's;

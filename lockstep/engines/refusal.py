@@ -99,7 +99,8 @@ def alone(model: onnx.ModelProto, node: onnx.NodeProto,
     inputs, kept = [], []
     for name in dict.fromkeys(i for i in node.input if i):
         t = inits.get(name)
-        if t is not None and len(t.SerializeToString()) <= SMALL_INITIALIZER:
+        if (t is not None and t.data_location != onnx.TensorProto.EXTERNAL
+                and len(t.SerializeToString()) <= SMALL_INITIALIZER):  # (external data: typed as an input)
             kept.append(t)
         elif name in types and types[name].HasField("tensor_type") and types[name].tensor_type.elem_type:
             inputs.append(onnx.helper.make_value_info(name, types[name]))

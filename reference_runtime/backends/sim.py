@@ -18,6 +18,13 @@ in ``contracts.parity``):
   a copy naming a range that is not mapped then is ``InvalidValue`` (not sticky, nothing queued),
   even if the range would be mapped before the copy executes; memory unmapped after the call
   faults at execution like a kernel's. New backing is filled with 0xFF bytes (NaN for floats) so unwritten reads show.
+  Pool memory of at least ``LAZY_POISON_MIN`` bytes is poisoned at its first use rather than at
+  ``malloc`` (nothing can tell: nothing reads it before), so that a host-to-device copy of a model
+  file's bytes (an external initializer, a read-only view of the file's map: ``lockstep.loading``)
+  into a fresh allocation can, when it executes, make that allocation a private copy-on-write map of
+  the file instead (``_file_backing``): the device's copy of a constant then shares the host's page
+  cache until a write (which stays private: nothing written to device memory reaches the file), and a
+  model's weights are not held twice in host memory.
   Backing is host RAM: ``allocated_bytes`` counts it for the runtime's budget (whose default,
   ``default_memory_limit``, is a share of what the process may hold: the host's or the cgroup's
   memory, the address space left under ``RLIMIT_AS``), and a host that cannot back an
@@ -44,14 +51,19 @@ faults here, where CuPy's pool would keep the memory mapped and return stale byt
 from __future__ import annotations
 
 import bisect
+import ctypes
 import itertools
 import math
+import mmap
+import os
+import sys
 import types
 from typing import Any
 
 import numpy as np
 from lockstep.host_memory import host_budget
 from lockstep.kernels import is_host_error, Kernel, KernelHostError, storage_dtype
+from lockstep.loading import file_range
 
 from ..errors import (
     CaptureD2HRefused,
@@ -72,6 +84,7 @@ VMM_BASE = 0x7F00_0000_0000
 POOL_ALIGN = 512
 POISON = 0xFF
 DEFAULT_MEMORY_CAP = 16 << 30  # bytes: the simulated device's budget is at most this by default
+LAZY_POISON_MIN = 1 << 20  # bytes: pool memory at least this large is poisoned at its first use (``_LazyPool``)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -80,23 +93,97 @@ def _round_up(n: int, k: int) -> int:
 
 def _immutable(host: Any, dtype: Any) -> bool:
     """Whether ``host`` is a read-only numpy array of ``dtype`` whose memory is a ``bytes`` object's
-    (numpy's frombuffer of bytes): nothing can write it, through it or through any other view."""
+    (numpy's frombuffer of bytes) or lockstep's read-only map of a model's external data file
+    (``lockstep.loading.tensor_to_numpy``, which nothing in lockstep writes): nothing in the process
+    can write it, through it or through any other view."""
     if not isinstance(host, np.ndarray) or host.flags.writeable or host.dtype != np.dtype(dtype):
         return False
-    base = host
-    while isinstance(base, np.ndarray):
-        base = base.base
+    base: Any = host
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    if isinstance(base, mmap.mmap):  # lockstep's own read-only map of a model's data file, nobody else's
+        return file_range(host) is not None
     return isinstance(base, bytes)
 
 
-def _backing(size: int, what: str) -> np.ndarray:
-    """Host memory for ``size`` device bytes, poisoned; the host refusing it is the device's OOM."""
+def _backing(size: int, what: str, *, poison: bool = True) -> np.ndarray:
+    """Host memory for ``size`` device bytes, poisoned (``poison=False``: not yet, ``_LazyPool``);
+    the host refusing it is the device's OOM."""
     try:
         backing = np.empty(size, dtype=np.uint8)
     except (MemoryError, ValueError) as exc:  # ValueError: numpy's "array is too big"
         raise MemoryAllocation(f"{what} of {size} bytes: the host cannot back it ({exc})", nbytes=size) from None
-    backing.fill(POISON)
+    if poison:
+        backing.fill(POISON)
     return backing
+
+
+class _LazyPool(_Mapping):
+    """Pool memory poisoned at its first use, not at ``malloc`` (unobservable: nothing reads it
+    before). ``raw``: its host memory while untouched (unpoisoned, so never made resident), None
+    once ``backing`` was read; ``SimDevice._map_file`` may replace it by a map of a file first."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, start: int, size: int, raw: np.ndarray, kind: str):
+        self.start, self.size, self.raw, self.kind = start, size, raw, kind
+
+    def __getattr__(self, name: str) -> Any:  # only for an attribute not set: ``backing`` before its first use
+        if name != "backing":
+            raise AttributeError(name)
+        raw, self.raw = self.raw, None
+        raw.fill(POISON)
+        self.backing = raw
+        return raw
+
+    def __repr__(self) -> str:
+        return f"_LazyPool(start=0x{self.start:x}, size={self.size}, untouched={self.raw is not None})"
+
+
+_MAP_FIXED = 0x10  # Linux's (every architecture CPython builds for but alpha)
+_LIBC: Any = None
+
+
+def _file_backing(path: Any, offset: int, nbytes: int, size: int) -> np.ndarray | None:
+    """``size`` bytes of private host memory whose first ``nbytes`` are the file's from ``offset``
+    and the rest poison, as a copy-on-write map of the file (``MAP_PRIVATE``: reading shares the
+    page cache, a write makes a private page and never reaches the file); None where this cannot be
+    done (not Linux, the file shorter than that now, a failing mmap): the caller copies instead."""
+    global _LIBC
+    if sys.platform != "linux" or sys.maxsize < 2**32:
+        return None
+    try:
+        if _LIBC is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            _LIBC = libc
+        page = mmap.PAGESIZE
+        head = offset % page
+        start = offset - head
+        total = _round_up(head + size, page)
+        # the address range first (anonymous: owned, and unmapped whole, by this mmap object), then the
+        # file's pages mapped over its start; pages past the file's end stay anonymous
+        region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        with open(path, "rb") as f:
+            fsize = os.fstat(f.fileno()).st_size
+            if offset + nbytes > fsize:
+                return None
+            flen = min(total, _round_up(fsize - start, page))
+            anchor = ctypes.c_char.from_buffer(region)
+            addr = ctypes.addressof(anchor)
+            del anchor
+            got = _LIBC.mmap(addr, flen, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED,
+                             f.fileno(), start)
+        if got != addr:
+            return None  # (the region is dropped unread: its object unmaps whatever is left of it)
+        backing = np.frombuffer(region, dtype=np.uint8, count=size, offset=head)
+        backing[nbytes:] = POISON
+        return backing
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
 
 
 def available() -> tuple[bool, str]:
@@ -232,6 +319,8 @@ class SimDevice(Device):
                     self._exec_copy(node["dst"], node["src"], op.stream)
                 # "record" nodes order nothing outside a graph launch in this model.
         elif op.kind == "h2d":
+            if "file" in p and self._map_file(p["dst"], p["file"]):
+                return
             view = self._resolve_or_fault(p["dst"], "memcpy HtoD", op.stream)
             if view is not None:
                 view[...] = p["data"]
@@ -336,7 +425,22 @@ class SimDevice(Device):
         # a view of the mapping's bytes (one constructor call; the slice-view-reshape chain is three)
         return np.ndarray(shape, dtype, buffer=m.backing, offset=addr - m.start)
 
-    def _map(self, start: int, backing: np.ndarray, kind: str) -> None:
+    def _map_file(self, ref: tuple, file: tuple) -> bool:
+        """The host-to-device copy of a file's bytes (``file``: path, offset) into ``ref``, executed as
+        a copy-on-write map of the file (``_file_backing``) when ``ref`` is the whole start of pool memory
+        nobody has used yet (``_LazyPool``); False: copy as usual."""
+        addr, shape, dtype = ref
+        m = self._maps.get(addr)
+        if type(m) is not _LazyPool or m.raw is None:
+            return False
+        backing = _file_backing(file[0], file[1], math.prod(shape) * dtype.itemsize, m.size)
+        if backing is None:
+            return False
+        m.raw = None
+        m.backing = backing
+        return True
+
+    def _map(self, start: int, backing: np.ndarray, kind: str, *, lazy: bool = False) -> None:
         size = backing.nbytes
         i = bisect.bisect_left(self._starts, start)
         for j in (i - 1, i):
@@ -345,7 +449,7 @@ class SimDevice(Device):
                 if m.start < start + size and start < m.start + m.size:
                     raise InvalidValue(f"mapping 0x{start:x}+{size} overlaps the mapping at 0x{m.start:x}")
         self._starts.insert(i, start)  # (i is its place: no mapping starts there, it would overlap)
-        self._maps[start] = _Mapping(start, size, backing, kind)
+        self._maps[start] = _LazyPool(start, size, backing, kind) if lazy else _Mapping(start, size, backing, kind)
         self._map_generation += 1
 
     def _unmap(self, start: int) -> _Mapping:
@@ -359,7 +463,8 @@ class SimDevice(Device):
         if nbytes < 0:
             raise InvalidValue(f"malloc of {nbytes} bytes")
         size = _round_up(max(nbytes, 1), POOL_ALIGN)
-        backing = _backing(size, "malloc")  # before any bookkeeping: a refusal changes nothing
+        lazy = size >= LAZY_POISON_MIN
+        backing = _backing(size, "malloc", poison=not lazy)  # before any bookkeeping: a refusal changes nothing
         start = None
         for i, (s, n) in enumerate(self._pool_free):  # first fit, lowest address: reuse is predictable
             if n >= size:
@@ -372,7 +477,7 @@ class SimDevice(Device):
         if start is None:
             start = self._pool_top
             self._pool_top += size
-        self._map(start, backing, "pool")
+        self._map(start, backing, "pool", lazy=lazy)
         self._pool_sizes[start] = size
         self._allocated += size
         return Buffer(start, nbytes, self, handle="pool")
@@ -466,7 +571,13 @@ class SimDevice(Device):
             raise CaptureUnmodelled("a host-to-device copy during capture is not modelled")
         ref = _node_payload(dst)
         self._check_mapped_at_call(ref, "memcpy HtoD", stream)
-        stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
+        # a model file's bytes (an external initializer's map) into large memory: ``_map_file`` may map
+        # the file when the copy executes, instead of copying
+        where = file_range(host) if data is host and data.nbytes >= LAZY_POISON_MIN else None
+        if where is not None:
+            stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data, file=where)
+        else:
+            stream._enqueue("h2d", [("memcpy HtoD", ref, True)], dst=ref, data=data)
 
     def memcpy_dtoh(self, src: ArrayRef, stream: Stream) -> np.ndarray:
         return self.memcpy_dtoh_many([src], stream)[0]
