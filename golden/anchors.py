@@ -57,13 +57,14 @@ from lockstep.decoder_io import DecoderIO
 from lockstep.engines.protocol import PRECISIONS
 
 from .models.spec import GENERATOR_VERSION, PROMPT, VARIANTS, ModelSpec
-from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, oracle_logits
+from .oracle import ORACLE, decomposed_twin, float64_logits, greedy_oracle, oracle_logits, stepped_greedy
+from .stream import StreamModel, proto_of
 
 __all__ = [
     "SNAPSHOT_DIR", "MODEL_DIR", "PREFIX_TOKENS", "near_tie_band", "precisions_for", "band_for", "compute_anchors", "load_snapshot",
     "snapshot_text", "write_snapshot", "read_snapshot", "diff_snapshots", "same_anchors", "INFORMATIONAL",
     "model_sha256", "file_sha256", "onnx_sha256", "OracleDisagreement", "ModelShape", "anchors_from_oracle", "oracle_run",
-    "greedy_chain_holds",
+    "greedy_chain_holds", "first_break",
 ]
 
 ROOT = Path(__file__).resolve().parent
@@ -259,7 +260,8 @@ def _recorded_prefix(path: Path) -> list[int] | None:
     return [int(t) for t in prefix] if isinstance(prefix, list) and all(isinstance(t, int) for t in prefix) else None
 
 
-def oracle_run(name: str, oracle_fp32: onnx.ModelProto, crosscheck_fp32: onnx.ModelProto | None, prompt: list[int],
+def oracle_run(name: str, oracle_fp32: "onnx.ModelProto | StreamModel", crosscheck_fp32: "onnx.ModelProto | StreamModel | None",
+               prompt: list[int],
                *, io_card: dict[str, str] | None = None, prefix_tokens: int = PREFIX_TOKENS,
                progress: Callable[[str], None] | None = None, expected_prefix: list[int] | None = None,
                cache_inputs: Any = None):
@@ -270,7 +272,9 @@ def oracle_run(name: str, oracle_fp32: onnx.ModelProto, crosscheck_fp32: onnx.Mo
     gives the logits at every position at once; when each position's argmax is the next recorded
     token by more than the fp32 band (``greedy_chain_holds``), that prefix is the oracle's greedy
     one (a prefill of a shorter prefix differs from it by fp32 reordering only, inside the band),
-    and the token-by-token greedy run (a prefill per token) is not needed. Otherwise it runs.
+    and the greedy run is not needed. Otherwise it runs (``_greedy_prefix``: a prefill and a step per
+    token with the KV cache, vouched for by one prefill of the whole context in the same way, and a
+    prefill per token from the first choice it cannot vouch for).
     ``cache_inputs``: what identifies the inputs (model digests, prompt, options): the result is
     then stored and reused by content (``oracle_cache``)."""
     def compute():
@@ -288,44 +292,75 @@ def oracle_run(name: str, oracle_fp32: onnx.ModelProto, crosscheck_fp32: onnx.Mo
 def greedy_chain_holds(logits: np.ndarray, prompt: list[int], prefix: list[int], band: float) -> bool:
     """Whether ``prefix`` is the greedy continuation of ``prompt`` under ``logits`` (one prefill of
     both) with every choice's margin above ``band``."""
+    return first_break(logits, prompt, prefix, band) is None
+
+
+def first_break(logits: np.ndarray, prompt: list[int], prefix: list[int], band: float) -> int | None:
+    """The index in ``prefix`` of the first token that is not the argmax of ``logits`` (one prefill of
+    prompt + prefix) by more than ``band``; None when the whole chain holds (``greedy_chain_holds``)."""
     context = list(prompt) + list(prefix)
-    for i in range(len(prompt) - 1, len(context) - 1):
+    for k, i in enumerate(range(len(prompt) - 1, len(context) - 1)):
         row = logits[i]
         order = np.argsort(-row, kind="stable")
         if int(order[0]) != context[i + 1] or float(row[order[0]] - row[order[1]]) <= band:
-            return False
-    return True
+            return k
+    return None
+
+
+def _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say):
+    """(the oracle's greedy prefix, the logits of one prefill over prompt + prefix or None).
+
+    A prefill of the prompt and a step per token with the KV cache (``stepped_greedy``) proposes the
+    chain; one prefill of the whole context gives the logits, and each choice must be its argmax by
+    more than the fp32 band (``first_break``): a prefill per token would then choose the same, as
+    for a recorded prefix. From the first choice that is not, the rest is run a prefill per token
+    (``greedy_oracle``: today's exact run), and the logits are the caller's to compute."""
+    stepped = stepped_greedy(oracle_fp32, prompt, prefix_tokens, io)
+    if stepped is not None:
+        logits = oracle_logits(oracle_fp32, list(prompt) + stepped, io)
+        band = near_tie_band(ModelShape.of(proto_of(oracle_fp32), io).oracle(), "fp32", float(np.abs(logits).max()))
+        k = first_break(logits, prompt, stepped, band)
+        if k is None:
+            return stepped, logits
+        say(f"{name}: the stepped greedy chain is not the prefill's by a margin at token {k}: "
+            f"a prefill per token from there")
+        kept = stepped[:k]
+    else:
+        say(f"{name}: the model is not stepped as it is: a prefill per token")
+        kept = []
+    return kept + greedy_oracle(oracle_fp32, list(prompt) + kept, prefix_tokens - len(kept), io), None
 
 
 def _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, *, io_card, prefix_tokens, progress, expected_prefix):
     say = progress or (lambda msg: None)
-    io = DecoderIO.of(oracle_fp32, io_card)
+    io = DecoderIO.of(proto_of(oracle_fp32), io_card)
     prefix = logits = None
     if expected_prefix is not None and len(expected_prefix) == prefix_tokens:
         say(f"{name}: oracle logits over the recorded context ({len(prompt) + prefix_tokens} tokens, one prefill)")
         logits = oracle_logits(oracle_fp32, list(prompt) + list(expected_prefix), io)
-        band = near_tie_band(ModelShape.of(oracle_fp32, io).oracle(), "fp32", float(np.abs(logits).max()))
+        band = near_tie_band(ModelShape.of(proto_of(oracle_fp32), io).oracle(), "fp32", float(np.abs(logits).max()))
         if greedy_chain_holds(logits, prompt, expected_prefix, band):
             prefix = list(expected_prefix)
         else:
-            say(f"{name}: the recorded prefix is not the oracle's greedy one by a margin: running it token by token")
+            say(f"{name}: the recorded prefix is not the oracle's greedy one by a margin: running the greedy chain")
             logits = None
     if prefix is None:
-        say(f"{name}: oracle greedy prefix ({prefix_tokens} tokens)")
-        prefix = greedy_oracle(oracle_fp32, prompt, prefix_tokens, io)
+        say(f"{name}: oracle greedy prefix ({prefix_tokens} tokens: a prefill, then a step a token with the KV cache)")
+        prefix, logits = _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say)
     context = prompt + prefix
     if logits is None:
         say(f"{name}: oracle logits over the canonical context ({len(context)} tokens)")
         logits = oracle_logits(oracle_fp32, context, io)
     cross = None
     if crosscheck_fp32 is not None:
-        say(f"{name}: float64 cross-check on the reference runtime")
-        cross = float64_logits(crosscheck_fp32, context, DecoderIO.of(crosscheck_fp32, io_card))
+        say(f"{name}: float64 cross-check on the reference runtime's kernels (streamed)")
+        cross = float64_logits(crosscheck_fp32, context, DecoderIO.of(proto_of(crosscheck_fp32), io_card))
     return prefix, logits, cross
 
 
-def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: onnx.ModelProto,
-                        crosscheck_fp32: onnx.ModelProto | None, prompt: list[int], *, provenance: dict[str, Any],
+def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: "onnx.ModelProto | StreamModel",
+                        crosscheck_fp32: "onnx.ModelProto | StreamModel | None", prompt: list[int], *,
+                        provenance: dict[str, Any],
                         io_card: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
                         prefix_tokens: int = PREFIX_TOKENS, run=None,
                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:

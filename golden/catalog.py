@@ -41,7 +41,8 @@ from .anchors import (
     write_snapshot,
 )
 from .models.spec import PROMPT, VARIANTS
-from .oracle import ORACLE, retyped
+from .oracle import ORACLE
+from .stream import StreamModel
 
 __all__ = ["GoldenModel", "builtin_models", "trained_models", "export_models", "dir_models", "catalog", "add_model", "GoldenError",
            "TRAINED_DIR"]
@@ -241,22 +242,24 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
     io = DecoderIO.of(target, card)
     oracle_card = card
     if twin is not None:
-        oracle = load_file(twin)
+        oracle = StreamModel.of(load_file(twin), str(Path(twin).parent))
         # the twin's own card (its genai_config.json, its names); snapshots older than twin_io used the model's
         oracle_card = source["twin_io"] if "twin_io" in source else card
         compared = f"the fp32 twin {twin.name}"
     elif io.logits_dtype == "float16" or io.kv_dtype == "float16":
-        oracle = retyped(target, onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
+        # upcast where each weight is read (``StreamModel.retyped``), never a float32 copy of the proto
+        oracle = StreamModel.of(target, str(Path(model_path).parent)).retyped(onnx.TensorProto.FLOAT16,
+                                                                              onnx.TensorProto.FLOAT)
         compared = "the model itself upcast to fp32 (its fp16 weights, computed in fp32)"
     else:
-        oracle = target
+        oracle = StreamModel.of(target, str(Path(model_path).parent))
         compared = "the model itself"
     # ONNX Runtime's contrib ops run in the oracle through golden/contrib_oracle.py (float64 numpy, written
     # from ONNX Runtime's documented semantics); a node nobody implements there needs a twin
     from .contrib_oracle import OracleUnsupported, check_supported
 
     try:
-        check_supported(oracle)
+        check_supported(oracle.proto)
     except OracleUnsupported as exc:
         raise GoldenError(f"{name}: the oracle (onnx's reference evaluator) cannot run {'the twin' if twin else 'the model'}: "
                           f"{exc}; give an fp32 twin it can run (--twin)") from None
@@ -266,7 +269,7 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
                   else "lockstep ref-sim, float64, the oracle's model"}
     if twin is not None:
         provenance["twin_sha256"] = onnx_sha256(twin)
-        _check_twin_shape(name, target, io, twin, oracle, oracle_card)
+        _check_twin_shape(name, target, io, twin, oracle.proto, oracle_card)
     extra = {"source": {k: v for k, v in source.items() if v is not None}}
     tokens = int(source.get("tokens", PREFIX_TOKENS))
     # the oracle's work depends only on its model, the prompt and the options: twins share it

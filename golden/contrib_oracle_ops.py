@@ -184,29 +184,55 @@ class MatMulNBits(_ContribOp):
         if self.has[4]:
             self.refuse("g_idx (deprecated)")
 
-    def weight(self, B, scales, zp) -> np.ndarray:
+    # weight elements dequantized at once (4 MiB of float64, near the caches), in whole rows of N, and at
+    # least MIN_ROWS rows: a product of a few rows is a slow one (a BLAS call per chunk)
+    ROWS_ELEMENTS = 1 << 19
+    MIN_ROWS = 256
+
+    def _layout(self, B, scales, zp) -> tuple[int, int, int, int, int, np.ndarray, np.ndarray | None]:
         a = self.attrs
         K, N, bits, bs = int(a["K"]), int(a["N"]), int(a["bits"]), int(a["block_size"])
         nb = -(-K // bs)
         if B.shape != (N, nb, bs * bits // 8):
             self.fail(f"B {B.shape} must be [{N}, {nb}, {bs * bits // 8}]")
-        q = _unpack(B, bits).reshape(N, nb, bs)
-        s = _f64(scales).reshape(N, nb)
+        s = np.asarray(scales).reshape(N, nb)
         if zp is None:
-            z = np.full((N, nb), float(1 << (bits - 1)))
+            z = None
         elif zp.dtype == np.uint8:
-            z = _unpack(zp.reshape(N, -1), bits)[:, :nb].astype(F64)
+            z = _unpack(zp.reshape(N, -1), bits)[:, :nb]
         else:
-            z = _f64(zp).reshape(N, nb)
-        w = (q - z[:, :, None]) * s[:, :, None]
-        return w.reshape(N, nb * bs)[:, :K]
+            z = np.asarray(zp).reshape(N, nb)
+        return K, N, bits, bs, nb, s, z
+
+    def _rows(self, B, s, z, rows: slice, K: int, bits: int, bs: int, nb: int) -> np.ndarray:
+        """The float64 weight rows ``rows`` [n, K]: every block of them at once, (q - zero_point) * scale."""
+        b = np.asarray(B[rows], np.uint8)
+        per, mask = 8 // bits, (1 << bits) - 1
+        q = np.empty((b.shape[0], nb, bs), np.uint8)
+        for i in range(per):  # the values of each byte, low bits first (per <= 4 passes, each over all blocks)
+            q[..., i::per] = (b >> (bits * i)) & mask
+        w = np.empty(q.shape, F64)  # float64(q) - zero point, then * scale: numpy's own casts, in place
+        np.subtract(q, float(1 << (bits - 1)) if z is None else _f64(z[rows])[:, :, None], out=w)
+        np.multiply(w, _f64(s[rows])[:, :, None], out=w)
+        return w.reshape(b.shape[0], nb * bs)[:, :K]
+
+    def weight(self, B, scales, zp) -> np.ndarray:
+        """The whole dequantized weight [N, K] in float64 (``golden.int4.dequantize_int4``'s values)."""
+        K, N, bits, bs, nb, s, z = self._layout(B, scales, zp)
+        return self._rows(B, s, z, slice(0, N), K, bits, bs, nb)
 
     def compute(self, x, a):
         A, B, scales, zp, _g, bias = x[:6]
-        w = self.weight(B, scales, zp)
-        if A.shape[-1] != w.shape[1]:
-            self.fail(f"A's last axis {A.shape[-1]} is not K={w.shape[1]}")
-        y = _f64(A) @ w.T
+        K, N, bits, bs, nb, s, z = self._layout(B, scales, zp)
+        if A.shape[-1] != K:
+            self.fail(f"A's last axis {A.shape[-1]} is not K={K}")
+        a64 = _f64(A).reshape(-1, K)  # (one matrix product per chunk: numpy's for a stack of one is the same)
+        y = np.empty((a64.shape[0], N), F64)
+        step = max(self.MIN_ROWS, self.ROWS_ELEMENTS // (nb * bs))
+        for start in range(0, N, step):  # a chunk of rows at a time: the float64 weight never all at once
+            rows = slice(start, min(N, start + step))
+            y[:, rows] = a64 @ self._rows(B, s, z, rows, K, bits, bs, nb).T
+        y = y.reshape(*A.shape[:-1], N)
         if bias is not None:
             y = y + _f64(bias)
         return [y.astype(A.dtype)]
@@ -254,12 +280,23 @@ class GatherBlockQuantized(_ContribOp):
 
     def compute(self, x, a):
         data, indices, scales, zp = x[:4]
-        w, ga = self.table(data, scales, zp)
-        n = w.shape[ga]
+        rank = data.ndim
+        ga = a["gather_axis"] + rank if a["gather_axis"] < 0 else a["gather_axis"]
+        qa = a["quantize_axis"] + rank if a["quantize_axis"] < 0 else a["quantize_axis"]
+        n = data.shape[ga] if 0 <= ga < rank else 0
         idx = np.asarray(indices, np.int64)
         idx = np.where(idx < 0, idx + n, idx)
         inside = (idx >= 0) & (idx < n)
-        out = np.take(w, np.where(inside, idx, 0), axis=ga)
-        shape = [1] * ga + list(idx.shape) + [1] * (w.ndim - ga - 1)
+        safe = np.where(inside, idx, 0)
+        if 0 <= ga < rank and ga != qa and n:
+            # the gathered rows only, dequantized (an embedding table's other rows are never read)
+            flat = safe.reshape(-1)
+            rows = [np.take(t, flat, axis=ga) if t is not None else None for t in (data, scales, zp)]
+            w, _ = self.table(*rows)
+            out = w.reshape(w.shape[:ga] + idx.shape + w.shape[ga + 1:])
+        else:
+            w, ga = self.table(data, scales, zp)
+            out = np.take(w, safe, axis=ga)
+        shape = [1] * ga + list(idx.shape) + [1] * (out.ndim - ga - idx.ndim)
         out = np.where(inside.reshape(shape), out, 0.0)
         return [out.astype(scales.dtype)]

@@ -29,21 +29,21 @@ def tiny():
 
 @pytest.mark.contract("oracle.recorded_prefix")
 def test_a_recorded_prefix_is_taken_only_when_one_prefill_vouches_for_it(tiny, monkeypatch):
-    """The recorded prefix replaces the token-by-token greedy run only when the one-prefill logits
-    choose each of its tokens by more than the fp32 band; a wrong one makes the greedy run happen and
-    give the oracle's own prefix."""
+    """The recorded prefix replaces the greedy run (a prefill and a step per token, ``stepped_greedy``)
+    only when the one-prefill logits choose each of its tokens by more than the fp32 band; a wrong
+    one makes the greedy run happen and give the oracle's own prefix."""
     from lockstep.golden import anchors
 
     model, prompt, snap = tiny
     calls = []
-    real = anchors.greedy_oracle
-    monkeypatch.setattr(anchors, "greedy_oracle", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    real = anchors.stepped_greedy
+    monkeypatch.setattr(anchors, "stepped_greedy", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     prefix, logits, _ = oracle_run("t", model, None, prompt, expected_prefix=snap["prefix"])
     assert prefix == snap["prefix"] and not calls, "contract: the recorded prefix, vouched for, in one prefill"
     wrong = list(snap["prefix"])
     wrong[3] = (wrong[3] + 1) % 256
     prefix2, logits2, _ = oracle_run("t", model, None, prompt, expected_prefix=wrong)
-    assert calls and prefix2 == snap["prefix"], "contract: a wrong recorded prefix is recomputed token by token"
+    assert calls and prefix2 == snap["prefix"], "contract: a wrong recorded prefix is recomputed by the greedy run"
     assert np.array_equal(logits, logits2), "result: the same logits over the same context"
 
 
