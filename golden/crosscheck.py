@@ -133,9 +133,9 @@ class Float64Stream:
                 args.append(sm.source(n) if gather and k == 0 else sm.weight(n))
         return args, gather
 
-    def _split(self, info, ins: tuple[str, ...], env: dict[str, Any]) -> list[tuple[Any, list[Any]]] | None:
-        """(node info, args) per chunk of output columns for a product whose weight is a large
-        initializer (MatMul, Gemm, MatMulNBits), each chunk's weight converted alone; else None."""
+    def _split(self, info, ins: tuple[str, ...], env: dict[str, Any]) -> int | None:
+        """Rows of output columns per chunk for a product whose weight is a large initializer
+        (MatMul, Gemm, MatMulNBits: each chunk's weight converted alone, ``_chunks``); else None."""
         sm, op = self.model, info.op_type
         name = ins[1] if len(ins) > 1 else ""
         if op not in ("MatMul", "Gemm", "MatMulNBits") or not name or name in env or name not in sm.tensors:
@@ -149,14 +149,17 @@ class Float64Stream:
             trans = op == "Gemm" and bool(info.attrs.get("transB", 0))
             n, row_bytes = int(t.dims[0 if trans else 1]), 8 * int(t.dims[1 if trans else 0])
         rows = max(1, self.CHUNK_BYTES // max(row_bytes, 1))
-        if n <= rows:
-            return None
+        return rows if n > rows else None
+
+    def _chunks(self, info, ins: tuple[str, ...], env: dict[str, Any], rows: int):
+        """(node info, args) per chunk of ``rows`` output columns, made one at a time."""
         from lockstep.kernels import NodeInfo
 
+        sm, op, name = self.model, info.op_type, ins[1]
         full = [None if not x else env[x] if x in env else sm.weight(x) if x != name else None for x in ins]
         src = sm.source(name)  # the stored weight (a view): each chunk converted as it is used
-        dst = sm.dtype_of(name)
-        chunks = []
+        trans = op == "Gemm" and bool(info.attrs.get("transB", 0))
+        n = int(info.attrs["N"]) if op == "MatMulNBits" else src.shape[0 if trans else 1]
         for start in range(0, n, rows):
             cut = slice(start, min(n, start + rows))
             args = list(full)
@@ -171,13 +174,11 @@ class Float64Stream:
                 part = NodeInfo(info.name, op, info.domain, info.opset, {**info.attrs, "N": cut.stop - cut.start},
                                 info.n_inputs, info.n_outputs)
             else:
-                w = src[cut] if op == "Gemm" and info.attrs.get("transB", 0) else src[:, cut]
-                args[1] = w.astype(dst)
+                args[1] = (src[cut] if trans else src[:, cut]).astype(sm.dtype_of(name))
                 if op == "Gemm" and len(args) > 2 and args[2] is not None and args[2].ndim and args[2].shape[-1] == n:
                     args[2] = args[2][..., cut]
                 part = info
-            chunks.append((part, args))
-        return chunks
+            yield part, args
 
     def run(self, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         want = tuple(output_names)
@@ -188,15 +189,16 @@ class Float64Stream:
         env: dict[str, Any] = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in feeds.items()}
         for i in plan.order:
             info, kernel, ins, outs = self.steps[i]
-            chunks = self._split(info, ins, env) if kernel is not None else None
-            if chunks is not None:  # the output columns chunk by chunk (each its own kernel call)
-                results = (np.concatenate([self._run_node(part, kernel, args)[0] for part, args in chunks], axis=-1),)
+            rows = self._split(info, ins, env) if kernel is not None else None
+            if rows is not None:  # the output columns chunk by chunk (each its own kernel call)
+                results = (np.concatenate([self._run_node(part, kernel, args)[0]
+                                           for part, args in self._chunks(info, ins, env, rows)], axis=-1),)
             else:
                 args, gathered = self._weights(info, ins, env)
                 results = self._run_node(info, kernel, args)
+                del args  # this node's float64 weights go now
                 if gathered:
                     results = tuple(r.astype(sm.dtype_of(ins[0])) for r in results)
-            del chunks
             for name, value in zip(outs, results):
                 if name:
                     env[name] = value

@@ -222,6 +222,29 @@ def test_the_float64_crosscheck_streams_lockstep_kernels(where, chunk, monkeypat
 
 
 @pytest.mark.contract("oracle.crosscheck_streamed")
+def test_the_crosscheck_converts_one_chunk_of_a_weight_at_a_time(tmp_path, monkeypatch):
+    """On a model whose weights stay in their file, the float64 cross-check allocates less than the
+    float32 weights of its largest node (tracemalloc), with products split into 16 KiB chunks: never
+    a whole weight in float64; its logits are the unchunked ones to float64 rounding."""
+    from lockstep.golden.crosscheck import Float64Stream
+
+    model, total, per_node = _external_llama(tmp_path)
+    io = DecoderIO.of(model)
+    want = float64_logits(model, IDS, io)
+    monkeypatch.setattr(Float64Stream, "CHUNK_BYTES", 16 << 10)
+    stream = Float64Stream(model)
+    feeds = _feeds(model, IDS, io)
+    tracemalloc.start()
+    try:
+        (got,) = stream.run([io.logits], feeds)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < per_node, f"contract: peak {peak} B, the largest node's float32 weights {per_node} B"
+    assert np.abs(got[0] - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.contract("oracle.crosscheck_streamed")
 def test_the_crosscheck_and_the_oracle_share_no_kernel(monkeypatch):
     """A wrong MatMul in onnx's reference kernels moves the oracle and not the cross-check; a wrong
     one in lockstep's kernels moves the cross-check and not the oracle."""
