@@ -56,7 +56,8 @@ class RuntimeConfig:
         (every tensor: weights, feeds, activations, KV caches; pool memory and mapped granules),
         ``None``: the device's own default (``Device.default_memory_limit()``: on the simulated
         device the smaller of 16 GiB and a quarter of the host's memory, since it models a GPU with
-        host RAM; on CuPy the GPU's total memory). An allocation that would pass it is refused
+        host RAM, less the device memory that maps a model file's pages, ``Device.file_backed_bytes``,
+        which the page cache holds; on CuPy the GPU's total memory). An allocation that would pass it is refused
         before anything is allocated with ``errors.MemoryAllocation`` naming the node, the value,
         the size, the budget and the bytes in use. Distinct from ``vram_limit``, which only bounds
         the weight pager's resident weights and must fit within it.

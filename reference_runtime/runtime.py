@@ -99,6 +99,9 @@ class Runtime(CaptureAPI):
         self.current_node = None
         # The device memory budget (bytes): the configuration's, else the device's own default.
         self.memory_limit = self.config.device_memory_limit or device.default_memory_limit()
+        # the device's default budget protects the host's memory: a model file's pages mapped into device
+        # memory (``Device.file_backed_bytes``) are the page cache's, not counted; a configured budget counts all
+        self._count_file_pages = bool(self.config.device_memory_limit)
         self._budget_why = ("RuntimeConfig.device_memory_limit" if self.config.device_memory_limit else
                             device.default_memory_why() or "the device's default")
         self.sync_log: list[_sd.SyncEvent] = []  # stays empty with sync_debug off
@@ -178,7 +181,7 @@ class Runtime(CaptureAPI):
                                subject=name or dtype)
         self._reap()
         nbytes = self._size_of(shape, dtype, name)
-        if self.device.allocated_bytes + nbytes > self.memory_limit:  # (what names it only in a refusal)
+        if self._in_use() + nbytes > self.memory_limit:  # (what names it only in a refusal)
             self.check_allocation(nbytes, name, f"{dtype_name(dtype)}{list(shape)}")
         try:
             buf = self.device.malloc(nbytes)
@@ -210,14 +213,22 @@ class Runtime(CaptureAPI):
     def check_allocation(self, nbytes: int, name: str = "", what: str = "") -> None:
         """Refuse (``MemoryAllocation``) an allocation of ``nbytes`` that would take the device past
         ``memory_limit``; outside a capture, pending frees are drained and given back first."""
-        if self.device.allocated_bytes + nbytes <= self.memory_limit:
+        if self._in_use() + nbytes <= self.memory_limit:
             return
-        if self._res.pending and self._capturing is None:
-            self.drain_for_unmap()  # queued readers executed: every pending free goes back
-        in_use = self.device.allocated_bytes
+        if self._capturing is None and (self._res.pending or not self._count_file_pages):
+            # queued readers executed: every pending free goes back; queued uploads of a model file's
+            # bytes executed: they become maps of the file, which the default budget does not count
+            self.drain_for_unmap()
+        in_use = self._in_use()
         if in_use + nbytes > self.memory_limit:
             raise self._refusal(name, what, nbytes, f"device memory budget {self.memory_limit} bytes "
                                 f"({_human(self.memory_limit)}: {self._budget_why}), {in_use} bytes in use")
+
+    def _in_use(self) -> int:
+        """The device bytes the budget counts: all of them, less a model file's mapped pages under
+        the device's default budget (``Device.file_backed_bytes``)."""
+        used = self.device.allocated_bytes
+        return used if self._count_file_pages else used - self.device.file_backed_bytes
 
     def _refusal(self, name: str, what: str, nbytes: int | None, why: str) -> MemoryAllocation:
         node = self.current_node
@@ -225,7 +236,7 @@ class Runtime(CaptureAPI):
         size = f"{nbytes} bytes ({_human(nbytes)})" if nbytes is not None else "an invalid size"
         return MemoryAllocation(
             f"{where}value {name or '(unnamed)'!r} {what}: {size} refused: {why}",
-            node=node, value=name or None, nbytes=nbytes, limit=self.memory_limit, in_use=self.device.allocated_bytes)
+            node=node, value=name or None, nbytes=nbytes, limit=self.memory_limit, in_use=self._in_use())
 
     def wrap(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any, *, offset: int = 0, name: str = "") -> Tensor:
         """A tensor over memory the runtime does not own (e.g. a virtual-memory mapping)."""

@@ -8,7 +8,9 @@ own generation of the same tokens.
 For each model (``SIZE[:int4|:fp16]``, ``lockstep.golden.scale_export.SIZES``: random-init Qwen2.5 /
 Llama 3 shapes in the GenAI builder's layout, built in code into ``--work``, reused while there),
 each step runs in a process of its own, timed (wall) with its peak resident memory (``wait4``'s
-``ru_maxrss``: the largest process of the step, its forked workers included once they end):
+``ru_maxrss``: the largest process of the step, its forked workers included once they end; pages of a
+memory-mapped weight file count once per mapping, so a file mapped twice counts twice), with the
+model's own oracle cache (``LOCKSTEP_CACHE_DIR``), emptied before each ``add``:
 
 - ``genai``: ONNX Runtime GenAI (``og.Model`` on the folder's ``genai_config.json``) loads the model
   and greedily generates ``--tokens`` tokens after the prompt's ids: the baseline;
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,10 +57,11 @@ print("tokens", ",".join(map(str, out)))
 """
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict:
     """One process: wall seconds, peak RSS (GiB), exit code, last line of its output."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    # run from the work folder: the repository's own lockstep/ folder would shadow an installed package
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     out = p.stdout.read().decode(errors="replace")
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -88,6 +92,7 @@ def steps(spec: str, model: Path, work: Path, engines: list[str], tokens: int) -
            "add": [py, "-m", "lockstep", "golden", "add", str(model), "--name", name, "--prompt", PROMPT,
                    "--tokens", str(tokens), "--dir", str(gdir)]}
     for e in engines:
+        (work / "reports" / name).mkdir(parents=True, exist_ok=True)
         out[f"check {e}"] = [py, "-m", "lockstep", "check", "--engines", e, "--golden-dir", str(gdir), "-j", "1",
                              "--report-dir", str(work / "reports" / name / e), "-m", "golden", "-k", name, "-q"]
     return out
@@ -116,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the built models (default: delete each after its rows)")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from lockstep.golden.scale_export import SIZES, parameters
 
     work = Path(a.work)
@@ -136,7 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         for step, cmd in steps(spec, model, work, engines, a.tokens).items():
             if a.steps and step.split()[0] not in a.steps.split(","):
                 continue
-            runs = [run(cmd) for _ in range(a.repeats)]
+            # each model's oracle cache (LOCKSTEP_CACHE_DIR) starts empty at each ``add``: the add computes
+            # the oracle, and the check's snapshot test reads what that add stored, as a user's check would
+            cache = work / "cache" / spec.replace(":", "-")
+            env = {**os.environ, "LOCKSTEP_CACHE_DIR": str(cache)}
+            runs = []
+            for _ in range(a.repeats):
+                if step == "add":
+                    shutil.rmtree(cache, ignore_errors=True)
+                runs.append(run(cmd, work, env))
             ok = [r for r in runs if r["rc"] == 0]
             row = {"model": spec, "params": params, "disk_gib": round(disk, 2), "step": step,
                    "runs_s": [round(r["s"], 1) for r in runs], "runs_gib": [round(r["gib"], 2) for r in runs]}

@@ -418,3 +418,29 @@ def test_a_genai_builder_layout_runs_from_its_file_as_built_in_memory(tmp_path, 
             feeds[f"past_key_values.{i}.{k}"] = np.zeros((1, cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
     for make in (sim_engine, cpu_engine):
         np.testing.assert_array_equal(make().prepare(model)(feeds)[0], make().prepare(in_memory)(feeds)[0])
+
+
+@pytest.mark.contract("runtime.default_budget_counts_anonymous_memory")
+def test_the_default_budget_does_not_count_a_model_files_mapped_pages(tmp_path, monkeypatch):
+    """Contract: under the simulated device's default budget (which protects the host's memory), the
+    device memory that maps a model file's pages (``Device.file_backed_bytes``: page cache, not
+    anonymous memory) is not counted, so a model whose weights alone pass that budget runs (a 1.5B
+    fp32 export, 5.75 GiB of weights, was refused under a 5.89 GiB budget by its first activation);
+    a budget the configuration names counts every byte, weights included, and refuses it."""
+    from lockstep.reference_runtime import Runtime, RuntimeConfig
+    from lockstep.reference_runtime.backends.sim import SimDevice
+    from lockstep.reference_runtime.errors import MemoryAllocation
+    from lockstep.reference_runtime.executor import Executor
+
+    path = _save_external(_mlp(plain=True), tmp_path / "m", threshold=1024)
+    model, _ = load_model(path)
+    weights = 2 * K * N * 4
+    expected = Executor(load_model(path)[0], Runtime(SimDevice())).run(_feeds())["y"]
+    budget = weights // 2 + (1 << 20)  # half the weights, and room for the activations
+    monkeypatch.setattr(SimDevice, "default_memory_limit", lambda self: budget)
+    rt = Runtime(SimDevice())
+    assert rt.memory_limit == budget
+    np.testing.assert_array_equal(Executor(model, rt).run(_feeds())["y"], expected)
+    assert rt.device.file_backed_bytes >= weights
+    with pytest.raises(MemoryAllocation, match="device memory budget"):
+        Executor(model, Runtime(SimDevice(), RuntimeConfig(device_memory_limit=budget))).run(_feeds())

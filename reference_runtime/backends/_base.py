@@ -205,6 +205,13 @@ class Device(ABC):
     def allocated_bytes(self) -> int:
         """Bytes held now: pool allocations plus physical VMM memory created and not yet released."""
 
+    @property
+    def file_backed_bytes(self) -> int:
+        """Bytes of ``allocated_bytes`` backed by a model file's pages (a copy-on-write map of the
+        file's bytes, never written): the host's page cache holds them, not its anonymous memory, so a
+        runtime under the device's default budget (which protects the host) does not count them."""
+        return 0
+
     @abstractmethod
     def default_memory_limit(self) -> int:
         """The memory budget in bytes of a runtime on this device whose configuration names none."""

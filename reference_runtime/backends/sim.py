@@ -219,6 +219,7 @@ class SimDevice(Device):
         self._reserved: dict[int, int] = {}
         self._phys_ids = itertools.count(1)
         self._allocated = 0  # pool bytes (rounded) plus physical VMM bytes not yet released
+        self._file_backed: dict[int, int] = {}  # pool start -> size, for allocations mapped from a file
         self._phys_live: dict[int, int] = {}  # physical handle id -> bytes
         self._sticky: BaseException | None = None
         self._host_error: BaseException | None = None  # a kernel body's own exception, raised once
@@ -386,6 +387,10 @@ class SimDevice(Device):
     def allocated_bytes(self) -> int:
         return self._allocated
 
+    @property
+    def file_backed_bytes(self) -> int:
+        return sum(self._file_backed.values())
+
     def default_memory_limit(self) -> int:
         """The smaller of 16 GiB and what the process may hold on the host
         (``lockstep.host_memory.host_budget``: a quarter of the host's or the cgroup's memory, half the
@@ -438,6 +443,7 @@ class SimDevice(Device):
             return False
         m.raw = None
         m.backing = backing
+        self._file_backed[m.start] = m.size
         return True
 
     def _map(self, start: int, backing: np.ndarray, kind: str, *, lazy: bool = False) -> None:
@@ -491,6 +497,7 @@ class SimDevice(Device):
         self._unmap(buffer.addr)
         size = self._pool_sizes.pop(buffer.addr)
         self._allocated -= size
+        self._file_backed.pop(buffer.addr, None)
         holes = self._pool_free + [(buffer.addr, size)]
         holes.sort()
         merged: list[tuple[int, int]] = []
