@@ -358,6 +358,7 @@ def _golden(args: argparse.Namespace) -> int:
 def _golden_add(args: argparse.Namespace) -> int:
     """Record a golden snapshot for the user's model from the fp32 oracle."""
     from lockstep.decoder_io import DecoderIO, ModelCardError, NotADecoder
+    from lockstep.engines.registry import EngineLoadError
     from lockstep.genai_config import card_for, tokenizer_for
     from lockstep.golden.anchors import OracleDisagreement
     from lockstep.golden.catalog import GoldenError, add_model
@@ -380,9 +381,9 @@ def _golden_add(args: argparse.Namespace) -> int:
         said = {**(read_card(toml) if toml.is_file() else {}), **(parse_io_option(args.io) if args.io else {})}
         path = add_model(args.model, args.name, args.prompt, args.dir, tokens=args.tokens, tokenizer=tokenizer,
                          twin=args.twin, card=card, crosscheck=not args.no_crosscheck, progress=print,
-                         fit_capacity="kv_capacity" not in said)
+                         fit_capacity="kv_capacity" not in said, propose=args.propose)
     except (GoldenError, ModelCardError, NotADecoder, TokenizerError, ModelError, OracleDisagreement,
-            FileNotFoundError) as exc:
+            FileNotFoundError, EngineLoadError) as exc:
         raise CliError(str(exc)) from None
     print(f"written: {path}")
     print(f"lock it: pytest --pyargs lockstep.conformance --golden-dir {args.dir} -m golden   "
@@ -582,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     ga.add_argument("--dir", default="lockstep-golden", help="where the snapshot goes (default: %(default)s)")
     ga.add_argument("--no-crosscheck", action="store_true",
                     help="skip the float64 cross-check on the reference runtime (recorded in the provenance)")
+    ga.add_argument("--propose", default="auto", metavar="ENGINE",
+                    help="the engine whose greedy decode proposes the greedy prefix for the oracle to vouch for in "
+                         "one prefill (a hint: the snapshot is the same whatever proposes it): auto (ort-cpu where "
+                         "installed), an engine name, or oracle (the oracle's own steps; default: %(default)s)")
     ga.set_defaults(func=_golden_add)
 
     r = sub.add_parser("report", help="reports: `lockstep report merge SHARD/report.json ... --output DIR`")

@@ -264,7 +264,7 @@ def oracle_run(name: str, oracle_fp32: "onnx.ModelProto | StreamModel", crossche
                prompt: list[int],
                *, io_card: dict[str, str] | None = None, prefix_tokens: int = PREFIX_TOKENS,
                progress: Callable[[str], None] | None = None, expected_prefix: list[int] | None = None,
-               cache_inputs: Any = None):
+               cache_inputs: Any = None, propose: Callable[[list[int], int], list[int] | None] | None = None):
     """The oracle's work, independent of the model engines run: (greedy prefix, logits over the
     canonical context, float64 cross-check logits or None).
 
@@ -274,12 +274,14 @@ def oracle_run(name: str, oracle_fp32: "onnx.ModelProto | StreamModel", crossche
     one (a prefill of a shorter prefix differs from it by fp32 reordering only, inside the band),
     and the greedy run is not needed. Otherwise it runs (``_greedy_prefix``: a prefill and a step per
     token with the KV cache, vouched for by one prefill of the whole context in the same way, and a
-    prefill per token from the first choice it cannot vouch for).
+    prefill per token from the first choice it cannot vouch for). ``propose``: where the chain is
+    proposed from instead (``golden/propose.py``: an engine's greedy decode; the result is the same,
+    only its cost differs, so it is no input of the cache).
     ``cache_inputs``: what identifies the inputs (model digests, prompt, options): the result is
     then stored and reused by content (``oracle_cache``)."""
     def compute():
         return _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, io_card=io_card, prefix_tokens=prefix_tokens,
-                           progress=progress, expected_prefix=expected_prefix)
+                           progress=progress, expected_prefix=expected_prefix, propose=propose)
 
     if cache_inputs is None:
         return compute()
@@ -295,11 +297,14 @@ def greedy_chain_holds(logits: np.ndarray, prompt: list[int], prefix: list[int],
     return first_break(logits, prompt, prefix, band) is None
 
 
-def first_break(logits: np.ndarray, prompt: list[int], prefix: list[int], band: float) -> int | None:
-    """The index in ``prefix`` of the first token that is not the argmax of ``logits`` (one prefill of
-    prompt + prefix) by more than ``band``; None when the whole chain holds (``greedy_chain_holds``)."""
+def first_break(logits: np.ndarray, prompt: list[int], prefix: list[int], band: float, start: int = 0) -> int | None:
+    """The index in ``prefix`` (from ``start``) of the first token that is not the argmax of ``logits``
+    (one prefill of prompt + prefix) by more than ``band``; None when the chain holds from ``start`` on
+    (``greedy_chain_holds``)."""
     context = list(prompt) + list(prefix)
     for k, i in enumerate(range(len(prompt) - 1, len(context) - 1)):
+        if k < start:
+            continue
         row = logits[i]
         order = np.argsort(-row, kind="stable")
         if int(order[0]) != context[i + 1] or float(row[order[0]] - row[order[1]]) <= band:
@@ -307,31 +312,47 @@ def first_break(logits: np.ndarray, prompt: list[int], prefix: list[int], band: 
     return None
 
 
-def _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say):
+PROPOSAL_ROUNDS = 4  # proposals vouched for by a prefill each, before a prefill per token takes over
+
+
+def _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say, propose=None):
     """(the oracle's greedy prefix, the logits of one prefill over prompt + prefix or None).
 
-    A prefill of the prompt and a step per token with the KV cache (``stepped_greedy``) proposes the
-    chain; one prefill of the whole context gives the logits, and each choice must be its argmax by
-    more than the fp32 band (``first_break``): a prefill per token would then choose the same, as
-    for a recorded prefix. From the first choice that is not, the rest is run a prefill per token
-    (``greedy_oracle``: today's exact run), and the logits are the caller's to compute."""
-    stepped = stepped_greedy(oracle_fp32, prompt, prefix_tokens, io)
-    if stepped is not None:
-        logits = oracle_logits(oracle_fp32, list(prompt) + stepped, io)
+    A proposal of the chain (``propose(context, n)``: n greedy tokens after ``context``, or None where
+    it has none; default the oracle's own, ``stepped_greedy``: a prefill of the prompt and a step per
+    token with the KV cache; ``golden/propose.py``: an engine's) is a hint, never a result: one
+    prefill of the whole context gives the logits, and each proposed choice must be their argmax by
+    more than the fp32 band (``first_break``): a prefill per token would then choose the same, as for
+    a recorded prefix. At the first choice that is not, the oracle's own token there comes from a
+    prefill of the context before it (exactly ``greedy_oracle``'s choice), and the rest is proposed
+    again; after ``PROPOSAL_ROUNDS`` proposals, or without one, the rest is run a prefill per token
+    (``greedy_oracle``) and the logits are the caller's to compute."""
+    if propose is None:
+        def propose(context, n):
+            return stepped_greedy(oracle_fp32, context, n, io)
+    kept: list[int] = []  # the oracle's own chain so far
+    for _ in range(PROPOSAL_ROUNDS):
+        proposal = propose(list(prompt) + kept, prefix_tokens - len(kept))
+        if proposal is None:
+            say(f"{name}: no proposal for the greedy chain: a prefill per token")
+            break
+        chain = kept + [int(t) for t in proposal][:prefix_tokens - len(kept)]
+        logits = oracle_logits(oracle_fp32, list(prompt) + chain, io)
         band = near_tie_band(ModelShape.of(proto_of(oracle_fp32), io).oracle(), "fp32", float(np.abs(logits).max()))
-        k = first_break(logits, prompt, stepped, band)
-        if k is None:
-            return stepped, logits
-        say(f"{name}: the stepped greedy chain is not the prefill's by a margin at token {k}: "
-            f"a prefill per token from there")
-        kept = stepped[:k]
-    else:
-        say(f"{name}: the model is not stepped as it is: a prefill per token")
-        kept = []
+        k = first_break(logits, prompt, chain, band, start=len(kept))
+        if k is None and len(chain) == prefix_tokens:
+            return chain, logits
+        k = len(chain) if k is None else k
+        say(f"{name}: the proposed greedy chain is not the oracle's by a margin at token {k}: "
+            f"the oracle's own token there, then a new proposal")
+        kept = chain[:k] + greedy_oracle(oracle_fp32, list(prompt) + chain[:k], 1, io)
+        if len(kept) == prefix_tokens:
+            return kept, None
     return kept + greedy_oracle(oracle_fp32, list(prompt) + kept, prefix_tokens - len(kept), io), None
 
 
-def _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, *, io_card, prefix_tokens, progress, expected_prefix):
+def _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, *, io_card, prefix_tokens, progress, expected_prefix,
+                propose=None):
     say = progress or (lambda msg: None)
     io = DecoderIO.of(proto_of(oracle_fp32), io_card)
     prefix = logits = None
@@ -346,7 +367,7 @@ def _oracle_run(name, oracle_fp32, crosscheck_fp32, prompt, *, io_card, prefix_t
             logits = None
     if prefix is None:
         say(f"{name}: oracle greedy prefix ({prefix_tokens} tokens: a prefill, then a step a token with the KV cache)")
-        prefix, logits = _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say)
+        prefix, logits = _greedy_prefix(name, oracle_fp32, prompt, prefix_tokens, io, say, propose)
     context = prompt + prefix
     if logits is None:
         say(f"{name}: oracle logits over the canonical context ({len(context)} tokens)")

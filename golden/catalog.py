@@ -234,9 +234,11 @@ def _resolve(base: Path, text: str) -> Path:
 
 def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], source: dict[str, Any],
              progress, expected_prefix: list[int] | None = None,
-             target: onnx.ModelProto | None = None) -> dict[str, Any]:
+             target: onnx.ModelProto | None = None, propose: str = "auto") -> dict[str, Any]:
     """The oracle's anchors for a model file: the oracle runs the fp32 twin when there is one, else
-    the model itself (an fp16 model upcast to fp32: its weights, computed in fp32)."""
+    the model itself (an fp16 model upcast to fp32: its weights, computed in fp32). ``propose``: which
+    engine proposes the greedy chain for the oracle to vouch for (``golden/propose.py``): ``auto``
+    (ONNX Runtime's CPU engine where installed), an engine name, or ``oracle`` (its own steps)."""
     target = target if target is not None else load_file(model_path)
     card = source.get("io")
     io = DecoderIO.of(target, card)
@@ -275,10 +277,16 @@ def _anchors(name: str, model_path: Path, twin: Path | None, prompt: list[int], 
     # the oracle's work depends only on its model, the prompt and the options: twins share it
     key = (provenance.get("twin_sha256") or provenance["model_sha256"], tuple(prompt), tokens, crosscheck,
            json.dumps(oracle_card, sort_keys=True))
+    from .propose import default_proposer, engine_proposer
+
+    say = progress or (lambda msg: None)
+    # made first: an engine named that cannot load is an error even when the run is cached
+    proposer = (default_proposer(target, io, say) if propose == "auto" else
+                None if propose == "oracle" else engine_proposer(propose, target, io, say))
     if key not in _ORACLE_RUNS:
         _ORACLE_RUNS[key] = oracle_run(name, oracle, None if crosscheck == "none" else oracle, prompt, io_card=oracle_card,
                                        prefix_tokens=tokens, progress=progress, expected_prefix=expected_prefix,
-                                       cache_inputs={"oracle_model_sha256": key[0], "card": key[4]})
+                                       cache_inputs={"oracle_model_sha256": key[0], "card": key[4]}, propose=proposer)
     if twin is not None and key not in _TWINS_CHECKED:
         _check_twin_logits(name, target, io, twin, prompt, _ORACLE_RUNS[key][1][:len(prompt)])
         _TWINS_CHECKED.add(key)
@@ -487,7 +495,8 @@ def _lock_sized(target: onnx.ModelProto, card: dict[str, str] | None, io: Decode
 def add_model(model_path: str | Path, name: str, prompt: str, directory: str | Path, *, tokens: int | None = None,
               tokenizer: str | Path | None = None, twin: str | Path | None = None,
               card: dict[str, str] | None = None, crosscheck: bool = True,
-              progress: Callable[[str], None] | None = None, fit_capacity: bool = True) -> Path:
+              progress: Callable[[str], None] | None = None, fit_capacity: bool = True,
+              propose: str = "auto") -> Path:
     """Record a snapshot for a user's model in ``directory`` (see the module docstring).
     ``fit_capacity``: a shared buffer sized by the card (not the graph) is cut to the lock's context
     (``_lock_sized``); off where the user gave the capacity."""
@@ -528,5 +537,6 @@ def add_model(model_path: str | Path, name: str, prompt: str, directory: str | P
     source = {"model": ref(model_path), "twin": ref(twin), "twin_io": twin_io, "tokenizer": ref(tokenizer), "io": card,
               "prompt_text": prompt, "kv_capacity": io.capacity, "crosscheck": "float64" if crosscheck else "none",
               "tokens": tokens or PREFIX_TOKENS}
-    snap = _anchors(name, model_path, Path(twin).resolve() if twin else None, ids, source, progress, target=target)
+    snap = _anchors(name, model_path, Path(twin).resolve() if twin else None, ids, source, progress, target=target,
+                    propose=propose)
     return write_snapshot(snap, directory)

@@ -166,7 +166,8 @@ def _say():
 @pytest.mark.contract("oracle.stepped_fallback")
 def test_a_planted_near_tie_is_run_a_prefill_per_token():
     """With a near-tie planted inside the fp32 band at the first generated token, the stepped chain
-    is not vouched for there: the whole prefix is the prefill-per-token chain (today's run)."""
+    is not vouched for there: that token is the prefill-per-token run's (a prefill of the prompt), and
+    the whole prefix is the prefill-per-token chain (today's run)."""
     spec = VARIANTS["tiny-neartie-fp32-standard"]
     tie = dataclasses.replace(spec, near_tie=dataclasses.replace(spec.near_tie, margin=1e-7))
     model = build(tie)
@@ -175,26 +176,34 @@ def test_a_planted_near_tie_is_run_a_prefill_per_token():
     said, say = _say()
     prefix, logits = anchors._greedy_prefix("tie", model, prompt, 6, io, say)
     assert any("at token 0" in m for m in said), f"contract: the fallback ran from token 0 ({said})"
-    assert prefix == greedy_oracle(model, prompt, 6, io) and logits is None
+    assert prefix == greedy_oracle(model, prompt, 6, io)
 
 
 @pytest.mark.contract("oracle.stepped_fallback")
 def test_a_stepped_chain_that_strays_is_recomputed_from_the_stray_token(monkeypatch):
-    """A stepped chain whose token 5 is not the prefill's argmax keeps tokens 0-4 and runs the rest a
-    prefill per token from there: the prefix is the oracle's greedy one."""
+    """A stepped chain whose token 5 is not the prefill's argmax keeps tokens 0-4, takes token 5 from a
+    prefill of the context before it (the prefill-per-token run's choice) and is proposed again from
+    there: the prefix is the oracle's greedy one, with one prefill for the stray token only."""
     model = build(dataclasses.replace(VARIANTS["tiny-fp32-standard"]))
     prompt = list(PROMPT.encode())
     io = DecoderIO.of(model)
     true = greedy_oracle(model, prompt, 10, io)
     strayed = true[:5] + [(true[5] + 1) % 256] + true[6:]
+    asked = []
+
+    def stepped(m, context, n, i):  # the chain after ``context``: strayed at token 5
+        asked.append(len(context) - len(prompt))
+        return strayed[len(context) - len(prompt):][:n]
+
     calls = []
-    monkeypatch.setattr(anchors, "stepped_greedy", lambda *a, **k: list(strayed))
+    monkeypatch.setattr(anchors, "stepped_greedy", stepped)
     real = anchors.greedy_oracle
     monkeypatch.setattr(anchors, "greedy_oracle", lambda m, p, n, i: (calls.append((list(p), n)), real(m, p, n, i))[1])
     said, say = _say()
     prefix, logits = anchors._greedy_prefix("t", model, prompt, 10, io, say)
-    assert calls == [(prompt + true[:5], 5)], f"contract: a prefill per token from token 5 only ({calls})"
-    assert prefix == true and logits is None
+    assert calls == [(prompt + true[:5], 1)], f"contract: one prefill, for token 5 only ({calls})"
+    assert asked == [0, 6], f"contract: proposed again after the oracle's token 5 ({asked})"
+    assert prefix == true and logits is not None
 
 
 CROSS = ["tiny-fp32-decomposed", "tiny-fp32-decomposed-kv64", "tiny-int4-genai", "genai/llama-int4-cpu",

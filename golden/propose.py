@@ -1,0 +1,73 @@
+"""Where the oracle's greedy prefix is proposed from: an engine's greedy decode, as a hint.
+
+The oracle's greedy prefix is sequential: each token is the argmax after the ones before it. The
+oracle's own way to find it (``oracle.stepped_greedy``: a prefill and a step per token, with the KV
+cache) reads every weight once a token through onnx's reference kernels, which for an int4 model
+dequantizes every weight once a token (a 3B int4 model: minutes). A fast engine's greedy decode of
+the same model proposes the chain instead, and the oracle vouches for it in one prefill of the whole
+context (``anchors._greedy_prefix``): every proposed token must be the oracle's argmax by more than
+its fp32 band, and where one is not, the oracle's own token replaces it and the rest is proposed
+again. The snapshot is the same whatever proposed it (only the cost differs), so the proposer is in
+no snapshot and no cache key; an engine that proposes wrong tokens costs time, never a wrong anchor.
+
+``engine_proposer(name, model, io)``; ``default_proposer(model, io)``: ONNX Runtime's CPU engine
+(``ort-cpu``) where it is installed, else None (the oracle's own steps).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Callable
+
+import onnx
+
+from lockstep.decoder_io import DecoderIO
+
+__all__ = ["Proposer", "engine_proposer", "default_proposer", "DEFAULT_ENGINE"]
+
+Proposer = Callable[[list[int], int], "list[int] | None"]
+DEFAULT_ENGINE = "ort-cpu"
+
+
+def engine_proposer(name: str, model: onnx.ModelProto, io: DecoderIO, say: Callable[[str], None] | None = None) -> Proposer:
+    """A proposer decoding ``model`` greedily on engine ``name`` (a registered name or
+    ``pkg.module:factory``): a session per proposal, closed before the oracle runs (its memory is
+    the engine's, not held beside the oracle's). A proposal the engine cannot make (an error, a
+    model it does not run) is None, said once: the oracle then proposes its own chain."""
+    from lockstep.decoding import greedy, open_session
+    from lockstep.engines.registry import load_available
+
+    engine = load_available(name)
+    failed: list[str] = []
+
+    def propose(context: list[int], n: int) -> list[int] | None:
+        if failed or n <= 0:
+            return None if failed else []
+        try:
+            session = open_session(engine, model, io=io)
+            try:
+                return list(greedy(session, list(context), n, io=io).tokens)
+            finally:
+                close = getattr(session, "close", None)
+                if callable(close):
+                    close()
+                del session
+                gc.collect()
+        except Exception as exc:  # noqa: BLE001 - a hint that failed: the oracle's own chain instead
+            failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if say:
+                say(f"{name} could not propose the greedy chain ({failed[0]}): the oracle's own steps")
+            return None
+
+    return propose
+
+
+def default_proposer(model: onnx.ModelProto, io: DecoderIO, say: Callable[[str], None] | None = None) -> Proposer | None:
+    """``engine_proposer`` on ``DEFAULT_ENGINE`` where it is available here, else None."""
+    from lockstep.engines.registry import load_available
+
+    try:
+        load_available(DEFAULT_ENGINE)
+    except Exception:  # noqa: BLE001 - not installed or unavailable: the oracle proposes its own chain
+        return None
+    return engine_proposer(DEFAULT_ENGINE, model, io, say)
