@@ -83,14 +83,14 @@ def build(spec: str, work: Path) -> Path:
     return folder / "model.onnx"
 
 
-def steps(spec: str, model: Path, work: Path, engines: list[str], tokens: int) -> dict[str, list[str]]:
+def steps(spec: str, model: Path, work: Path, engines: list[str], tokens: int, propose: str) -> dict[str, list[str]]:
     name = "scale-" + spec.replace(":", "-").replace(".", "_")
     gdir = work / "golden"
     ids = ",".join(str(b) for b in PROMPT.encode())
     py = sys.executable
     out = {"genai": [py, "-c", GENAI, str(model.parent), str(tokens), ids],
            "add": [py, "-m", "lockstep", "golden", "add", str(model), "--name", name, "--prompt", PROMPT,
-                   "--tokens", str(tokens), "--dir", str(gdir)]}
+                   "--tokens", str(tokens), "--dir", str(gdir), "--propose", propose]}
     for e in engines:
         (work / "reports" / name).mkdir(parents=True, exist_ok=True)
         out[f"check {e}"] = [py, "-m", "lockstep", "check", "--engines", e, "--golden-dir", str(gdir), "-j", "1",
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default="ref-sim,ort-cpu")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--steps", help="only these steps (genai,add,check)")
+    ap.add_argument("--propose", default="auto", help="golden add's --propose (default: %(default)s)")
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the built models (default: delete each after its rows)")
     a = ap.parse_args(argv)
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         params = parameters(SIZES[size])
         disk = sum(f.stat().st_size for f in model.parent.iterdir()) / 2**30
         base = None
-        for step, cmd in steps(spec, model, work, engines, a.tokens).items():
+        for step, cmd in steps(spec, model, work, engines, a.tokens, a.propose).items():
             if a.steps and step.split()[0] not in a.steps.split(","):
                 continue
             # each model's oracle cache (LOCKSTEP_CACHE_DIR) starts empty at each ``add``: the add computes

@@ -25,6 +25,9 @@
 #   nxrt        nxrt's engines when its wheels came along (nxrt, nxrt-ep-cuda): what nxrt reports here, then
 #               ONNX's node cases, the golden locks and capture identity on nxrt-cuda and nxrt-ep-cuda
 #               (torch's CUDA 13 libraries; ONNX Runtime's CUDA build when carried), with a report
+#   scale       scripts/bench_scale.py on an 8B model built here (SCALE_MODELS, default 8b:int4): golden add, and
+#               the check on ref-cuda and ort-cuda (SCALE_ENGINES), time and peak host memory (only when LANE_STEPS
+#               names it: it builds an 8B model)
 #   paging      scripts/paging_check.py (the seeds' use-after-unmap through the pager, child processes)
 #               and scripts/bench_paging.py (decode under paging vs resident)
 # and prints a summary table last. Uses the preinstalled python3 packages plus .whl/ (made here by
@@ -155,6 +158,10 @@ if [ "$NXRT" = 1 ]; then
     step nxrt-order timeout 400 bash -c "des=''; for i in 1 2 3 4 5 6 7 8; do LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_DEVICES= python3 -m pytest --pyargs lockstep.conformance -m node_suite -p no:cacheprovider -q -n 0 --engines=nxrt-ep-cuda --junitxml '$out/nxrt-order.xml' --lockstep-report-dir '$out/nxrt-order' \$des > '$out/nxrt-order-run.log' 2>&1; first=\$(python3 scripts/nxrt_poison.py '$out/nxrt-order.xml' --engine nxrt-ep-cuda --first); [ -z \"\$first\" ] && break; echo \"poisons the context: \$first\"; des=\"\$des --deselect node_suite/test_node_cases.py::test_node_case[nxrt-ep-cuda-\$first]\"; done; tail -n 1 '$out/nxrt-order-run.log'"
   fi
 fi
+# issue 51: a model of the size runtime teams ship (random-init, scale_export: 8b:int4, 8b:fp16), built here,
+# locked (golden add: ort-cuda proposes the greedy prefix, the oracle vouches in one prefill on the CPU) and
+# checked on ref-cuda and ort-cuda, each step timed with its peak host memory (scripts/bench_scale.py)
+[[ " ${LANE_STEPS:-} " == *" scale "* ]] && step scale env LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_MODELS= timeout ${SCALE_TIMEOUT:-560} python3 scripts/bench_scale.py --models "${SCALE_MODELS:-8b:int4}" --steps add,check --engines "${SCALE_ENGINES:-ref-cuda,ort-cuda}" --propose "${SCALE_PROPOSE:-ort-cuda}" --work /tmp/lockstep-scale --json "$out/scale.json"
 # BENCH_MODELS="a,b" (golden models, genai/<export>, optimum/<export>) instead of the script's default pair
 step bench         timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_decode.py --device cupy ${BENCH_MODELS:+--models "$BENCH_MODELS"} --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
