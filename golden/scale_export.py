@@ -4,8 +4,9 @@ referenced), ``model.onnx.data`` (the weights, external data) and ``genai_config
 
 The graph is ``llama_export.build_llama_onnx``'s GenAI convention (GroupQueryAttention,
 SkipSimplifiedLayerNormalization, MatMulNBits for int4) with Qwen2.5's or Llama 3's shapes
-(``SIZES``). Weights are drawn one at a time when the graph needs them (float32 normals from a
-generator seeded per weight, scaled as ``llama_export.random_llama_weights`` scales them), cast,
+(``SIZES``). Weights are drawn one at a time when the graph needs them (float32 uniform values of
+the standard deviations ``llama_export.random_llama_weights`` gives, from a generator seeded per
+weight; int4 projections as random 4-bit values, ``LazyInt4``), cast,
 written to the data file and dropped: building an 8B model holds its largest weight, never all of
 them, and no proto ever holds the weights (protobuf cannot serialise one past 2 GiB).
 
@@ -25,7 +26,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .llama_export import LlamaConfig, _shapes, build_llama_onnx, projection_names, quantize_q4_1
+from .int4 import Int4Weight
+from .llama_export import LlamaConfig, _shapes, build_llama_onnx, projection_names
 
 __all__ = ["SIZES", "ExternalData", "LazyWeights", "LazyInt4", "write_model", "genai_config", "parameters"]
 
@@ -84,6 +86,14 @@ def _seed(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, *name.encode()])
 
 
+def _scale(cfg: LlamaConfig, name: str, shape: tuple[int, ...]) -> float:
+    """A matrix's standard deviation, as ``llama_export.random_llama_weights`` sets it: 3/sqrt(hidden)
+    for the embedding and LM head, 1/sqrt(fan_in) for a projection (q and k twice that)."""
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return 3.0 / np.sqrt(cfg.hidden)
+    return (2.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0) / np.sqrt(shape[1])
+
+
 class _Lazy:
     """One weight, drawn when read (``np.asarray``); its ``shape`` known without drawing it."""
 
@@ -91,15 +101,14 @@ class _Lazy:
         self.cfg, self.name, self.shape, self.seed = cfg, name, shape, seed
 
     def draw(self) -> np.ndarray:
+        """Uniform values of unit variance times the weight's scale (uniform, not normal: numpy draws
+        them three times as fast, which an 8B model's build on the lent GPU machine needs)."""
         rng, shape = _seed(self.seed, self.name), self.shape
+        w = rng.random(shape, dtype=np.float32)
+        w -= np.float32(0.5)
+        w *= np.float32(np.sqrt(12.0) * (0.1 if len(shape) == 1 else _scale(self.cfg, self.name, shape)))
         if len(shape) == 1:
-            return 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
-        if self.name in ("model.embed_tokens.weight", "lm_head.weight"):
-            scale = 3.0 / np.sqrt(self.cfg.hidden)
-        else:
-            scale = (2.0 if self.name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0) / np.sqrt(shape[1])
-        w = rng.standard_normal(shape, dtype=np.float32)
-        w *= np.float32(scale)
+            w += np.float32(1.0)
         return w
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -125,20 +134,31 @@ class LazyWeights(Mapping):
 
 
 class LazyInt4(Mapping):
-    """Every projection quantized (llama.cpp's Q4_1 in MatMulNBits' layout, blocks of 32) when read."""
+    """Every projection as random 4-bit weights in MatMulNBits' layout (blocks of 32, zero point 8),
+    drawn when read: uniform 4-bit values, a scale per block around the projection's standard
+    deviation / 4.64 (the root mean square of q - 8 over 0..15). Drawn, not quantized from a float
+    weight: a quantizer takes minutes over an 8B model's projections, and a random model has no
+    float weight to be faithful to."""
 
-    def __init__(self, cfg: LlamaConfig, seed: int = 0, dtype: str = "float32"):
-        self.cfg, self.seed, self.dtype = cfg, seed, dtype
-        self._names = projection_names(cfg)
-        self._weights = LazyWeights(cfg, seed)
+    def __init__(self, cfg: LlamaConfig, seed: int = 0, dtype: str = "float32", block: int = 32):
+        self.cfg, self.seed, self.dtype, self.block = cfg, seed, dtype, block
+        self._names = set(projection_names(cfg))
+        self._shapes = _shapes(cfg)
 
-    def __getitem__(self, name: str):
-        if name not in self._weights:
+    def __getitem__(self, name: str) -> Int4Weight:
+        if name not in self._names:
             raise KeyError(name)
-        return quantize_q4_1(np.asarray(self._weights[name]), 32, self.dtype)
+        n, k = self._shapes[name]
+        rng, nb = _seed(self.seed, "int4:" + name), k // self.block
+        packed = np.frombuffer(rng.bytes(n * k // 2), np.uint8).reshape(n, nb, self.block // 2)
+        scales = rng.random(n * nb, dtype=np.float32)
+        scales *= np.float32(0.5)
+        scales += np.float32(0.75)
+        scales *= np.float32(_scale(self.cfg, name, (n, k)) / np.sqrt(21.5))
+        return Int4Weight(packed, scales.astype(self.dtype), None, self.block)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
+        return iter(projection_names(self.cfg))
 
     def __len__(self) -> int:
         return len(self._names)
@@ -171,7 +191,7 @@ def genai_config(cfg: LlamaConfig, context: int) -> dict[str, Any]:
 def write_model(folder: str | Path, size: str | LlamaConfig, *, dtype: str = "float32", int4: bool = False,
                 seed: int = 0, context: int | None = None) -> Path:
     """Write the model folder (``model.onnx``, ``model.onnx.data``, ``genai_config.json``); returns
-    the ``model.onnx`` path. ``int4``: every projection MatMulNBits (Q4_1, blocks of 32)."""
+    the ``model.onnx`` path. ``int4``: every projection MatMulNBits (random 4-bit weights, ``LazyInt4``)."""
     cfg = SIZES[size] if isinstance(size, str) else size
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
