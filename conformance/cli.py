@@ -586,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     ga.add_argument("--propose", default="auto", metavar="ENGINE",
                     help="the engine whose greedy decode proposes the greedy prefix for the oracle to vouch for in "
                          "one prefill (a hint: the snapshot is the same whatever proposes it): auto (ort-cpu where "
-                         "installed), an engine name, or oracle (the oracle's own steps; default: %(default)s)")
+                         "installed, for a quantized or fp16 model), an engine name, or oracle (the oracle's own "
+                         "steps; default: %(default)s)")
     ga.set_defaults(func=_golden_add)
 
     r = sub.add_parser("report", help="reports: `lockstep report merge SHARD/report.json ... --output DIR`")

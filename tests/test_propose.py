@@ -119,3 +119,20 @@ def test_golden_add_propose(tmp_path: Path, capsys):
     assert main(base + ["--dir", str(tmp_path / "c"), "--propose", "no-such-engine"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no-such-engine" in err[0], err
+
+
+def test_auto_proposes_with_an_engine_only_where_the_oracle_converts_weights_each_step():
+    """Result: ``auto`` asks ort-cpu for an int4 or fp16 model (the oracle's steps would dequantize or
+    upcast every weight each token) and lets an fp32 model's oracle step itself (cheaper than an
+    engine's session)."""
+    pytest.importorskip("onnxruntime")
+    from lockstep.golden.propose import default_proposer
+
+    fp32, io = _model()
+    assert default_proposer(fp32, io) is None
+    for other in ("llama-int4-cpu", "gemma2-fp16-cpu"):
+        path = EXPORTS_DIR / "genai" / other / "model.onnx"
+        model = load_file(path)
+        from lockstep.genai_config import card_for
+
+        assert default_proposer(model, DecoderIO.of(model, card_for(path))) is not None, other
