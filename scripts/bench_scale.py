@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     engines = [e for e in a.engines.split(",") if e]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = (os.environ.get("LOCKSTEP_COMMIT", "")[:7]  # the wheel's, where the tree's .git is not this code's
+              or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
     print(f"# bench_scale: {platform.node()} {os.cpu_count()} CPUs, "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, Python {platform.python_version()}, "
           f"commit {commit}, prompt {len(PROMPT.encode())} byte ids + {a.tokens} tokens, repeats {a.repeats}")

@@ -161,7 +161,7 @@ fi
 # issue 51: a model of the size runtime teams ship (random-init, scale_export: 8b:int4, 8b:fp16), built here,
 # locked (golden add: ort-cuda proposes the greedy prefix, the oracle vouches in one prefill on the CPU) and
 # checked on ref-cuda and ort-cuda, each step timed with its peak host memory (scripts/bench_scale.py)
-[[ " ${LANE_STEPS:-} " == *" scale "* ]] && step scale env LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_MODELS= timeout ${SCALE_TIMEOUT:-560} python3 scripts/bench_scale.py --models "${SCALE_MODELS:-8b:int4}" --steps add,check --engines "${SCALE_ENGINES:-ref-cuda,ort-cuda}" --propose "${SCALE_PROPOSE:-ort-cuda}" --work /tmp/lockstep-scale --json "$out/scale.json"
+[[ " ${LANE_STEPS:-} " == *" scale "* ]] && step scale env LOCKSTEP_REQUIRE_ENGINES= LOCKSTEP_REQUIRE_MODELS= LOCKSTEP_REQUIRE_DEVICES= LOCKSTEP_COMMIT="$(cat .whl/COMMIT 2>/dev/null)" timeout ${SCALE_TIMEOUT:-560} python3 scripts/bench_scale.py --models "${SCALE_MODELS:-8b:int4}" --steps add,check --engines "${SCALE_ENGINES:-ref-cuda,ort-cuda}" --propose "${SCALE_PROPOSE:-ort-cuda}" --work /tmp/lockstep-scale --json "$out/scale.json"
 # BENCH_MODELS="a,b" (golden models, genai/<export>, optimum/<export>) instead of the script's default pair
 step bench         timeout ${BENCH_TIMEOUT:-300} python3 scripts/bench_decode.py --device cupy ${BENCH_MODELS:+--models "$BENCH_MODELS"} --json "$out/bench-decode.json"
 # where an eager and a captured step's host time goes (per op type, cProfile): a diagnostic, not a benchmark
