@@ -154,12 +154,17 @@ MUTANTS = [
     ),
     Mutant(
         "runtime", "budget_ignores_pending_frees", _R,
-        old="""        if self._res.pending and self._capturing is None:
-            self.drain_for_unmap()""",
-        new="""        if False:
-            self.drain_for_unmap()""",
+        old="""        if self._capturing is None and (self._res.pending or not self._count_file_pages):""",
+        new="""        if False:""",
         breaks="memory held only by pending frees is given back before an allocation is refused for the budget",
         tests=("tests/test_memory_budget.py",),
+    ),
+    Mutant(
+        "runtime", "budget_counts_file_pages", _R,
+        old="return used if self._count_file_pages else used - self.device.file_backed_bytes",
+        new="return used",
+        breaks="under the device's default budget, device memory mapping a model file's pages is not counted",
+        tests=("tests/test_external_data.py",),
     ),
     Mutant(
         "runtime", "negative_dim_allocates", _R,

@@ -356,8 +356,8 @@ MUTANTS = [
     Mutant(
         "sim", "free_keeps_accounting", _S,
         old="""        self._allocated -= size
-        holes""",
-        new="""        holes""",
+        self._file_backed.pop(buffer.addr, None)""",
+        new="""        self._file_backed.pop(buffer.addr, None)""",
         breaks="allocated_bytes drops by an allocation's (rounded) size when it is freed",
         tests=_MEM_TESTS,
     ),
