@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .stream import StreamModel, implicit_reads, schedule
+from .stream import StreamModel, gather_columns, implicit_reads, schedule, transposed_tables
 
 __all__ = ["Float64Stream", "streamable"]
 
@@ -97,6 +97,7 @@ class Float64Stream:
                 validate_node(kernel, info, tuple(i for i, x in enumerate(n.input) if not x))
             self.steps.append((info, kernel, tuple(n.input), tuple(n.output)))
         self._schedules: dict[tuple[str, ...], Any] = {}
+        self._skip, self._columns = transposed_tables(list(g.node), self.model.tensors, [o.name for o in g.output])
 
     def _run_node(self, info, kernel, args: list[Any]) -> tuple[Any, ...]:
         from lockstep.kernels import Spec
@@ -189,6 +190,14 @@ class Float64Stream:
         env: dict[str, Any] = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in feeds.items()}
         for i in plan.order:
             info, kernel, ins, outs = self.steps[i]
+            if i in self._skip or i in self._columns:  # a table transposed only for Gathers: they read
+                if i in self._columns:                    # its columns (transposed_tables)
+                    table, ids = self._columns[i], ins[1]
+                    out = gather_columns(sm.source(table), env[ids] if ids in env else sm.weight(ids))
+                    env[outs[0]] = out.astype(sm.dtype_of(table), copy=False)
+                for name in plan.drop.get(i, ()):
+                    env.pop(name, None)
+                continue
             rows = self._split(info, ins, env) if kernel is not None else None
             if rows is not None:  # the output columns chunk by chunk (each its own kernel call)
                 results = (np.concatenate([self._run_node(part, kernel, args)[0]

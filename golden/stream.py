@@ -179,6 +179,44 @@ def implicit_reads(node: onnx.NodeProto) -> tuple[str, ...]:
     return tuple(out)
 
 
+def transposed_tables(nodes: Sequence[onnx.NodeProto], tensors: Mapping[str, Any],
+                      outputs: Sequence[str]) -> tuple[set[int], dict[int, str]]:
+    """The builder's tied embedding, ``Gather(Transpose(W), ids)`` with ``W`` the LM head's [hidden, vocab]
+    weight: (the Transposes not to run, {Gather node: W}) for every 2-D initializer transposed only to be
+    read by axis-0 Gathers (not an output). Such a Gather is ``W[:, ids]`` with its first axis moved
+    last (``gather_columns``): the same values, without transposing the whole table each run (a 151,936
+    x 896 table: 11 of a 0.5B export's 26 s of ``golden add``, and a float64 copy of it)."""
+    readers: dict[str, list[int]] = {}
+    for j, n in enumerate(nodes):
+        for x in n.input:
+            readers.setdefault(x, []).append(j)
+
+    def axis0_gather(j: int, x: str) -> bool:
+        n = nodes[j]
+        return (n.op_type == "Gather" and n.domain in ("", "ai.onnx") and list(n.input[:1]) == [x]
+                and x not in n.input[1:] and all(a.i == 0 for a in n.attribute if a.name == "axis"))
+
+    skip: set[int] = set()
+    gathers: dict[int, str] = {}
+    for i, n in enumerate(nodes):
+        if n.op_type != "Transpose" or n.domain not in ("", "ai.onnx") or not n.input or n.input[0] not in tensors:
+            continue
+        perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), [1, 0])
+        t, out = tensors[n.input[0]], n.output[0]
+        if len(t.dims) != 2 or perm != [1, 0] or out in outputs or not readers.get(out):
+            continue
+        if all(axis0_gather(j, out) for j in readers[out]):
+            skip.add(i)
+            gathers.update({j: n.input[0] for j in readers[out]})
+    return skip, gathers
+
+
+def gather_columns(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``Gather(Transpose(table), ids)`` (axis 0) without the transposed table: ``table[:, ids]``, its
+    first axis moved last (negative ids count from the end, as Gather's)."""
+    return np.ascontiguousarray(np.moveaxis(np.take(table, np.asarray(ids, np.int64), axis=1), 0, -1))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Which nodes run for some outputs, in graph order, and what is dropped after each."""
@@ -232,6 +270,8 @@ class StreamEvaluator:
                          and all(a.i == 0 for a in n.onnx_node.attribute if a.name == "axis")
                          and n.onnx_node.input[0] in self.model.tensors
                          and self.model.tensors[n.onnx_node.input[0]].data_type in retyped}
+        self._skip, self._columns = transposed_tables([n.onnx_node for n in self.nodes], self.model.tensors,
+                                                      [o.name for o in self.model.proto.graph.output])
 
     def run(self, output_names: Sequence[str], feeds: Mapping[str, Any]) -> list[Any]:
         want = tuple(output_names)
@@ -242,6 +282,15 @@ class StreamEvaluator:
         results.update(feeds)  # a feed shadows an initializer of its name, as in ReferenceEvaluator.run
         for i in plan.order:
             node = self.nodes[i]
+            if i in self._skip or i in self._columns:  # a table transposed only for Gathers: they read
+                if i in self._columns:                    # its columns (transposed_tables)
+                    table, ids = self._columns[i], node.input[1]
+                    out = gather_columns(sm.source(table), results[ids] if ids in results else sm.weight(ids))
+                    results[node.output[0]] = out.astype(sm.dtype_of(table), copy=False)
+                for name in plan.drop.get(i, ()):
+                    if name:
+                        results.pop(name, None)
+                continue
             after = self._gathers.get(i)  # a Gather of a retyped table: its rows, converted after
             weights = {n: sm.source(n) if n == after else sm.weight(n)
                        for n in dict.fromkeys(self.reads[i]) if n not in results and n in sm.tensors}
