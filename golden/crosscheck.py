@@ -22,26 +22,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from lockstep.reference_runtime.steps import node_attrs
+
 from .stream import StreamModel, gather_columns, implicit_reads, schedule, transposed_tables
 
 __all__ = ["Float64Stream", "streamable"]
-
-
-def _attrs(node: onnx.NodeProto, model: StreamModel) -> dict[str, Any]:
-    """The node's attributes as the executor reads them (tensors as numpy, strings decoded)."""
-    from lockstep.loading import tensor_to_numpy
-
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, onnx.TensorProto):
-            v = tensor_to_numpy(v, model.base_dir)
-        elif isinstance(v, bytes):
-            v = v.decode("utf-8")
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [x.decode("utf-8") for x in v]
-        out[a.name] = v
-    return out
 
 
 def _constant(attrs: dict[str, Any]) -> np.ndarray:
@@ -86,7 +71,7 @@ class Float64Stream:
         self.steps: list[tuple[Any, Any, tuple[str, ...], tuple[str, ...]]] = []
         for k, n in enumerate(g.node):
             domain = "" if n.domain == "ai.onnx" else n.domain
-            attrs = _attrs(n, self.model)
+            attrs = node_attrs(n, self.model.base_dir)
             info = NodeInfo(n.name or f"{n.op_type}_{k}", n.op_type, domain, opsets.get(domain, 0), attrs,
                             len(n.input), len(n.output))
             kernel = None

@@ -53,7 +53,7 @@ from .plan import PlanCache
 from .runtime import Relaunch, Runtime, Tensor
 from .control_flow import CONTROL_OPS, build_control, implicit_inputs, is_control
 from .fusion import fuse_steps
-from .steps import ALIAS_OPS, _attrs, _node_kernel, _Step, _topological
+from .steps import ALIAS_OPS, _node_kernel, _Step, _topological, node_attrs
 from .values import Run, Value
 from .symbols import Symbol, symbolic_shapes
 
@@ -107,7 +107,7 @@ class Executor:
                 unsupported.append(f"{name}: domain {domain!r} is not imported by the model")
                 continue
             try:
-                attrs = _attrs(node, self.base_dir)
+                attrs = node_attrs(node, self.base_dir)
             except Exception as exc:
                 raise ModelError(f"node {name!r} ({op_type}): bad attribute: {exc}") from exc
             info = NodeInfo(name, op_type, domain, opset, attrs, len(ins) - len(implicit.get(k, ())), len(outs))

@@ -1,5 +1,5 @@
 """A model's nodes as the executor's steps, built once at load: ``_Step`` (a node, its kernel and
-launch, its inputs and outputs), the node attributes as values (``_attrs``), a topological order
+launch, its inputs and outputs), the node attributes as values (``node_attrs``), a topological order
 that counts a subgraph's outer-scope reads (``_topological``), and a node's launch kernel
 (``_node_kernel``)."""
 
@@ -15,7 +15,7 @@ from onnx import helper
 from lockstep.loading import ModelError, tensor_to_numpy
 
 
-__all__ = ["ALIAS_OPS"]
+__all__ = ["ALIAS_OPS", "node_attrs"]
 
 
 @dataclass(frozen=True, init=False)
@@ -61,7 +61,9 @@ class _Step:
 ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"})
 
 
-def _attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
+def node_attrs(node: onnx.NodeProto, base_dir: str | None) -> dict[str, Any]:
+    """A node's attributes as kernels read them: tensors as numpy (external data from ``base_dir``),
+    strings decoded."""
     out: dict[str, Any] = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
