@@ -144,8 +144,8 @@ def float64_logits_executor(model_fp32: onnx.ModelProto | StreamModel, ids: list
 
     from lockstep.decoder_io import DecoderIO
 
-    if isinstance(model_fp32, StreamModel):
-        raise NotImplementedError("the executor's float64 path needs the model's proto, not a streamed view")
+    if isinstance(model_fp32, StreamModel):  # (a control-flow or host-value model: whole, as before streaming)
+        model_fp32 = model_fp32.whole()
     model = as_float64(model_fp32)
     io = io or DecoderIO.of(model_fp32)
     budget = RuntimeConfig.from_env().device_memory_limit  # LOCKSTEP_DEVICE_MEMORY_LIMIT, for large models

@@ -78,12 +78,9 @@ def default_proposer(model: onnx.ModelProto, io: DecoderIO, say: Callable[[str],
     """``engine_proposer`` on ``DEFAULT_ENGINE`` for a model whose weights the oracle would convert
     at each of its steps (``converts_weights``) where that engine is available here, else None (the
     oracle's own steps)."""
-    from lockstep.engines.registry import load_available
-
     if not converts_weights(model):
         return None
     try:
-        load_available(DEFAULT_ENGINE)
+        return engine_proposer(DEFAULT_ENGINE, model, io, say)
     except Exception:  # noqa: BLE001 - not installed or unavailable: the oracle proposes its own chain
         return None
-    return engine_proposer(DEFAULT_ENGINE, model, io, say)

@@ -30,8 +30,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from google.protobuf.message import Message
 from onnx import numpy_helper
+
+from lockstep.loading import copy_fields
 
 __all__ = ["StreamModel", "StreamEvaluator", "retype_structure", "schedule", "proto_of"]
 
@@ -52,25 +53,12 @@ def retype_structure(m: onnx.ModelProto, src: int, dst: int) -> None:
                 a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np_dst), a.t.name))
 
 
-def _copy_fields(dst, src, skip: str) -> None:
-    """Copy ``src``'s set fields into ``dst`` (same message type) except the field ``skip``."""
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(dst, fd.name).extend(value)
-        elif isinstance(value, Message):
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
-
-
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every initializer a stub (name, type, dims; no data): nothing of the weights
     is copied, and ``DecoderIO.of``, ``ModelShape.of`` and ``check_supported`` read it as the model."""
     m = onnx.ModelProto()
-    _copy_fields(m, model, "graph")
-    _copy_fields(m.graph, model.graph, "initializer")
+    copy_fields(model, m, "graph")
+    copy_fields(model.graph, m.graph, "initializer")
     for t in model.graph.initializer:
         m.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
     return m
@@ -144,11 +132,21 @@ class StreamModel:
         dst = dict(self.retype).get(self.tensors[name].data_type)
         return arr if dst is None else arr.astype(onnx.helper.tensor_dtype_to_np_dtype(dst))
 
+    def whole(self) -> onnx.ModelProto:
+        """The proto with every initializer's data in the type it declares: a copy of every weight, for
+        the few models only a whole-model path runs (``oracle.float64_logits_executor``)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self.proto)
+        del m.graph.initializer[:]
+        m.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(self.weight(t.name)), t.name)
+                                   for t in self.proto.graph.initializer)
+        return m
+
     def bare(self) -> onnx.ModelProto:
         """The structure without the initializer stubs (what the reference evaluator is built on)."""
         m = onnx.ModelProto()
-        _copy_fields(m, self.proto, "graph")
-        _copy_fields(m.graph, self.proto.graph, "initializer")
+        copy_fields(self.proto, m, "graph")
+        copy_fields(self.proto.graph, m.graph, "initializer")
         return m
 
 

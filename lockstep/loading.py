@@ -37,7 +37,7 @@ from .inference import check_for_inference, prefork
 from .ort_schemas import validate_default_domain
 
 __all__ = ["ModelError", "UnsupportedModel", "check_opsets", "external_folder", "file_range", "has_external_data",
-           "known_opsets", "load_model", "np_dtype", "serialized", "tensor_to_numpy", "with_weights"]
+           "copy_fields", "known_opsets", "load_model", "np_dtype", "serialized", "tensor_to_numpy", "with_weights"]
 
 
 class UnsupportedModel(Unsupported):
@@ -509,7 +509,7 @@ def _repeated(fd: Any) -> bool:
     return bool(is_repeated) if is_repeated is not None else fd.label == fd.LABEL_REPEATED
 
 
-def _copy_fields(msg: Any, dst: Any, skip: str) -> None:
+def copy_fields(msg: Any, dst: Any, skip: str) -> None:
     """``dst`` gets every set field of ``msg`` but ``skip`` (submessages copied, nothing re-encoded)."""
     for fd, value in msg.ListFields():
         if fd.name == skip:
@@ -532,12 +532,12 @@ def _skeleton(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[int]]:
     a model whose skeleton was validated before is valid now. Built without re-encoding the weights."""
     graph = model.graph
     skel = onnx.ModelProto()
-    _copy_fields(model, skel, "graph")
-    _copy_fields(graph, skel.graph, "initializer")
+    copy_fields(model, skel, "graph")
+    copy_fields(graph, skel.graph, "initializer")
     lengths = []
     for t in graph.initializer:
         shell = skel.graph.initializer.add()
-        _copy_fields(t, shell, "raw_data")
+        copy_fields(t, shell, "raw_data")
         lengths.append(len(t.raw_data) if t.HasField("raw_data") else -1)
     return skel, lengths
 

@@ -230,6 +230,21 @@ def test_the_float64_crosscheck_streams_lockstep_kernels(where, chunk, monkeypat
     assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("where", ["tiny-fp32-decomposed", "genai/gemma2-fp16-cpu"])
+def test_a_model_the_stream_cannot_run_is_crosschecked_whole_from_its_streamed_view(where, monkeypatch):
+    """Result: a model the float64 stream does not run (a subgraph, a host kernel: ``streamable``
+    False) is cross-checked on the executor from the streamed view ``golden add`` hands it (its
+    weights materialized in the types it declares, fp16 ones upcast), as from the whole proto (it
+    raised NotImplementedError before)."""
+    from lockstep.golden import crosscheck
+
+    model, card, full = _model(where)
+    sm, whole = _upcast(model, card, full)
+    io = DecoderIO.of(whole, card)
+    monkeypatch.setattr(crosscheck, "streamable", lambda proto: False)
+    np.testing.assert_array_equal(float64_logits(sm, IDS, io), float64_logits_executor(whole, IDS, io))
+
+
 @pytest.mark.contract("oracle.crosscheck_streamed")
 def test_the_crosscheck_converts_one_chunk_of_a_weight_at_a_time(tmp_path, monkeypatch):
     """On a model whose weights stay in their file, the float64 cross-check allocates less than the
