@@ -356,8 +356,8 @@ MUTANTS = [
     Mutant(
         "sim", "free_keeps_accounting", _S,
         old="""        self._allocated -= size
-        self._file_backed.pop(buffer.addr, None)""",
-        new="""        self._file_backed.pop(buffer.addr, None)""",
+        self._file_backed_total -= self._file_backed.pop(buffer.addr, 0)""",
+        new="""        self._file_backed_total -= self._file_backed.pop(buffer.addr, 0)""",
         breaks="allocated_bytes drops by an allocation's (rounded) size when it is freed",
         tests=_MEM_TESTS,
     ),

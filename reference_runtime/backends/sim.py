@@ -220,6 +220,7 @@ class SimDevice(Device):
         self._phys_ids = itertools.count(1)
         self._allocated = 0  # pool bytes (rounded) plus physical VMM bytes not yet released
         self._file_backed: dict[int, int] = {}  # pool start -> size, for allocations mapped from a file
+        self._file_backed_total = 0  # their sum (read at every allocation under the default budget)
         self._phys_live: dict[int, int] = {}  # physical handle id -> bytes
         self._sticky: BaseException | None = None
         self._host_error: BaseException | None = None  # a kernel body's own exception, raised once
@@ -389,7 +390,7 @@ class SimDevice(Device):
 
     @property
     def file_backed_bytes(self) -> int:
-        return sum(self._file_backed.values())
+        return self._file_backed_total
 
     def default_memory_limit(self) -> int:
         """The smaller of 16 GiB and what the process may hold on the host
@@ -444,6 +445,7 @@ class SimDevice(Device):
         m.raw = None
         m.backing = backing
         self._file_backed[m.start] = m.size
+        self._file_backed_total += m.size
         return True
 
     def _map(self, start: int, backing: np.ndarray, kind: str, *, lazy: bool = False) -> None:
@@ -497,7 +499,7 @@ class SimDevice(Device):
         self._unmap(buffer.addr)
         size = self._pool_sizes.pop(buffer.addr)
         self._allocated -= size
-        self._file_backed.pop(buffer.addr, None)
+        self._file_backed_total -= self._file_backed.pop(buffer.addr, 0)
         holes = self._pool_free + [(buffer.addr, size)]
         holes.sort()
         merged: list[tuple[int, int]] = []
