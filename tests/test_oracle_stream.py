@@ -70,6 +70,16 @@ def _model(where: str):
     return model, card, onnx.load(str(path))  # (onnx.load reads external data into the proto)
 
 
+def _traced(call):
+    """(``call()``, the peak bytes Python's allocators held during it: tracemalloc)."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def _upcast(model, card, whole):
     """(the oracle's streamed model, the same as a whole proto): fp16 ones upcast to fp32."""
     io = DecoderIO.of(model, card)
@@ -127,12 +137,7 @@ def test_the_oracle_holds_one_nodes_weights_at_a_time(tmp_path):
     io = DecoderIO.of(model)
     ev = StreamEvaluator(model)
     feeds = _feeds(model, IDS, io)
-    tracemalloc.start()
-    try:
-        (got,) = ev.run([io.logits], feeds)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    (got,), peak = _traced(lambda: ev.run([io.logits], feeds))
     assert peak < per_node + total // 4, f"contract: peak {peak} B with {total} B of weights ({per_node} B a node)"
     full = onnx.load(str(tmp_path / "model.onnx"))
     (want,) = _evaluator(full).run([io.logits], feeds)
@@ -258,12 +263,7 @@ def test_the_crosscheck_converts_one_chunk_of_a_weight_at_a_time(tmp_path, monke
     monkeypatch.setattr(Float64Stream, "CHUNK_BYTES", 16 << 10)
     stream = Float64Stream(model)
     feeds = _feeds(model, IDS, io)
-    tracemalloc.start()
-    try:
-        (got,) = stream.run([io.logits], feeds)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    (got,), peak = _traced(lambda: stream.run([io.logits], feeds))
     assert peak < per_node, f"contract: peak {peak} B, the largest node's float32 weights {per_node} B"
     assert np.abs(got[0] - want).max() <= 1e-12 * np.abs(want).max()
 
@@ -332,12 +332,7 @@ def test_matmulnbits_never_holds_the_whole_float64_weight():
     scales = rng.random(N * K // 32).astype(np.float32)
     a = rng.standard_normal((1, 3, K)).astype(np.float32)
     op = _nbits_node(N, K, 32, zp=False)
-    tracemalloc.start()
-    try:
-        op.run(a, packed, scales)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    _, peak = _traced(lambda: op.run(a, packed, scales))
     assert peak < 64 << 20, f"contract: {peak / 2**20:.0f} MiB at peak (the float64 weight is 128 MiB)"
 
 
@@ -354,12 +349,7 @@ def test_gatherblockquantized_dequantizes_only_the_rows_it_gathers():
     op = GatherBlockQuantized(node, _RP)
     idx = np.array([[3, 8191, -1, 9000]], np.int64)
     table, _ = op.table(data, scales, None)
-    tracemalloc.start()
-    try:
-        got = op.run(data, idx, scales)[0]
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    got, peak = _traced(lambda: op.run(data, idx, scales)[0])
     want = np.take(table, np.array([[3, 8191, 8191, 0]]), axis=0).astype(np.float32)
     want[0, 3] = 0.0
     assert np.array_equal(got, want)
