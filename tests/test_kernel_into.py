@@ -21,7 +21,7 @@ import pytest
 from lockstep.kernels import _fast, _fused, _launch, _linalg
 from lockstep.kernels._op import NodeInfo, Spec
 from lockstep.kernels.registry import REGISTRY
-from lockstep.reference_runtime.executor import _attrs
+from lockstep.reference_runtime.steps import node_attrs
 from lockstep.reference_runtime.node_cases import load_cases
 
 _SENTINEL = 0xA5
@@ -53,7 +53,7 @@ def _call(case):
     arrays = [np.ascontiguousarray(feeds[i]) if i else None for i in node.input]
     specs = [None if a is None else Spec(a.shape, a.dtype, a if i in kernel.host_inputs else None)
              for i, a in enumerate(arrays)]
-    info = NodeInfo(node.name or node.op_type, node.op_type, domain, opsets[domain], _attrs(node, None),
+    info = NodeInfo(node.name or node.op_type, node.op_type, domain, opsets[domain], node_attrs(node, None),
                     len(node.input), len(node.output))
     try:
         with warnings.catch_warnings():
