@@ -59,6 +59,7 @@ from ._contrib_util import cast as _cast
 from ._contrib_util import pad_specs as _specs
 from ._elementwise_util import erf
 from ._linalg import matmul
+from . import _nbits_host
 from ._op import OpKernel, Spec, const_memo, normalize_axis
 
 OPS: list[OpKernel] = []
@@ -286,6 +287,14 @@ def _nbits_shapes(node, specs):
 def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
     K, N, bs, bits = _nbits_attrs(node)
     work = work_dtype(a.dtype)
+    if (bits == 4 and xp.__name__ == "numpy" and _nbits_host.AVAILABLE and work == np.float32
+            and not node.in_dtypes):
+        # the simulated device: unpacked block by block at every run, no dequantized copy kept
+        y = _nbits_host.matmul_4bit(a.reshape(-1, K).astype(np.float32, copy=False), b, scales, zp,
+                                    n=N, k=K, block=bs).reshape(tuple(a.shape[:-1]) + (N,))
+        if bias is not None:
+            y = y + bias.reshape(N).astype(work)
+        return (_cast(y, node.out_specs[0].dtype),)
     consts = (1, 2) if zp is None else (1, 2, 3)  # the weight's blocks, scales and zero points
     w = const_memo(xp, node, ("dequantized", np.dtype(work).name), consts,
                    lambda: dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work))

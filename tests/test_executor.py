@@ -7,6 +7,7 @@ import pytest
 from lockstep.reference_runtime import Runtime, RuntimeConfig
 from lockstep.reference_runtime.backends.sim import SimDevice
 from lockstep.reference_runtime.executor import Executor, FeedError
+from lockstep.kernels import _nbits_host
 from lockstep.kernels._op import OpError
 from lockstep.loading import ModelError, UnsupportedModel
 from onnx import TensorProto, helper, numpy_helper
@@ -394,40 +395,48 @@ def test_nodes_no_output_depends_on_are_loaded_but_not_run(make_runtime):
 
 
 def _weights_model():
-    """fp16 products whose B is an initializer (MatMul, Gemm with transB) and an int4 MatMulNBits."""
+    """fp16 products whose B is an initializer (MatMul, Gemm with transB) and MatMulNBits of 4 and 8 bits."""
     rng = np.random.default_rng(7)
     w = numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float16), "w")
     wt = numpy_helper.from_array(rng.standard_normal((5, 6)).astype(np.float16), "wt")
     q = numpy_helper.from_array(rng.integers(0, 255, (4, 1, 16), dtype=np.uint8), "q")  # N=4, K=8, block 32
+    q8 = numpy_helper.from_array(rng.integers(0, 255, (4, 1, 32), dtype=np.uint8), "q8")  # the same, 8 bits
     s = numpy_helper.from_array(rng.random(4).astype(np.float32) + 0.5, "s")
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("Gemm", ["h", "wt"], ["y"], transB=1),
              helper.make_node("Cast", ["x"], ["x32"], to=TensorProto.FLOAT),
              helper.make_node("MatMulNBits", ["x32", "q", "s"], ["z"], domain="com.microsoft", K=8, N=4, bits=4,
-                              block_size=32)]
+                              block_size=32, name="nbits4"),
+             helper.make_node("MatMulNBits", ["x32", "q8", "s"], ["z8"], domain="com.microsoft", K=8, N=4, bits=8,
+                              block_size=32, name="nbits8")]
     m = _model(nodes, [_vi("x", TensorProto.FLOAT16, (3, 8))],
-               [_vi("y", TensorProto.FLOAT16, (3, 5)), _vi("z", TensorProto.FLOAT, (3, 4))], [w, wt, q, s])
+               [_vi("y", TensorProto.FLOAT16, (3, 5)), _vi("z", TensorProto.FLOAT, (3, 4)),
+                _vi("z8", TensorProto.FLOAT, (3, 4))], [w, wt, q, q8, s])
     m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return m
 
 
 @pytest.mark.contract("executor.const_memo")
 def test_a_large_models_weight_memos_change_no_byte_and_stay_off_elsewhere(monkeypatch):
-    """Kernels derive fp32 weights (fp16 upcasts, MatMulNBits' dequantized blocks) once per node only
-    for a model whose weights pass MEMO_MIN_MODEL_BYTES, with no weight pager: the outputs are the
-    bytes of the per-run computation, and small models and paged executors keep no memo."""
+    """Kernels derive fp32 weights (fp16 upcasts, MatMulNBits' dequantized 2/8-bit blocks) once per node
+    only for a model whose weights pass MEMO_MIN_MODEL_BYTES, with no weight pager: the outputs are the
+    bytes of the per-run computation, and small models and paged executors keep no memo. A 4-bit
+    MatMulNBits keeps none at all: its fused kernel (kernels/_nbits_host.py) reads the blocks each run."""
     from lockstep.reference_runtime import executor as ex_mod
 
     m = _weights_model()
     xs = [np.random.default_rng(i).standard_normal((3, 8)).astype(np.float16) for i in (1, 2)]
     plain = Executor(m, _rt())
     assert not any(st.info.consts for st in plain.steps), "contract: a small model keeps no memo"
-    want = [[plain.run({"x": x})[k].tobytes() for k in ("y", "z")] for x in xs]
+    want = [[plain.run({"x": x})[k].tobytes() for k in ("y", "z", "z8")] for x in xs]
     monkeypatch.setattr(ex_mod, "MEMO_MIN_MODEL_BYTES", 1)  # this model counts as large
     memo = Executor(m, _rt())
-    got = [[memo.run({"x": x})[k].tobytes() for k in ("y", "z")] for x in xs]
+    got = [[memo.run({"x": x})[k].tobytes() for k in ("y", "z", "z8")] for x in xs]
     assert got == want, "result: the bytes of the per-run computation, run after run"
-    kept = {st.info.op_type: len(st.info.memo) for st in memo.steps if st.info.memo}
-    assert kept == {"MatMul": 1, "Gemm": 1, "MatMulNBits": 1}, f"contract: one memo per weight-reading node: {kept}"
+    kept = {st.info.name if st.info.op_type == "MatMulNBits" else st.info.op_type: len(st.info.memo)
+            for st in memo.steps if st.info.memo}
+    want_kept = {"MatMul": 1, "Gemm": 1, "nbits8": 1} if _nbits_host.AVAILABLE else \
+        {"MatMul": 1, "Gemm": 1, "nbits4": 1, "nbits8": 1}
+    assert kept == want_kept, f"contract: one memo per weight-reading node, none for a fused 4-bit one: {kept}"
     paged = Executor(m, Runtime(SimDevice(), RuntimeConfig(vram_limit=1 << 30)))
     assert not any(st.info.consts for st in paged.steps), "contract: no memo under a weight pager"
