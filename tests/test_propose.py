@@ -136,3 +136,41 @@ def test_auto_proposes_with_an_engine_only_where_the_oracle_converts_weights_eac
         from lockstep.genai_config import card_for
 
         assert default_proposer(model, DecoderIO.of(model, card_for(path))) is not None, other
+
+
+def test_the_engine_proposes_with_matmulnbits_computing_a_in_float(monkeypatch):
+    """Contract: an engine proposes on the model with every MatMulNBits ``accuracy_level`` at 0 (A in
+    float, as the oracle computes it: int8 A broke a real 3B export's proposal at 4 of 24 tokens), on
+    a copy: the model the caller holds keeps its levels."""
+    path = EXPORTS_DIR / "genai" / "llama-int4-cpu" / "model.onnx"
+    model = load_file(path)
+    from lockstep.genai_config import card_for
+
+    io = DecoderIO.of(model, card_for(path))
+    levels = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"]
+    assert levels and set(levels) == {4}, "the export declares accuracy_level=4 (what this test is about)"
+
+    class Fake:
+        name = "fake"
+
+        def available(self):
+            return True, "here"
+
+    seen = []
+
+    class Session:
+        pass
+
+    from lockstep.engines import registry
+
+    monkeypatch.setattr(registry, "load_available", lambda name: Fake())
+    monkeypatch.setattr("lockstep.decoding.open_session", lambda engine, m, io=None: seen.append(m) or Session())
+    monkeypatch.setattr("lockstep.decoding.greedy", lambda s, ctx, n, io=None: type("R", (), {"tokens": [7] * n})())
+    assert engine_proposer("fake", model, io)(PROMPT, 3) == [7, 7, 7]
+    (proposed,) = seen
+    got = [a.i for n in proposed.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+           if a.name == "accuracy_level"]
+    assert got == [0] * len(levels), "contract: the proposal computes A in float"
+    assert [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"] == levels, "contract: the caller's model keeps its levels"

@@ -17,6 +17,14 @@ def _oracle_of(model: str) -> dict:
 
 
 MUTANTS = [
+    # -- proposals: a hint for the oracle's greedy prefix ---------------------------------------------
+    Mutant(
+        "golden", "proposal_keeps_int8_a", "lockstep.golden.propose",
+        old="    model = exact_a(model)\n",
+        new="",
+        breaks="an engine proposes the greedy chain with MatMulNBits computing A in float, as the oracle does",
+        tests=("tests/test_propose.py",), select="float",
+    ),
     # -- bands: the error model per precision ------------------------------------------------------
     Mutant(
         "golden", "fp16_band_inflated", _A,
