@@ -1,18 +1,20 @@
-"""MatMulNBits' 4-bit product on the host (the simulated device), fused: each decode step reads the
-packed weight bytes and never keeps a dequantized copy.
+"""MatMulNBits' 4-bit product on the host (the simulated device): the packed weight bytes are read
+at every run and no dequantized copy of the weight is kept.
 
 Dequantizing a 3B int4 model's weights once and keeping them (``const_memo``) costs 12 GB of fp32
-for 1.5 GB of blocks; dequantizing them in numpy at every step costs seconds a step. These numba
-kernels unpack each block as they go, at the speed of an fp32 BLAS product over kept weights
-(``scripts/bench_nbits_host.py``), with no memory beyond the blocks themselves.
+for 1.5 GB of blocks; dequantizing them in numpy at every step costs seconds a step. Two numba
+kernels instead (``scripts/bench_nbits_host.py`` measures them):
 
-The arithmetic, per output row ``n`` and input row ``m`` (float32 throughout): lane ``j`` of a
-block of ``bs`` values holds the pair ``(2j, 2j + 1)``; over the blocks ``b`` in order,
-``acc[j] += s[n, b] * ((lo - z) * x[2j] + (hi - z) * x[2j + 1])`` with ``lo``/``hi`` the byte's low
-and high nibbles and ``z`` the block's zero point; then the ``bs / 2`` lanes are summed as a fixed
-pairwise tree. Every row is computed whole by one thread in this order, so the result is the same
-bytes for one row alone and within a batch of any size (a prefill and a decode step agree), on any
-thread count. K past the last full block is read as zeros.
+- one input row (a decode step): the blocks are unpacked inside the product, at the speed of an fp32
+  BLAS product over kept weights. Per output row ``n``, float32 throughout: lane ``j`` of a block of
+  ``bs`` values holds the pair ``(2j, 2j + 1)``; over the blocks ``b`` in order,
+  ``acc[j] += s[n, b] * ((lo - z) * x[2j] + (hi - z) * x[2j + 1])`` with ``lo``/``hi`` the byte's
+  low and high nibbles and ``z`` the block's zero point; then the ``bs / 2`` lanes are summed as a
+  fixed pairwise tree. K past the last full block is read as zeros.
+- several rows (a prefill): 32 MiB of weight rows at a time are dequantized into fp32 scratch (the
+  values ``dequantize_blocks`` gives: ``(q - z) * s``), then multiplied by numpy's BLAS.
+
+Each output row is computed whole by one thread, so the bytes do not depend on the thread count.
 
 Without numba (``AVAILABLE`` false) the kernel falls back to dequantizing (``ops_contrib``).
 """
@@ -31,7 +33,7 @@ import numpy as np
 # a machine without it (the GPU lane installs with --no-deps) falls back to dequantizing.
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
-__all__ = ["AVAILABLE", "matmul_4bit"]
+__all__ = ["AVAILABLE", "dequantize_4bit", "matmul_4bit"]
 
 # Below this many weight values a product runs on the calling thread (the built-in golden models).
 _THREADED_MIN = 1 << 20
@@ -57,41 +59,30 @@ def _gemv(packed, scales, zps, xe, xo, y, n0, n1):  # pragma: no cover - compile
         y[0, n] = acc[0]
 
 
-def _gemm(packed, scales, zps, xe, xo, y, n0, n1):  # pragma: no cover - compiled by numba
+def _dequant(packed, scales, zps, out, first, n0, n1):  # pragma: no cover - compiled by numba
     h = packed.shape[2]
     nb = packed.shape[1]
-    M = xe.shape[0]
-    acc = np.empty((M, h), np.float32)
-    de = np.empty(h, np.float32)
-    do = np.empty(h, np.float32)
     for n in range(n0, n1):
-        acc[:] = 0
+        r = n - first
         for b in range(nb):
             z = zps[n, b]
             s = scales[n, b]
+            base = 2 * h * b
             for j in range(h):
                 v = packed[n, b, j]
-                de[j] = np.float32(v & 15) - z
-                do[j] = np.float32(v >> 4) - z
-            for m in range(M):
-                for j in range(h):
-                    acc[m, j] += s * (de[j] * xe[m, b, j] + do[j] * xo[m, b, j])
-        for m in range(M):
-            w = h
-            while w > 1:
-                w //= 2
-                for j in range(w):
-                    acc[m, j] += acc[m, j + w]
-            y[m, n] = acc[m, 0]
+                out[r, base + 2 * j] = (np.float32(v & 15) - z) * s
+                out[r, base + 2 * j + 1] = (np.float32(v >> 4) - z) * s
 
 
 _compiled: tuple[Any, Any] | None = None
+# A product of several rows dequantizes this many bytes of weight rows at a time into fp32 scratch.
+_CHUNK_BYTES = 32 << 20
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
 
 def _kernels() -> tuple[Any, Any]:
-    """(gemv, gemm) compiled. nogil: the rows are split over Python threads (below), not numba's
+    """(gemv, dequant) compiled. nogil: the rows are split over Python threads (below), not numba's
     parallel layer, whose default (workqueue) aborts the process when two threads launch at once;
     cache: compiled once per machine, not per process."""
     global _compiled
@@ -99,7 +90,7 @@ def _kernels() -> tuple[Any, Any]:
         if _compiled is None:
             from numba import njit
 
-            _compiled = (njit(nogil=True, cache=True)(_gemv), njit(nogil=True, cache=True)(_gemm))
+            _compiled = (njit(nogil=True, cache=True)(_gemv), njit(nogil=True, cache=True)(_dequant))
         return _compiled
 
 
@@ -116,6 +107,35 @@ def _executor() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+def _operands(packed, scales, zero_points, n: int, nb: int, h: int, dtype) -> tuple[np.ndarray, ...]:
+    """(blocks [N, nb, h], scales [N, nb], zero points [N, nb]) as the kernels read them, the scales
+    and zero points in ``dtype``."""
+    p = np.ascontiguousarray(packed).reshape(n, nb, h)
+    s = np.ascontiguousarray(scales, dtype=dtype).reshape(n, nb)
+    if zero_points is None:
+        z = np.full((n, nb), 8, dtype)
+    elif zero_points.dtype == np.uint8:
+        zb = zero_points.reshape(n, -(-nb // 2))
+        z = np.stack((zb & 15, zb >> 4), axis=-1).reshape(n, -1)[:, :nb].astype(dtype)
+    else:
+        z = np.ascontiguousarray(zero_points, dtype=dtype).reshape(n, nb)
+    return p, s, z
+
+
+def dequantize_4bit(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, n: int, k: int,
+                    block: int, dtype: Any) -> np.ndarray:
+    """``[N, K]`` ``(q - zero_point) * scale`` in ``dtype`` (float32 or float64): the bytes
+    ``_contrib_util.dequantize_blocks`` gives (the same two operations per value), threaded; for the
+    float64 cross-check, whose products read every weight dequantized."""
+    if not AVAILABLE:
+        raise RuntimeError("numba is not importable: MatMulNBits' host kernels are unavailable")
+    nb = -(-k // block)
+    p, s, z = _operands(packed, scales, zero_points, n, nb, block // 2, np.dtype(dtype))
+    out = np.empty((n, nb * block), dtype)
+    _split(_kernels()[1], p, s, z, out, 0, 0, n)
+    return out[:, :k] if k != nb * block else out
+
+
 def matmul_4bit(a: np.ndarray, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *,
                 n: int, k: int, block: int) -> np.ndarray:
     """float32 ``[M, N]`` = ``a`` (float32 ``[M, K]``) times the transpose of MatMulNBits' 4-bit weight.
@@ -127,28 +147,38 @@ def matmul_4bit(a: np.ndarray, packed: np.ndarray, scales: np.ndarray, zero_poin
         raise RuntimeError("numba is not importable: MatMulNBits' fused host kernel is unavailable")
     nb = -(-k // block)
     h = block // 2
-    p = np.ascontiguousarray(packed).reshape(n, nb, h)
-    s = np.ascontiguousarray(scales, dtype=np.float32).reshape(n, nb)
-    if zero_points is None:
-        z = np.full((n, nb), 8, np.float32)
-    elif zero_points.dtype == np.uint8:
-        zb = zero_points.reshape(n, -(-nb // 2))
-        z = np.stack((zb & 15, zb >> 4), axis=-1).reshape(n, -1)[:, :nb].astype(np.float32)
-    else:
-        z = np.ascontiguousarray(zero_points, dtype=np.float32).reshape(n, nb)
+    p, s, z = _operands(packed, scales, zero_points, n, nb, h, np.dtype(np.float32))
     m = a.shape[0]
-    x = np.zeros((m, nb * block), np.float32)
-    x[:, :k] = a
-    pairs = x.reshape(m, nb, h, 2)
-    xe, xo = np.ascontiguousarray(pairs[..., 0]), np.ascontiguousarray(pairs[..., 1])
+    gemv, dequant = _kernels()
     y = np.empty((m, n), np.float32)
-    fn = _kernels()[0 if m == 1 else 1]
-    threads = _threads()
-    if threads == 1 or n * nb * block < _THREADED_MIN:
-        fn(p, s, z, xe, xo, y, 0, n)
+    if m != 1:
+        # rows of the weight dequantized a chunk at a time (the same fp32 values as dequantize_blocks),
+        # then one fp32 product per chunk: a prefill is a BLAS product, never a copy of every weight
+        rows = max(1, min(n, _CHUNK_BYTES // (4 * nb * block)))
+        scratch = np.empty((rows, nb * block), np.float32)
+        for c0 in range(0, n, rows):
+            c1 = min(n, c0 + rows)
+            _split(dequant, p, s, z, scratch, c0, c0, c1)
+            y[:, c0:c1] = a @ scratch[:c1 - c0, :k].T
         return y
-    step = -(-n // threads)
-    futures = [_executor().submit(fn, p, s, z, xe, xo, y, lo, min(n, lo + step)) for lo in range(0, n, step)]
+    x = np.zeros((1, nb * block), np.float32)
+    x[:, :k] = a
+    pairs = x.reshape(1, nb, h, 2)
+    xe, xo = np.ascontiguousarray(pairs[..., 0]), np.ascontiguousarray(pairs[..., 1])
+    _split(gemv, p, s, z, xe, xo, y, 0, n)
+    return y
+
+
+def _split(fn, *args) -> None:
+    """``fn(*args[:-2], lo, hi)`` over the rows ``[args[-2], args[-1])``, split over this process's
+    threads where the rows hold enough weights; each row whole in one call."""
+    *head, r0, r1 = args
+    p = head[0]
+    threads = _threads()
+    if threads == 1 or (r1 - r0) * p.shape[1] * p.shape[2] * 2 < _THREADED_MIN:
+        fn(*head, r0, r1)
+        return
+    step = -(-(r1 - r0) // threads)
+    futures = [_executor().submit(fn, *head, lo, min(r1, lo + step)) for lo in range(r0, r1, step)]
     for f in futures:
         f.result()
-    return y

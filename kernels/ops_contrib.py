@@ -296,8 +296,13 @@ def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
             y = y + bias.reshape(N).astype(work)
         return (_cast(y, node.out_specs[0].dtype),)
     consts = (1, 2) if zp is None else (1, 2, 3)  # the weight's blocks, scales and zero points
-    w = const_memo(xp, node, ("dequantized", np.dtype(work).name), consts,
-                   lambda: dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work))
+    if bits == 4 and xp.__name__ == "numpy" and _nbits_host.AVAILABLE and not node.in_dtypes:
+        def dequantized():  # the same bytes, threaded (the float64 cross-check reads every weight so)
+            return _nbits_host.dequantize_4bit(b, scales, zp, n=N, k=K, block=bs, dtype=work)
+    else:
+        def dequantized():
+            return dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work)
+    w = const_memo(xp, node, ("dequantized", np.dtype(work).name), consts, dequantized)
     y = matmul(xp, a.astype(work), xp.transpose(w))
     if bias is not None:
         y = y + bias.reshape(N).astype(work)

@@ -142,6 +142,13 @@ class Executor:
         alive = {id(st) for st in kept}
         self.pruned: tuple[str, ...] = tuple(st.info.name for st in self.steps if id(st) not in alive)
         self.steps = kept[::-1]
+        inits = {t.name for t in graph.initializer}
+        weights = sum(np.asarray(v).nbytes for n, v in self._constants.items() if n in inits)
+        # a large model's Transpose of a weight, done once at load (ONNX Runtime folds it too): GenAI's
+        # builder writes a tied embedding as Gather(Transpose(lm_head)), 0.9 GB transposed every step
+        self.folded: tuple[str, ...] = ()
+        if runtime.config.vram_limit is None and weights >= MEMO_MIN_MODEL_BYTES:
+            self.steps, self.folded = self._fold_weight_transposes(self.steps, inits)
         # groups of nodes run as one step and one launch, with their bits (``fusion``)
         self.fused: tuple[str, ...] = ()
         if runtime.config.fuse_kernels and self.FUSE:
@@ -152,7 +159,6 @@ class Executor:
             from .pager import WeightPager
 
             self.pager = WeightPager(runtime, runtime.config.vram_limit)
-        inits = {t.name for t in graph.initializer}
         for name, value in self._constants.items():
             arr = np.asarray(value)
             if (self.pager is not None and name in inits and arr.dtype != object and arr.nbytes >= self.PAGE_MIN):
@@ -165,7 +171,6 @@ class Executor:
         if self.pager is not None:  # a view of a paged weight would escape the pager's residency
             self.steps = [dataclasses.replace(st, alias=False) if st.alias and self.pager.is_paged(st.inputs[0])
                           else st for st in self.steps]
-        weights = sum(np.asarray(v).nbytes for n, v in self._constants.items() if n in inits)
         if self.pager is None and weights >= MEMO_MIN_MODEL_BYTES:  # a large model, its weights resident:
             # each node's initializer inputs, for kernels' memos of what they derive from them alone
             # (``kernels._op.const_memo``: weights upcast or dequantized once, not every decode step)
@@ -591,6 +596,25 @@ class Executor:
         return replay
 
     FOLD_LIMIT = 1024  # elements: shape arithmetic, not data
+
+    def _fold_weight_transposes(self, steps: list[_Step], inits: set[str]) -> tuple[list[_Step], tuple[str, ...]]:
+        """``steps`` without each standard-domain Transpose whose input is an initializer and whose
+        output is no graph output: its output becomes a constant, transposed once here (the same
+        values: a transpose moves bytes, it computes nothing). Returns (steps, the folded nodes)."""
+        kept, folded = [], []
+        for st in steps:
+            info = st.info
+            if (st.kernel is not None and info.op_type == "Transpose" and info.domain == "" and st.inputs
+                    and st.inputs[0] in inits and st.outputs[0] not in self.outputs and len(st.outputs) == 1):
+                w = np.asarray(self._constants[st.inputs[0]])
+                perm = info.attr("perm")
+                perm = tuple(range(w.ndim))[::-1] if perm is None else tuple(int(p) for p in perm)
+                if sorted(perm) == list(range(w.ndim)):  # a bad perm is left to the kernel's own error
+                    self._constants[st.outputs[0]] = np.ascontiguousarray(np.transpose(w, perm))
+                    folded.append(info.name)
+                    continue
+            kept.append(st)
+        return kept, tuple(folded)
 
     def _fold_host_values(self, step: _Step, info: NodeInfo, specs: list[Spec | None], out_specs: list[Spec]) -> list[Spec]:
         """When every input's value is known on the host and the outputs are small (shape

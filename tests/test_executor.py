@@ -440,3 +440,34 @@ def test_a_large_models_weight_memos_change_no_byte_and_stay_off_elsewhere(monke
     assert kept == want_kept, f"contract: one memo per weight-reading node, none for a fused 4-bit one: {kept}"
     paged = Executor(m, Runtime(SimDevice(), RuntimeConfig(vram_limit=1 << 30)))
     assert not any(st.info.consts for st in paged.steps), "contract: no memo under a weight pager"
+
+
+@pytest.mark.contract("executor.fold_weight_transposes")
+def test_a_large_models_weight_transpose_is_done_once_at_load(monkeypatch):
+    """Contract: in a model whose weights pass MEMO_MIN_MODEL_BYTES (no weight pager), a Transpose of
+    an initializer (GenAI's builder's tied embedding: Gather(Transpose(lm_head))) runs once at load,
+    not at every run: its node is folded into a constant, and the outputs are the bytes of the
+    unfolded run. Small models, paged executors and a transpose that is a graph output are not folded."""
+    from lockstep.reference_runtime import executor as ex_mod
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((6, 11)).astype(np.float32), "lm_head")
+    nodes = [helper.make_node("Transpose", ["lm_head"], ["table"], name="T"),
+             helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("MatMul", ["emb", "lm_head"], ["logits"]),
+             helper.make_node("Transpose", ["lm_head"], ["wt"], name="T_out", perm=[1, 0])]
+    m = _model(nodes, [_vi("ids", TensorProto.INT64, (2, 3))],
+               [_vi("logits", TensorProto.FLOAT, (2, 3, 11)), _vi("wt", TensorProto.FLOAT, (11, 6))], [w])
+    ids = np.array([[0, 5, 10], [3, 3, 7]], np.int64)
+    plain = Executor(m, _rt())
+    assert plain.folded == () and "T" in [st.info.name for st in plain.steps], "contract: a small model folds nothing"
+    want = {k: v.tobytes() for k, v in plain.run({"ids": ids}).items()}
+    monkeypatch.setattr(ex_mod, "MEMO_MIN_MODEL_BYTES", 1)  # this model counts as large
+    big = Executor(m, _rt())
+    assert big.folded == ("T",), f"contract: the weight's transpose is folded, not the graph output's: {big.folded}"
+    assert "T" not in [st.info.name for st in big.steps], "contract: no step runs the folded transpose"
+    for _ in range(2):
+        got = {k: v.tobytes() for k, v in big.run({"ids": ids}).items()}
+        assert got == want, "result: the bytes of the unfolded run"
+    paged = Executor(m, Runtime(SimDevice(), RuntimeConfig(vram_limit=1 << 30)))
+    assert paged.folded == (), "contract: nothing is folded under a weight pager"

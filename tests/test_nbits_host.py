@@ -1,6 +1,6 @@
-"""MatMulNBits' fused 4-bit host kernel (kernels/_nbits_host.py), the simulated device's: its value
-against the dequantized weight's float64 product, its batch and thread invariance, and that the
-executor takes it (no dequantized copy kept)."""
+"""MatMulNBits' 4-bit host kernels (kernels/_nbits_host.py), the simulated device's: their value
+against the dequantized weight's float64 product, their thread and chunk invariance, and that the
+executor takes them (no dequantized copy kept)."""
 
 from __future__ import annotations
 
@@ -50,25 +50,31 @@ def test_the_fused_product_is_the_dequantized_weights_product(m, n, k, block, zp
     assert np.all(np.abs(got - want) <= bound + 1e-30), "result: float32 rounding of the exact product"
 
 
-def test_a_row_is_the_same_bytes_alone_in_a_batch_and_on_any_thread_count(monkeypatch):
-    """Contract (batch and thread invariance): each output row is computed whole, in one order, by
-    one thread, so a prefill row and the decode step of the same input give the same bytes, and the
-    split of rows over threads changes nothing."""
+def test_the_bytes_do_not_depend_on_the_thread_count(monkeypatch):
+    """Contract (thread invariance): each output row is computed whole by one thread (a decode step),
+    and each weight row dequantized exactly by one (several rows), so the split of the rows over
+    threads changes no byte; several rows in one chunk are the fp32 product of the weight
+    ``dequantize_blocks`` gives, and in smaller chunks BLAS's product of the same values (result:
+    within float32 rounding, the blocking of BLAS's sum is its own)."""
     rng = np.random.default_rng(5)
-    n, k, block = 1200, 1024, 32
+    n, k, block = 1200, 1000, 32  # K not a multiple of the block
     packed, scales, zp = _weights(rng, n, k, block, "uint8")
     a = rng.standard_normal((6, k)).astype(np.float32)
+    w = dequantize_blocks(np, packed, scales, zp, n=n, k=k, bits=4, block=block, work=np.dtype(np.float32))
     batch = _nbits_host.matmul_4bit(a, packed, scales, zp, n=n, k=k, block=block)
-    for i in range(a.shape[0]):
-        alone = _nbits_host.matmul_4bit(a[i:i + 1], packed, scales, zp, n=n, k=k, block=block)
-        assert alone.tobytes() == batch[i:i + 1].tobytes(), f"contract: row {i} alone = row {i} in the batch"
+    assert batch.tobytes() == (a @ w.T).tobytes(), "contract: several rows are the dequantized weight's product"
+    one = _nbits_host.matmul_4bit(a[:1], packed, scales, zp, n=n, k=k, block=block)
+    monkeypatch.setattr(_nbits_host, "_THREADED_MIN", 0)
     for threads in (1, 3, 7):
         monkeypatch.setattr(_nbits_host, "_threads", lambda t=threads: t)
-        monkeypatch.setattr(_nbits_host, "_THREADED_MIN", 0)
         got = _nbits_host.matmul_4bit(a, packed, scales, zp, n=n, k=k, block=block)
-        assert got.tobytes() == batch.tobytes(), f"contract: {threads} threads give the same bytes"
-        one = _nbits_host.matmul_4bit(a[:1], packed, scales, zp, n=n, k=k, block=block)
-        assert one.tobytes() == batch[:1].tobytes(), f"contract: {threads} threads, one row"
+        assert got.tobytes() == batch.tobytes(), f"contract: {threads} threads, several rows: the same bytes"
+        got = _nbits_host.matmul_4bit(a[:1], packed, scales, zp, n=n, k=k, block=block)
+        assert got.tobytes() == one.tobytes(), f"contract: {threads} threads, one row: the same bytes"
+    monkeypatch.setattr(_nbits_host, "_CHUNK_BYTES", 4 * 1024 * 37)  # 37 weight rows a chunk
+    got = _nbits_host.matmul_4bit(a, packed, scales, zp, n=n, k=k, block=block)
+    bound = 4 * k * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(w).T)
+    assert np.all(np.abs(got - batch) <= bound), "result: chunked, within float32 rounding of one chunk"
 
 
 def test_the_simulated_devices_matmulnbits_takes_the_fused_kernel(monkeypatch):
@@ -98,3 +104,19 @@ def test_the_simulated_devices_matmulnbits_takes_the_fused_kernel(monkeypatch):
     assert calls == [1], "contract: the fused kernel ran, once"
     want = real(a.reshape(6, k), packed, scales, zp, n=n, k=k, block=block).reshape(2, 3, n) + bias
     assert got.tobytes() == want.tobytes(), "result: the kernel's bytes plus the bias"
+
+
+@pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dequantize_4bit_is_dequantize_blocks_bytes(zp_kind, dtype, monkeypatch):
+    """Result: the threaded dequantization gives the bytes of ``dequantize_blocks`` (the same two
+    operations per value; float64: exact), at any thread count, K a multiple of the block or not."""
+    rng = np.random.default_rng(11)
+    for n, k, block in ((300, 96, 32), (257, 1000, 64)):
+        packed, scales, zp = _weights(rng, n, k, block, zp_kind)
+        want = dequantize_blocks(np, packed, scales, zp, n=n, k=k, bits=4, block=block, work=np.dtype(dtype))
+        for threads in (1, 3):
+            monkeypatch.setattr(_nbits_host, "_threads", lambda t=threads: t)
+            monkeypatch.setattr(_nbits_host, "_THREADED_MIN", 0)
+            got = _nbits_host.dequantize_4bit(packed, scales, zp, n=n, k=k, block=block, dtype=dtype)
+            assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(want).tobytes()

@@ -59,16 +59,16 @@ MUTANTS = [
     ),
     # -- MatMul / Gemm ----------------------------------------------------------------------------
     Mutant(
-        "kernels", "nbits_host_batch_reads_low_nibble_twice", _K + "_nbits_host",
-        old="do[j] = np.float32(v >> 4) - z",
-        new="do[j] = np.float32(v & 15) - z",
-        breaks="the fused 4-bit MatMulNBits product of several rows reads each byte's high nibble as the odd value",
+        "kernels", "nbits_host_prefill_reads_low_nibble_twice", _K + "_nbits_host",
+        old="out[r, base + 2 * j + 1] = (np.float32(v >> 4) - z) * s",
+        new="out[r, base + 2 * j + 1] = (np.float32(v & 15) - z) * s",
+        breaks="the 4-bit MatMulNBits product of several rows reads each byte's high nibble as the odd value",
         tests=("tests/test_nbits_host.py",), ci=True,
     ),
     Mutant(
         "kernels", "nbits_host_thread_split_drops_a_row", _K + "_nbits_host",
-        old="min(n, lo + step)",
-        new="min(n, lo + step) - 1",
+        old="min(r1, lo + step)",
+        new="min(r1, lo + step) - 1",
         breaks="the rows of a threaded 4-bit MatMulNBits product are split over the threads with none left out",
         tests=("tests/test_nbits_host.py",),
     ),
