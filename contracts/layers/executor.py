@@ -16,6 +16,21 @@ _CFT = ("tests/test_control_flow.py",)
 
 MUTANTS = [
     Mutant(
+        "executor", "weight_transpose_folded_under_a_pager", _E,
+        old="if runtime.config.vram_limit is None and weights >= MEMO_MIN_MODEL_BYTES:",
+        new="if weights >= MEMO_MIN_MODEL_BYTES:",
+        breaks="a weight's transpose is folded at load only without a weight pager (the pager pages weights, "
+               "not constants made at load)",
+        tests=_EX, select="transpose_is_done_once",
+    ),
+    Mutant(
+        "executor", "graph_output_transpose_folded", _E,
+        old="and st.inputs[0] in inits and st.outputs[0] not in self.outputs and len(st.outputs) == 1):",
+        new="and st.inputs[0] in inits and len(st.outputs) == 1):",
+        breaks="a Transpose whose output is a graph output is not folded into a constant (its output is the run's)",
+        tests=_EX, select="transpose_is_done_once",
+    ),
+    Mutant(
         "executor", "device_feed_dtype_unchecked", _E,
         old="if value.dtype != want:",
         new="if not isinstance(value, Tensor) and value.dtype != want:",
