@@ -325,15 +325,15 @@ def test_matmulnbits_dequantizes_int4_py_weights_a_chunk_of_rows_at_a_time(monke
 
 @pytest.mark.contract("contrib_oracle.nbits_vectorised")
 def test_matmulnbits_never_holds_the_whole_float64_weight():
-    """A [16384, 1024] weight (128 MiB in float64) is multiplied with at most a chunk of it live."""
-    N, K = 16384, 1024
+    """A [32768, 1024] weight (256 MiB in float64) is multiplied with at most a chunk of it live (64 MiB)."""
+    N, K = 32768, 1024
     rng = np.random.default_rng(6)
     packed = rng.integers(0, 256, (N, K // 32, 16)).astype(np.uint8)
     scales = rng.random(N * K // 32).astype(np.float32)
     a = rng.standard_normal((1, 3, K)).astype(np.float32)
     op = _nbits_node(N, K, 32, zp=False)
     _, peak = _traced(lambda: op.run(a, packed, scales))
-    assert peak < 64 << 20, f"contract: {peak / 2**20:.0f} MiB at peak (the float64 weight is 128 MiB)"
+    assert peak < 96 << 20, f"contract: {peak / 2**20:.0f} MiB at peak (the float64 weight is 256 MiB)"
 
 
 @pytest.mark.contract("contrib_oracle.nbits_vectorised")
