@@ -5,8 +5,8 @@ Dequantizing a 3B int4 model's weights once and keeping them (``const_memo``) co
 for 1.5 GB of blocks; dequantizing them in numpy at every step costs seconds a step. Two numba
 kernels instead (``scripts/bench_nbits_host.py`` measures them):
 
-- one input row (a decode step): the blocks are unpacked inside the product, at the speed of an fp32
-  BLAS product over kept weights. Per output row ``n``, float32 throughout: lane ``j`` of a block of
+- one input row (a decode step): the blocks are unpacked inside the product (one layer of a 3B model:
+  1.9x the time of an fp32 BLAS product over kept weights, 1/15 of dequantizing at every run; 2 cores). Per output row ``n``, float32 throughout: lane ``j`` of a block of
   ``bs`` values holds the pair ``(2j, 2j + 1)``; over the blocks ``b`` in order,
   ``acc[j] += s[n, b] * ((lo - z) * x[2j] + (hi - z) * x[2j + 1])`` with ``lo``/``hi`` the byte's
   low and high nibbles and ``z`` the block's zero point; then the ``bs / 2`` lanes are summed as a
