@@ -71,9 +71,8 @@ def exact_a(model: onnx.ModelProto) -> onnx.ModelProto:
     real builder export's proposal at 4 of 24 tokens (Qwen2.5-3B shape, int4: 5 proposals and 5
     oracle prefills, 314 s; at level 0 none broke). The weights stay where they are (external data
     is referenced, not copied)."""
-    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits"
-             and any(a.name == "accuracy_level" and a.i for a in n.attribute)]
-    if not nodes:
+    if not any(n.op_type == "MatMulNBits" and any(a.name == "accuracy_level" and a.i for a in n.attribute)
+               for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)

@@ -6,8 +6,9 @@ for 1.5 GB of blocks; dequantizing them in numpy at every step costs seconds a s
 kernels instead (``scripts/bench_nbits_host.py`` measures them):
 
 - one input row (a decode step): the blocks are unpacked inside the product (one layer of a 3B model:
-  1.9x the time of an fp32 BLAS product over kept weights, 1/15 of dequantizing at every run; 2 cores). Per output row ``n``, float32 throughout: lane ``j`` of a block of
-  ``bs`` values holds the pair ``(2j, 2j + 1)``; over the blocks ``b`` in order,
+  1.9x the time of an fp32 BLAS product over kept weights, 1/15 of dequantizing at every run; 2 cores).
+  Per output row ``n``, float32 throughout: lane ``j`` of a block of ``bs`` values holds the pair
+  ``(2j, 2j + 1)``; over the blocks ``b`` in order,
   ``acc[j] += s[n, b] * ((lo - z) * x[2j] + (hi - z) * x[2j + 1])`` with ``lo``/``hi`` the byte's
   low and high nibbles and ``z`` the block's zero point; then the ``bs / 2`` lanes are summed as a
   fixed pairwise tree. K past the last full block is read as zeros.
