@@ -11,6 +11,8 @@ from onnx.reference.op_run import OpRun
 
 from lockstep.errors import LockstepError
 
+from . import int4_host
+
 __all__ = ["F64", "GatherBlockQuantized", "MatMulNBits", "OracleUnsupported", "QuickGelu",
            "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"]
 
@@ -237,11 +239,18 @@ class MatMulNBits(_ContribOp):
         step = min(N, max(self.MIN_ROWS, self.ROWS_ELEMENTS // (nb * bs)))
         sub = max(1, self.DEQUANT_ELEMENTS // (nb * bs))
         w = np.empty((step, nb * bs), F64)
+        compiled = bits == 4 and int4_host.AVAILABLE
+        if compiled:  # the same bytes as _rows, compiled and threaded (golden.int4_host)
+            s64 = _f64(s)
+            z64 = np.full(s.shape, 8.0) if z is None else _f64(z)
         for start in range(0, N, step):  # a chunk of rows at a time: the float64 weight never all at once
             stop = min(N, start + step)
-            for r0 in range(start, stop, sub):  # dequantized in cache-sized pieces, multiplied as one chunk
-                r1 = min(stop, r0 + sub)
-                self._rows(B, s, z, slice(r0, r1), K, bits, bs, nb, out=w[r0 - start:r1 - start])
+            if compiled:
+                int4_host.dequantize_rows(B[start:stop], s64[start:stop], z64[start:stop], w[:stop - start])
+            else:
+                for r0 in range(start, stop, sub):  # numpy's passes in cache-sized pieces
+                    r1 = min(stop, r0 + sub)
+                    self._rows(B, s, z, slice(r0, r1), K, bits, bs, nb, out=w[r0 - start:r1 - start])
             y[:, start:stop] = a64 @ w[:stop - start, :K].T
         y = y.reshape(*A.shape[:-1], N)
         if bias is not None:

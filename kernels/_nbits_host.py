@@ -12,8 +12,10 @@ kernels instead (``scripts/bench_nbits_host.py`` measures them):
   ``acc[j] += s[n, b] * ((lo - z) * x[2j] + (hi - z) * x[2j + 1])`` with ``lo``/``hi`` the byte's
   low and high nibbles and ``z`` the block's zero point; then the ``bs / 2`` lanes are summed as a
   fixed pairwise tree. K past the last full block is read as zeros.
-- several rows (a prefill): 32 MiB of weight rows at a time are dequantized into fp32 scratch (the
-  values ``dequantize_blocks`` gives: ``(q - z) * s``), then multiplied by numpy's BLAS.
+- several rows (a prefill), and every float64 product (the oracle's float64 cross-check): 32 MiB of
+  weight rows at a time are dequantized into scratch of A's dtype (the values ``dequantize_blocks``
+  gives: ``(q - z) * s``), then multiplied by numpy's BLAS. The cross-check of a 3B int4 model read
+  every weight dequantized into a whole float64 copy before (4.1 s of its 11.8 s, 2 cores).
 
 Each output row is computed whole by one thread, so the bytes do not depend on the thread count.
 
@@ -23,18 +25,19 @@ Without numba (``AVAILABLE`` false) the kernel falls back to dequantizing (``ops
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from lockstep.host_threads import executor as _executor
+from lockstep.host_threads import threads as _threads
 
 # numba is a dependency, imported at the first product (half a second: not at every lockstep start);
 # a machine without it (the GPU lane installs with --no-deps) falls back to dequantizing.
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
-__all__ = ["AVAILABLE", "dequantize_4bit", "matmul_4bit"]
+__all__ = ["AVAILABLE", "matmul_4bit"]
 
 # Below this many weight values a product runs on the calling thread (the built-in golden models).
 _THREADED_MIN = 1 << 20
@@ -78,8 +81,7 @@ def _dequant(packed, scales, zps, out, first, n0, n1):  # pragma: no cover - com
 _compiled: tuple[Any, Any] | None = None
 # A product of several rows dequantizes this many bytes of weight rows at a time into fp32 scratch.
 _CHUNK_BYTES = 32 << 20
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-_pool_lock = threading.Lock()
+_compile_lock = threading.Lock()
 
 
 def _kernels() -> tuple[Any, Any]:
@@ -87,25 +89,12 @@ def _kernels() -> tuple[Any, Any]:
     parallel layer, whose default (workqueue) aborts the process when two threads launch at once;
     cache: compiled once per machine, not per process."""
     global _compiled
-    with _pool_lock:
+    with _compile_lock:
         if _compiled is None:
             from numba import njit
 
             _compiled = (njit(nogil=True, cache=True)(_gemv), njit(nogil=True, cache=True)(_dequant))
         return _compiled
-
-
-def _threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-
-
-def _executor() -> ThreadPoolExecutor:
-    """This process's pool (a forked child makes its own: the parent's threads are not in it)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(_threads(), thread_name_prefix="lockstep-nbits"))
-        return _pool[1]
 
 
 def _operands(packed, scales, zero_points, n: int, nb: int, h: int, dtype) -> tuple[np.ndarray, ...]:
@@ -123,40 +112,31 @@ def _operands(packed, scales, zero_points, n: int, nb: int, h: int, dtype) -> tu
     return p, s, z
 
 
-def dequantize_4bit(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, n: int, k: int,
-                    block: int, dtype: Any) -> np.ndarray:
-    """``[N, K]`` ``(q - zero_point) * scale`` in ``dtype`` (float32 or float64): the bytes
-    ``_contrib_util.dequantize_blocks`` gives (the same two operations per value), threaded; for the
-    float64 cross-check, whose products read every weight dequantized."""
-    if not AVAILABLE:
-        raise RuntimeError("numba is not importable: MatMulNBits' host kernels are unavailable")
-    nb = -(-k // block)
-    p, s, z = _operands(packed, scales, zero_points, n, nb, block // 2, np.dtype(dtype))
-    out = np.empty((n, nb * block), dtype)
-    _split(_kernels()[1], p, s, z, out, 0, 0, n)
-    return out[:, :k] if k != nb * block else out
-
-
 def matmul_4bit(a: np.ndarray, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *,
                 n: int, k: int, block: int) -> np.ndarray:
-    """float32 ``[M, N]`` = ``a`` (float32 ``[M, K]``) times the transpose of MatMulNBits' 4-bit weight.
+    """``[M, N]`` = ``a`` (float32 or float64 ``[M, K]``) times the transpose of MatMulNBits' 4-bit
+    weight, in ``a``'s dtype.
 
     ``packed``: uint8 with ``N * n_blocks * block / 2`` values; ``scales``: ``N * n_blocks`` floats;
     ``zero_points``: None (8), packed uint8 (two per byte, ``N * ceil(n_blocks / 2)``) or floats
     (``N * n_blocks``). The caller checked the sizes (``ops_contrib._nbits_shapes``)."""
     if not AVAILABLE:
         raise RuntimeError("numba is not importable: MatMulNBits' fused host kernel is unavailable")
+    dtype = np.dtype(a.dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"matmul_4bit computes in float32 or float64, not {dtype}")
     nb = -(-k // block)
     h = block // 2
-    p, s, z = _operands(packed, scales, zero_points, n, nb, h, np.dtype(np.float32))
+    p, s, z = _operands(packed, scales, zero_points, n, nb, h, dtype)
     m = a.shape[0]
     gemv, dequant = _kernels()
-    y = np.empty((m, n), np.float32)
-    if m != 1:
-        # rows of the weight dequantized a chunk at a time (the same fp32 values as dequantize_blocks),
-        # then one fp32 product per chunk: a prefill is a BLAS product, never a copy of every weight
-        rows = max(1, min(n, _CHUNK_BYTES // (4 * nb * block)))
-        scratch = np.empty((rows, nb * block), np.float32)
+    y = np.empty((m, n), dtype)
+    if m != 1 or dtype == np.float64:
+        # rows of the weight dequantized a chunk at a time (the values dequantize_blocks gives), then
+        # one BLAS product per chunk: a prefill (and the float64 cross-check) never holds a copy of
+        # every weight, and the chunk is written where it is read
+        rows = max(1, min(n, _CHUNK_BYTES // (dtype.itemsize * nb * block)))
+        scratch = np.empty((rows, nb * block), dtype)
         for c0 in range(0, n, rows):
             c1 = min(n, c0 + rows)
             _split(dequant, p, s, z, scratch, c0, c0, c1)

@@ -287,22 +287,20 @@ def _nbits_shapes(node, specs):
 def _nbits_compute(xp, node, a, b, scales, zp=None, g_idx=None, bias=None):
     K, N, bs, bits = _nbits_attrs(node)
     work = work_dtype(a.dtype)
-    host4 = bits == 4 and _nbits_host.AVAILABLE and not node.in_dtypes
-    # the numpy test stays in each condition: the source audit reads it as the capture guard
-    if xp.__name__ == "numpy" and host4 and work == np.float32:
-        # the simulated device: unpacked block by block at every run, no dequantized copy kept
-        y = _nbits_host.matmul_4bit(a.reshape(-1, K).astype(np.float32, copy=False), b, scales, zp,
+    # the numpy test stays in the condition: the source audit reads it as the capture guard
+    if xp.__name__ == "numpy" and bits == 4 and _nbits_host.AVAILABLE and not node.in_dtypes:
+        # the simulated device and the float64 cross-check: unpacked block by block at every run, no
+        # dequantized copy kept
+        y = _nbits_host.matmul_4bit(a.reshape(-1, K).astype(work, copy=False), b, scales, zp,
                                     n=N, k=K, block=bs).reshape(tuple(a.shape[:-1]) + (N,))
         if bias is not None:
             y = y + bias.reshape(N).astype(work)
         return (_cast(y, node.out_specs[0].dtype),)
     consts = (1, 2) if zp is None else (1, 2, 3)  # the weight's blocks, scales and zero points
-    if xp.__name__ == "numpy" and host4:
-        def dequantized():  # the same bytes, threaded (the float64 cross-check reads every weight so)
-            return _nbits_host.dequantize_4bit(b, scales, zp, n=N, k=K, block=bs, dtype=work)
-    else:
-        def dequantized():
-            return dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work)
+
+    def dequantized():
+        return dequantize_blocks(xp, b, scales, zp, n=N, k=K, bits=bits, block=bs, work=work)
+
     w = const_memo(xp, node, ("dequantized", np.dtype(work).name), consts, dequantized)
     y = matmul(xp, a.astype(work), xp.transpose(w))
     if bias is not None:

@@ -353,12 +353,14 @@ def test_an_oracle_argmax_that_is_not_its_recorded_token_refuses_regeneration():
 def test_the_cross_check_is_float64():
     """Result: the cross-check (the reference runtime in float64 on the decomposed twin) agrees
     with the generator's independent float64 numpy forward to 1e-9, where the fp32 oracle is about
-    1e-5 off: a float64 computation, fine enough to judge the fp32 band (1e-4 here)."""
+    1e-5 off: a float64 computation, fine enough to judge the fp32 band (1e-4 here). Both paths:
+    streamed (every model without a subgraph) and the executor's whole model (the others)."""
     from lockstep.golden.models import PROMPT, VARIANTS, build, prompt_ids, reference_forward, weights_from_model
-    from lockstep.golden.oracle import decomposed_twin, float64_logits
+    from lockstep.golden.oracle import decomposed_twin, float64_logits, float64_logits_executor
 
     spec = VARIANTS[FP32]
     ids = prompt_ids(PROMPT)
     want, _ = reference_forward(spec, weights_from_model(build(spec)), ids, np.arange(ids.shape[1])[None])
-    got = float64_logits(decomposed_twin(spec), [int(t) for t in ids[0]])
-    assert got.dtype == np.float64 and np.abs(got - want[0]).max() < 1e-9
+    for path in (float64_logits, float64_logits_executor):
+        got = path(decomposed_twin(spec), [int(t) for t in ids[0]])
+        assert got.dtype == np.float64 and np.abs(got - want[0]).max() < 1e-9, f"result: {path.__name__}"

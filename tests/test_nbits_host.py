@@ -107,16 +107,23 @@ def test_the_simulated_devices_matmulnbits_takes_the_fused_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("zp_kind", [None, "uint8", "float"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_dequantize_4bit_is_dequantize_blocks_bytes(zp_kind, dtype, monkeypatch):
-    """Result: the threaded dequantization gives the bytes of ``dequantize_blocks`` (the same two
-    operations per value; float64: exact), at any thread count, K a multiple of the block or not."""
+def test_a_float64_product_is_the_dequantized_weights_product(zp_kind, monkeypatch):
+    """Result (the float64 cross-check's MatMulNBits): the float64 product of the weight
+    ``dequantize_blocks`` gives in float64 (the same two operations per value: exact), one row or
+    several, within float64 rounding of BLAS's blocking; the bytes do not depend on the thread count
+    (contract: each weight row dequantized whole by one thread)."""
     rng = np.random.default_rng(11)
-    for n, k, block in ((300, 96, 32), (257, 1000, 64)):
+    for m, n, k, block in ((1, 300, 96, 32), (5, 257, 1000, 64)):
         packed, scales, zp = _weights(rng, n, k, block, zp_kind)
-        want = dequantize_blocks(np, packed, scales, zp, n=n, k=k, bits=4, block=block, work=np.dtype(dtype))
+        a = rng.standard_normal((m, k))
+        w = dequantize_blocks(np, packed, scales, zp, n=n, k=k, bits=4, block=block, work=np.dtype(np.float64))
+        got = _nbits_host.matmul_4bit(a, packed, scales, zp, n=n, k=k, block=block)
+        assert got.dtype == np.float64 and got.shape == (m, n)
+        bound = 4 * k * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(w).T)
+        assert np.all(np.abs(got - a @ w.T) <= bound), "result: float64 rounding of the dequantized product"
+        monkeypatch.setattr(_nbits_host, "_THREADED_MIN", 0)
         for threads in (1, 3):
             monkeypatch.setattr(_nbits_host, "_threads", lambda t=threads: t)
-            monkeypatch.setattr(_nbits_host, "_THREADED_MIN", 0)
-            got = _nbits_host.dequantize_4bit(packed, scales, zp, n=n, k=k, block=block, dtype=dtype)
-            assert got.dtype == dtype and got.tobytes() == np.ascontiguousarray(want).tobytes()
+            again = _nbits_host.matmul_4bit(a, packed, scales, zp, n=n, k=k, block=block)
+            assert again.tobytes() == got.tobytes(), f"contract: {threads} threads, the same bytes"
+        monkeypatch.undo()

@@ -25,6 +25,14 @@ MUTANTS = [
         breaks="an engine proposes the greedy chain with MatMulNBits computing A in float, as the oracle does",
         tests=("tests/test_propose.py",), select="float",
     ),
+    # -- the oracle's compiled 4-bit dequantization ------------------------------------------------
+    Mutant(
+        "golden", "oracle_int4_rows_high_nibble_first", "lockstep.golden.int4_host",
+        old="out[n, at + 2 * j] = table[v & 15]",
+        new="out[n, at + 2 * j] = table[v >> 4]",
+        breaks="the oracle's compiled int4 rows read each byte's low nibble first, as its numpy passes do",
+        tests=("tests/test_int4_host.py",),
+    ),
     # -- bands: the error model per precision ------------------------------------------------------
     Mutant(
         "golden", "fp16_band_inflated", _A,
@@ -88,6 +96,14 @@ MUTANTS = [
         old="return np.asarray(ex.run(feeds)[io.logits][0], np.float64)",
         new="return np.asarray(ex.run(feeds)[io.logits][0].astype(np.float32), np.float64)",
         breaks="the cross-check's logits keep float64 precision (fp32 rounding would blur the fp32 band it judges)",
+        tests=(_MUT,), select="float64",
+    ),
+    Mutant(
+        "golden", "crosscheck_stream_not_float64", "lockstep.golden.oracle",
+        old="(logits,) = Float64Stream(model_fp32).run([io.logits], _feeds(model_fp32, ids, io))",
+        new="(logits,) = Float64Stream(model_fp32).run([io.logits], _feeds(model_fp32, ids, io))\n"
+            "    logits = [logits[0].astype(np.float32)]",
+        breaks="the streamed cross-check's logits (every model without a subgraph) keep float64 precision",
         tests=(_MUT,), select="float64",
     ),
     # -- snapshot I/O and comparison ---------------------------------------------------------------
