@@ -29,8 +29,9 @@ from pathlib import Path
 
 from .audit_index import AuditError, AuditResult, Finding, Site
 from .native_config import NativeAllow, NativeConfig
+from .native_drains import Drains
 from .native_index import Event, NFunc, NIndex, index_files
-from .native_rules import NATIVE_EXTS, UNMAP_WHY
+from .native_rules import NATIVE_EXTS
 
 SKIP_DIRS = {".git", "node_modules", "target", "__pycache__", ".venv", "build"}
 RELAXED_OK = re.compile(r"^(cudaMalloc|cudaMallocHost|cudaHostAlloc|cudaMallocManaged|cudaMallocPitch|cuMemAlloc|"
@@ -91,13 +92,19 @@ def _matches(f: NFunc, pattern: str) -> bool:
     return fnmatch.fnmatchcase(f.qualname, pattern)
 
 
-def find_entries(ix: NIndex, cfg: NativeConfig) -> list[NEntry]:
+def find_entries(ix: NIndex, cfg: NativeConfig, declined: dict[str, str] | None = None) -> list[NEntry]:
+    """The capture entry points; a kernel whose own ``capture_support()`` always says Unsupported is none
+    (named in ``declined`` with where it says so)."""
     out = []
     for f in ix.functions:
         if f.device or f.test or f.kind == "macro":
             continue
         where = f"{f.file}:{f.line}"
         pat = next((p for p in cfg.entries if _matches(f, p)), None)
+        if pat is not None and f.owner in ix.facts.never_captured:
+            if declined is not None:
+                declined[f.owner] = ix.facts.never_captured[f.owner]
+            continue
         if pat is not None:
             out.append(NEntry(f"{f.qualname} ({where}, entry pattern {pat!r})", f))
             continue
@@ -165,8 +172,12 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
             raise AuditError(f"{p}: no such file or directory")
     files = native_files(targets, cfg)
     ix = index_files([(f, _report_name(f)) for f in files], cfg.guards, cfg.not_capturing)
-    entries = find_entries(ix, cfg)
+    declined: dict[str, str] = {}
+    entries = find_entries(ix, cfg, declined)
     notes = []
+    if declined:
+        notes.append(f"{len(declined)} kernel(s) declare capture_support() Unsupported on every path and are not "
+                     f"audited as capture entries: " + ", ".join(f"{k} ({v})" for k, v in sorted(declined.items())))
     if ix.parse_errors:  # tree-sitter recovers: the rest of such a file is audited; said once, not per file
         worst = sorted(ix.parse_errors.items(), key=lambda kv: (-kv[1], kv[0]))
         shown = ", ".join(f"{f} ({n})" for f, n in worst[:5])
@@ -233,8 +244,12 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
             findings.append(Finding("stale-allowlist", a.file, 1, 0, a.function, [], a.call, "config",
                                     f"allowlist entry matches nothing (reason was: {a.reason}); remove it"))
     unique: dict[tuple, Finding] = {}
-    for f in findings:
-        unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)
+    for f in findings:  # one finding per site, with every chain that reaches it
+        first = unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)
+        if first is not f:
+            chain = " -> ".join(f.chain)
+            if chain != " -> ".join(first.chain) and chain not in first.others:
+                first.others.append(chain)
     inventory = {(s.file, s.line): s for s in sites.values()}
     res = AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
                       sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
@@ -281,35 +296,13 @@ def _sink(findings, sites, cfg: NativeConfig, entry: NEntry, fn: NFunc, ev: Even
                             cfg.why.get(ev.sink, ev.sink), [], [*steps, f"line {rev.line}: `{call}`"]))
 
 
-def _drains(ix: NIndex, cfg: NativeConfig, fn: NFunc, depth: int = 0) -> list[Event]:
-    out = []
-    for ev in fn.events:
-        if ev.what == "drain" or (ev.what in ("call", "sink") and ev.name in cfg.drains):
-            out.append(ev)
-        elif ev.what == "call" and depth < 2:
-            got, _ = resolve(ix, fn, ev)
-            if any(_drains(ix, cfg, g, depth + 1) for g in got if g is not fn):
-                out.append(ev)
-    return out
-
-
 def _unmap_findings(ix: NIndex, cfg: NativeConfig) -> list[Finding]:
     out = []
-    for fn in ix.functions:
-        if fn.device or fn.test or fn.kind == "macro":
+    for f in Drains(ix, cfg, resolve).findings():
+        fn = next((g for g in ix.functions if g.file == f.file and g.qualname == f.entry), None)
+        if _allowed(cfg, fn, f.call) is not None if fn is not None else False:
             continue
-        unmaps = [e for e in fn.events if e.what == "unmap"]
-        if not unmaps:
-            continue
-        drains = _drains(ix, cfg, fn)
-        for u in unmaps:
-            if any(d.pos < u.pos and u.blocks[: len(d.blocks)] == d.blocks for d in drains):
-                continue
-            if _allowed(cfg, fn, u.text) is not None:
-                continue
-            out.append(Finding("unmap-without-drain", fn.file, u.line, u.col, fn.qualname, [fn.qualname], u.text,
-                               "unmap-without-drain", UNMAP_WHY, [], [f"{fn.qualname} ({fn.file}:{fn.line})",
-                                                                      f"line {u.line}: `{u.text}`"]))
+        out.append(f)
     return out
 
 

@@ -10,6 +10,9 @@ default_entries = true        # keep the built-in entry points too (the default)
 guards = ["graph_capture_active"]          # names whose truth means "the stream is capturing"
 not_capturing = ["doCheckError"]           # names whose truth means "the stream is not capturing"
 drains = ["full_barrier"]                  # calls that really drain the stream before an unmap
+conditional_drains = ["Rt::sync"]          # drains that may be deferred (a definition the sources lack)
+unmaps = ["Pool::unmap_range"]             # calls that unmap (their definition is not in the audited tree)
+requires_drain = ["Pages::refill"]         # frees / re-fills of memory kernels may still read
 include = ["src/**"]                       # file globs (relative to the config's folder)
 exclude = ["**/tests/**"]
 [[tool.lockstep.audit.sink]]
@@ -63,6 +66,9 @@ class NativeConfig:
     guards: set[str] = field(default_factory=lambda: set(GUARD_WORDS))
     not_capturing: set[str] = field(default_factory=set)
     drains: set[str] = field(default_factory=lambda: set(DRAINS))
+    conditional_drains: set[str] = field(default_factory=set)  # "name" or "Type::name"
+    unmaps: set[str] = field(default_factory=set)
+    requires_drain: set[str] = field(default_factory=set)
     sinks: dict[str, str] = field(default_factory=dict)  # "name" | ".name" | "Type::name" -> kind
     why: dict[str, str] = field(default_factory=lambda: dict(WHY))
     include: list[str] = field(default_factory=list)
@@ -119,7 +125,7 @@ def load_config(path: Path | None) -> NativeConfig:
     if t is None:
         raise AuditError(f"{path}: no [{'tool.lockstep.audit' if path.name == 'pyproject.toml' else 'audit'}] table")
     known = {"entries", "default_entries", "guards", "not_capturing", "drains", "include", "exclude", "sink", "allow",
-             "never_captured"}
+             "never_captured", "conditional_drains", "unmaps", "requires_drain"}
     unknown = sorted(set(t) - known)
     if unknown:
         raise AuditError(f"{where}: unknown key(s) {unknown} (known: {sorted(known)})")
@@ -134,6 +140,9 @@ def load_config(path: Path | None) -> NativeConfig:
     cfg.guards |= {g.replace("_", "").lower() for g in _strings(t, "guards", where)}
     cfg.not_capturing = {g.replace("_", "").lower() for g in _strings(t, "not_capturing", where)}
     cfg.drains |= set(_strings(t, "drains", where))
+    cfg.conditional_drains = set(_strings(t, "conditional_drains", where))
+    cfg.unmaps = set(_strings(t, "unmaps", where))
+    cfg.requires_drain = set(_strings(t, "requires_drain", where))
     cfg.include = _strings(t, "include", where)
     cfg.exclude = _strings(t, "exclude", where)
     for i, s in enumerate(t.get("sink", [])):

@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 
 from .audit_index import AuditError
+from .native_types import DROP_METHODS, ELEMENT_METHODS, SAME_METHODS, Facts, collect, element, is_test_cfg, outer, peel, unwrap_once
 from .native_rules import (BEGIN_CAPTURE, C_SINKS, CPP_EXTS, D2H_ASYNC, D2H_KINDS, DEFAULTED, DRAINS, END_CAPTURE,
                            FREE_SINKS, LAUNCH_CALLS, LEGACY_STREAMS, METHOD_SINKS, PATH_SINKS,
                            POLL_METHODS, POLL_RECEIVER_WORDS, RUST_EXTS, RUST_METHOD_SINKS, STATUS_ACTIVE,
@@ -69,6 +70,9 @@ class Event:
     pos: int = 0  # byte offset in the function's file (source order)
     end_line: int = 0
     blocks: tuple[int, ...] = ()  # the blocks enclosing it (drain dominance)
+    end: int = 0  # byte offset of its end (a drain handed in as an argument lies inside a call)
+    cparam: str = ""  # a drain inside `if <bool parameter> { .. }`: the parameter's name
+    args: tuple[str, ...] = ()  # a call's arguments as written
 
 
 @dataclass
@@ -87,6 +91,7 @@ class NFunc:
     returns_self: bool = False
     events: list[Event] = field(default_factory=list)
     launches: bool = False
+    params: tuple[str, ...] = ()  # parameter names in order (Rust: `self` not counted)
 
     @property
     def qualname(self) -> str:
@@ -108,6 +113,7 @@ class NIndex:
     functions: list[NFunc] = field(default_factory=list)
     parse_errors: dict[str, int] = field(default_factory=dict)  # file -> ERROR nodes
     lines: int = 0
+    facts: Facts = field(default_factory=Facts)
 
     def build(self) -> "NIndex":
         self.by_name: dict[str, list[NFunc]] = {}
@@ -187,6 +193,8 @@ class Polarity:
         self.inverse = inverse or set()  # truth = not capturing (normalised names, the user's)
         self.funcs = funcs if funcs is not None else {}  # function name -> what its truth says (from its returns)
         self.vars: dict[str, str] = {}  # local boolean -> what its truth says (per function)
+        self.admission: dict[str, set[str]] = {}  # owner -> conditions its capture_support() says uncaptured
+        self.owner: str | None = None  # the walked function's owner
 
     def named(self, n) -> str | None:
         """What a name, field or call says by itself: a guard word, the user's inverse names, a local
@@ -201,6 +209,18 @@ class Polarity:
         if _norm(w) in self.words:
             return CAPTURING
         return None
+
+    @staticmethod
+    def lang_rust_unwrap(n):
+        """`x.unwrap()`, `x.unwrap_or(false)`, `x.expect(..)`, `x.unwrap_or_default()`: the receiver `x`
+        (the result of a capture test taken as its truth), else None."""
+        f = n.child_by_field_name("function")
+        if f is None or f.type != "field_expression":
+            return None
+        if _text(f.child_by_field_name("field")) not in ("unwrap", "unwrap_or", "expect", "unwrap_or_default",
+                                                         "unwrap_or_else"):
+            return None
+        return f.child_by_field_name("value")
 
     @staticmethod
     def _status(n) -> str | None:
@@ -220,6 +240,20 @@ class Polarity:
         if t in ("parenthesized_expression", "condition_clause"):
             kids = [c for c in n.named_children if c.type != "comment"]
             return self.of(kids[-1]) if kids else None
+        if t in ("try_expression", "await_expression"):  # Rust `is_capturing()?`: the test, its error propagated
+            return self.of(n.named_children[0]) if n.named_children else None
+        if self.owner in self.admission:  # the kernel's own capture_support() returns Unsupported when this holds
+            text = " ".join(_text(n).split())
+            conds = self.admission[self.owner]
+            if text in conds:
+                return NOT_CAPTURING
+            if "!" + text in conds:  # `!X` means uncaptured: X's falsity does (the complement is what guards)
+                return CAPTURING
+        if t == "let_chain":  # `if let Some(x) = y && !capturing`: the tests joined by &&
+            ps = [self.of(c) for c in n.named_children if c.type != "let_condition"]
+            return NOT_CAPTURING if NOT_CAPTURING in ps else CAPTURING if CAPTURING in ps else None
+        if t == "call_expression" and self.lang_rust_unwrap(n) is not None:
+            return self.of(self.lang_rust_unwrap(n))
         if t == "unary_expression":
             op = n.child(0)
             if op is not None and op.type == "!":
@@ -323,6 +357,10 @@ def _error_branch(cond) -> str | None:
     if n.type == "call_expression":
         w = _last_word(n)
         return "then" if w == "is_err" else "else" if w == "is_ok" else None
+    if n.type in ("let_condition", "let_chain"):  # `if let Err(e) = r`: the then branch runs after a failure
+        lets = [n] if n.type == "let_condition" else [c for c in n.named_children if c.type == "let_condition"]
+        pats = [_text(c.child_by_field_name("pattern")) for c in lets]
+        return "then" if any(re.match(r"(\w+::)*Err\s*\(", p) for p in pats) else None
     return None
 
 
@@ -333,16 +371,23 @@ _RUST_CALL = re.compile(r"(?:(\bself)\s*\.\s*|\.\s*)?\b([A-Za-z_]\w*)\s*(?:::\s*
 class _Walker:
     """Turns one function body into events (shared by the two languages; the node types differ)."""
 
-    def __init__(self, lang: str, func: NFunc, pol: Polarity, params: dict[str, str]):
+    def __init__(self, lang: str, func: NFunc, pol: Polarity, params: dict[str, str], facts: Facts | None = None,
+                 full: dict[str, str] | None = None):
         self.lang, self.func, self.pol = lang, func, pol
         self.types: dict[str, str] = dict(params)  # variable -> type
+        self.full: dict[str, str] = dict(full or {})  # variable -> its type as written (Rust)
+        self.facts = facts or Facts()
         self.blocks: list[int] = []
+        self.transparent: set[int] = set()  # blocks of `if !done { drain; done = true; }`: no branch for dominance
+        self.cparams: dict[int, str] = {}  # block id -> the bool parameter its `if` tests
 
     # events
     def add(self, what: str, node, **kw) -> Event:
+        cparam = next((self.cparams[b] for b in reversed(self.blocks) if b in self.cparams), "")
         ev = Event(what, node.start_point[0] + 1 + self.func_line_shift, node.start_point[1],
                    _one_line(_text(node)), pos=node.start_byte + self.pos_shift,
-                   end_line=node.end_point[0] + 1 + self.func_line_shift, blocks=tuple(self.blocks), **kw)
+                   end_line=node.end_point[0] + 1 + self.func_line_shift, blocks=tuple(self.blocks),
+                   end=node.end_byte + self.pos_shift, cparam=cparam, **kw)
         self.func.events.append(ev)
         return ev
 
@@ -359,9 +404,18 @@ class _Walker:
         if t in ("comment", "line_comment", "block_comment", "string_literal", "raw_string_literal", "char_literal",
                  "string_content"):
             return
+        if t in ("compound_statement", "block", "declaration_list") and n.id in self.transparent:
+            for c in n.named_children:
+                self.walk(c, guard)
+            return
         if t in ("compound_statement", "block", "declaration_list"):
             self.blocks.append(n.id)
             g = guard
+            kids = [c for c in n.named_children if c.type not in ("line_comment", "block_comment", "comment")]
+            last = kids[-1] if kids else None
+            if self.lang == "rust" and not g and last is not None and re.match(r"return\s+Err\b", _text(
+                    last.named_children[0] if last.type == "expression_statement" and last.named_children else last)):
+                g = "error path: the block returns Err"  # a rollback before `return Err(..)`
             for c in n.named_children:
                 self.walk(c, g)
                 inner = c.named_children[0] if c.type == "expression_statement" and c.named_children else c
@@ -380,6 +434,8 @@ class _Walker:
             ctext = _one_line(_text(cond))
             cons, alt = n.child_by_field_name("consequence"), n.child_by_field_name("alternative")
             err = _error_branch(cond)
+            if cons is not None and alt is None:
+                self.drain_shape(cond, cons)
             if cons is not None:
                 self.walk(cons, guard or (ctext if self.pol.of(cond) == NOT_CAPTURING else "")
                           or (f"error path: {ctext}" if err == "then" else ""))
@@ -399,6 +455,19 @@ class _Walker:
             return
         if t in ("init_declarator", "let_declaration", "assignment_expression"):
             self.boolean(n)
+        if t in ("return_statement", "return_expression"):
+            self.add("return", n, guard=guard)
+        if t in ("struct_pattern", "tuple_struct_pattern") and self.lang == "rust":
+            self.bind_pattern(n)
+        if t in ("let_condition",) and self.lang == "rust":
+            self.bind_let(n.child_by_field_name("pattern"), n.child_by_field_name("value"))
+        if t == "match_expression" and self.lang == "rust":
+            self.match_value = self.etype(n.child_by_field_name("value"))
+        if t == "match_arm" and self.lang == "rust" and re.match(
+                r"(\w+::)*Err\s*\(", _text(n.child_by_field_name("pattern"))):  # `Err(e) => ..`: after a failure
+            for c in n.named_children:
+                self.walk(c, guard or f"error path: {_one_line(_text(n.child_by_field_name('pattern')), 40)}")
+            return
         if t == "catch_clause":  # a C++ handler runs after a failure: the capture is already lost
             for c in n.named_children:
                 self.walk(c, guard or "error path: catch")
@@ -480,6 +549,11 @@ class _Walker:
                             got = p
                         elif p == "Self":
                             got = self.func.owner
+            if pat is not None and pat.type != "identifier" and v is not None:
+                self.bind_let(pat, val)
+            elif name and (full := (_text(ty) if ty is not None else self.etype(val))):
+                self.full[name] = full
+                got = got or _bare_type(full)
             if name and got:
                 self.types[name] = got
             return
@@ -551,6 +625,9 @@ class _Walker:
                 rtype = self.func.owner
             else:
                 rtype = self.types.get(receiver)
+                if rtype is None and self.lang == "rust":
+                    rt = self.etype(recv)
+                    rtype = _bare_type(rt) if rt else None
         else:
             return
         if not name:
@@ -559,11 +636,17 @@ class _Walker:
             self.func.launches = True
         if name in LAUNCH_CALLS and not method:
             self.func.launches = True
-        text_kw = dict(name=name, scope=scope, receiver=receiver, rtype=rtype, guard=guard)
+        text_kw = dict(name=name, scope=scope, receiver=receiver, rtype=rtype, guard=guard,
+                       args=tuple(_text(a) if a.end_byte - a.start_byte <= 60 else "" for a in args))
         if name in BEGIN_CAPTURE:
             self.add("begin", n, **text_kw)
         elif name in END_CAPTURE:
             self.add("end", n, **text_kw)
+        if method and self.lang == "rust" and name in DROP_METHODS:  # a removed element is dropped here
+            elem = element(self.full.get(receiver or "", "") or (self._etype(f.child_by_field_name("value")) or ""))
+            dropped = _bare_type(peel(elem) or "") if elem else None
+            if dropped:
+                self.add("drop", n, name=dropped, guard=guard)
         if name in DRAINS:
             self.add("drain", n, **text_kw)
         if name in UNMAPS:
@@ -675,7 +758,124 @@ class _Walker:
     def run(self, body, root) -> None:
         self.root = root
         self.pol.vars = {}
+        self.pol.owner = self.func.owner
+        self.match_value: str | None = None
         self.walk(body, "")
+
+    # Rust's types: what an expression is, what a pattern binds
+    def etype(self, n, depth: int = 0) -> str | None:
+        got = self._etype(n, depth)
+        return peel(got) if got else None
+
+    def _etype(self, n, depth: int = 0) -> str | None:
+        """The type of a Rust expression as written where it is declared (a local, `self`, a field, a
+        method's return, a container's element, through `?`, `&`, `.clone()`, `Arc::clone(&x)`), or None."""
+        if n is None or depth > 8:
+            return None
+        t = n.type
+        if t == "self":
+            return self.func.owner
+        if t == "identifier":
+            name = _text(n)
+            return self.full.get(name) or self.types.get(name)
+        if t in ("reference_expression", "parenthesized_expression", "unary_expression", "await_expression"):
+            kids = n.named_children
+            return self.etype(kids[-1], depth + 1) if kids else None
+        if t == "try_expression":
+            inner = self.etype(n.named_children[0], depth + 1) if n.named_children else None
+            return unwrap_once(inner) if inner and outer(inner) in ("Result", "Option") else inner
+        if t == "field_expression":
+            base = self.etype(n.child_by_field_name("value"), depth + 1)
+            b = _bare_type(base) if base else None
+            return self.facts.fields.get((b, _text(n.child_by_field_name("field")))) if b else None
+        if t == "index_expression":
+            base = self.etype(n.named_children[0], depth + 1) if n.named_children else None
+            return element(base) if base else None
+        if t == "call_expression":
+            f = n.child_by_field_name("function")
+            if f is not None and f.type == "field_expression":
+                m = _text(f.child_by_field_name("field"))
+                base = self.etype(f.child_by_field_name("value"), depth + 1)
+                if base is None:
+                    return None
+                declared = self.facts.returns.get((_bare_type(base) or "", m))
+                if declared:
+                    return declared  # the receiver's own method (`self.lock()` returning a guard of its inner)
+                if m in SAME_METHODS:
+                    return base
+                if m in ELEMENT_METHODS and element(base):
+                    return f"Option<{element(base)}>"
+                b = _bare_type(base)
+                return self.facts.returns.get((b, m)) if b else None
+            if f is not None and f.type == "scoped_identifier":
+                path, name = _text(f.child_by_field_name("path")), _text(f.child_by_field_name("name"))
+                args = n.child_by_field_name("arguments")
+                if name == "clone" and args is not None and args.named_children:
+                    return self.etype(args.named_children[0], depth + 1)  # Arc::clone(&x)
+                owner = self.func.owner if path == "Self" else outer(path)
+                if name == "try_unwrap" and args is not None and args.named_children:
+                    inner = self.etype(args.named_children[0], depth + 1)
+                    return f"Result<{unwrap_once(inner)}, _>" if inner else None
+                ret = self.facts.returns.get((owner, name))
+                return ret or (owner if owner[:1].isupper() and name in ("new", "default") else None)
+        return None
+
+    def bind_let(self, pat, val) -> None:
+        """`let Some(x) = e`, `if let Ok(x) = e`, `let T { a, .. } = e`: the bound names' types."""
+        if pat is None:
+            return
+        vt = self.etype(val) if val is not None else None
+        if pat.type == "tuple_struct_pattern":
+            head = _text(pat.child_by_field_name("type")).split("::")[-1]
+            tnode = pat.child_by_field_name("type")
+            inner = [c for c in pat.named_children if tnode is None or c.id != tnode.id]
+            var = inner[0] if len(inner) == 1 else None
+            while var is not None and var.type in ("mut_pattern", "ref_pattern"):
+                var = var.named_children[-1] if var.named_children else None
+            if head in ("Some", "Ok") and var is not None and var.type == "identifier" and vt:
+                got = unwrap_once(vt) if outer(vt) in ("Option", "Result") else vt
+                self.full[_text(var)] = got
+                if _bare_type(got):
+                    self.types[_text(var)] = _bare_type(got)  # type: ignore[assignment]
+            return
+        if pat.type == "struct_pattern":
+            self.bind_pattern(pat)
+
+    def bind_pattern(self, pat) -> None:
+        """`Enum::Variant { field, field: name, .. }`: each binding has the variant field's type."""
+        if pat.type != "struct_pattern":
+            return
+        head = _text(pat.child_by_field_name("type")).split("::")[-1].strip()
+        for fp in pat.named_children:
+            if fp.type != "field_pattern":
+                continue
+            fname = fp.child_by_field_name("name")
+            bound = fp.child_by_field_name("pattern")
+            fld = _text(fname)
+            var = _text(bound) if bound is not None and bound.type == "identifier" else fld
+            ty = self.facts.variant_fields.get((head, fld)) or self.facts.fields.get((head, fld))
+            if ty and bound is None or (ty and bound is not None and bound.type == "identifier"):
+                var = var.replace("mut ", "").replace("ref ", "").strip()
+                self.full[var] = ty
+                if _bare_type(ty):
+                    self.types[var] = _bare_type(ty)  # type: ignore[assignment]
+
+    def drain_shape(self, cond, cons) -> None:
+        """Two shapes of drain under an `if` with no else: `if !done { drain; done = true; }` (a latch: past it
+        the stream is drained either way, so its body is no branch), and `if <bool parameter> { drain }` (the
+        drain runs when the caller passes true: the callers are asked)."""
+        c = cond
+        while c is not None and c.type in ("parenthesized_expression", "condition_clause"):
+            kids = [k for k in c.named_children if k.type != "comment"]
+            c = kids[-1] if kids else None
+        if c is None:
+            return
+        if c.type == "unary_expression" and _text(c.child(0)) == "!" and c.named_children[-1].type == "identifier":
+            flag = _text(c.named_children[-1])
+            if re.search(rf"\b{re.escape(flag)}\s*=\s*true\b", _text(cons)):
+                self.transparent.add(cons.id)
+        elif c.type == "identifier" and _text(c) in self.func.params:
+            self.cparams[cons.id] = _text(c)
 
 
 def _attrs_before(n) -> list[str]:
@@ -689,16 +889,18 @@ def _attrs_before(n) -> list[str]:
 
 
 def _is_test_attr(attrs: list[str]) -> bool:
-    return any(re.match(r"#\[\s*(cfg\s*\(\s*test\s*\)|test\b|tokio::test)", a) for a in attrs)
+    return any(re.match(r"#\[\s*(cfg\s*\(\s*test\s*\)|test\b|tokio::test)", a) or is_test_cfg(a) for a in attrs)
 
 
 class _Indexer:
     def __init__(self, rel: str, path: Path, lang: str, src: bytes, pol: Polarity, out: NIndex):
         self.rel, self.path, self.lang, self.out = rel, path, lang, out
         self.pol = pol
+        self.facts = out.facts
+        self.test_file = path.resolve() in out.facts.test_files
 
     def index(self, root) -> None:
-        self.visit(root, owner=None, trait=None, test=False)
+        self.visit(root, owner=None, trait=None, test=self.test_file)
 
     def visit(self, n, owner, trait, test) -> None:
         for c in n.named_children:
@@ -791,7 +993,7 @@ class _Indexer:
         fdef = next((c for c in tree.root_node.named_children if c.type == kind), None)
         if fdef is None:
             return
-        w = _Walker(self.lang, f, self.pol, {})
+        w = _Walker(self.lang, f, self.pol, {}, self.facts)
         w.func_line_shift = at.start_point[0] - 1
         w.pos_shift = n.start_byte
         w.run(fdef.child_by_field_name("body"), fdef)
@@ -805,15 +1007,18 @@ class _Indexer:
         body = n.child_by_field_name("body")
         if body is None:
             return
-        params = {}
+        params, full, names = {}, {}, []
         plist = n.child_by_field_name("parameters")
         for p in plist.named_children if plist is not None else []:
             if p.type == "parameter":
                 ty = _bare_type(_text(p.child_by_field_name("type")))
                 pat = _text(p.child_by_field_name("pattern")).replace("mut ", "").strip()
+                names.append(pat)
+                full[pat] = _text(p.child_by_field_name("type"))
                 if ty and pat:
                     params[pat] = ty
-        w = _Walker("rust", f, self.pol, params)
+        f.params = tuple(names)
+        w = _Walker("rust", f, self.pol, params, self.facts, full)
         w.run(body, n)
         # nested items (functions inside a function) are functions of their own
         stack = list(body.named_children)
@@ -927,6 +1132,9 @@ def index_files(files: list[tuple[Path, str]], words: set[str], inverse: set[str
                     stack.extend(x.children)
             out.parse_errors[rel] = errors
         parsed.append((path, rel, lang, src, tree))
+    out.facts = collect([(path, lang, tree) for path, _rel, lang, _src, tree in parsed])
+    out.facts.test_files = {p.resolve() for p in out.facts.test_files}
+    pol.admission = out.facts.admission
     _function_polarities([t.root_node for *_, t in parsed], pol)
     for path, rel, lang, src, tree in parsed:
         _Indexer(rel, path, lang, src, pol, out).index(tree.root_node)

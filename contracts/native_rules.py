@@ -30,17 +30,24 @@ WHY = {
                      "cudaStreamLegacy): the legacy stream synchronises with every blocking stream, which is illegal "
                      "while one of them captures (cudaErrorStreamCaptureImplicit), and the work is not recorded into "
                      "the graph",
-    "unmap": "cuMemUnmap/cuMemRelease/cuMemAddressFree: a virtual-memory unmap synchronises the device and is not "
-             "permitted while capturing; a recorded kernel that reads the mapping would read freed memory on replay",
+    "unmap": "cuMemUnmap/cuMemRelease/cuMemAddressFree: a virtual-memory call that is not permitted while capturing "
+             "(and does not wait for kernels still reading the mapping); a recorded kernel that reads the mapping "
+             "would read freed memory on replay",
     "thrust": "a Thrust algorithm synchronises its stream when it finishes unless run with "
               "thrust::cuda::par_nosync, and one that returns a value (reduce, count, ...) or fills a host_vector "
               "copies it to the host and waits: illegal while capturing",
 }
 # the rule that is not about capture: an unmap with no real drain before it (the seeds' use-after-unmap)
-UNMAP_WHY = ("cuMemUnmap with no real drain of the stream earlier in the function: kernels still "
-             "queued may read the mapping after it is gone (use-after-unmap: CUDA_ERROR_ILLEGAL_ADDRESS or silent "
-             "corruption). A runtime's `synchronize()` may be deferred (a no-op) and is not a drain: call "
-             "drain_for_unmap()/force_synchronize() or cuStreamSynchronize first")
+UNMAP_WHY = ("cuMemUnmap (or a free the configuration names) reached with no real drain of the compute stream "
+             "before it on this chain: cuMemUnmap does not wait for kernels still queued or running, so one that "
+             "reads the mapping after it is gone is a use-after-unmap (CUDA_ERROR_ILLEGAL_ADDRESS, or a read of "
+             "whatever is mapped there next). Drain the compute stream (cuStreamSynchronize, a runtime's "
+             "unconditional drain such as drain_for_unmap()) before the call, in this function or a caller")
+# a barrier before an unmap that may not drain (the seeds' bug: `synchronize()` deferred by a flag)
+DRAIN_WHY = ("a pre-unmap barrier that may not drain: its definition can return without draining the compute stream "
+             "(a deferral flag), so the cuMemUnmap below it can run while kernels still read the mapping "
+             "(use-after-unmap: CUDA_ERROR_ILLEGAL_ADDRESS). Call an unconditional drain (drain_for_unmap(), "
+             "cuStreamSynchronize) here")
 
 FIX = {
     "sync": "drop it (same-stream order already orders the kernels), guard it with the stream's capture status "

@@ -284,3 +284,30 @@ def test_relaxed_capture_mode_permits_allocation_but_not_free(tmp_path):
     assert [(f.line, f.kind) for f in res.findings] == [(4, "alloc")]
     res = _audit_src(tmp_path, "h.cu", src.replace("Relaxed", "Global"))
     assert [(f.line, f.kind) for f in res.findings] == [(3, "alloc"), (4, "alloc")]
+
+
+def test_a_runtimes_stated_drains_and_unmaps_come_from_the_configuration(tmp_path):
+    """contract: `unmaps` / `requires_drain` name calls that need a drain before them (their definitions are
+    not in the audited tree), `conditional_drains` names a barrier that may be deferred: the pager's barrier
+    on it is reported, a real drain discharges it."""
+    src = ("impl Pager { fn evict(&mut self) { self.rt.barrier(); self.pool.unmap_range(self.p, self.n); } }\n"
+           "impl Pager { fn refill(&mut self) { self.pages.refill(self.p); } }\n")
+    f = tmp_path / "p.rs"
+    f.write_text(src)
+    assert audit_native([str(f)], NativeConfig()).findings == []
+    cfg = NativeConfig(unmaps={"unmap_range"}, requires_drain={"refill"}, conditional_drains={"barrier"})
+    got = sorted((x.line, x.call) for x in audit_native([str(f)], cfg).findings)
+    assert got == [(1, "self.rt.barrier()"), (2, "self.pages.refill(self.p)")]
+    cfg = NativeConfig(unmaps={"unmap_range"}, drains={"barrier"})
+    assert audit_native([str(f)], cfg).findings == []
+
+
+def test_the_drain_obligation_is_reported_at_the_caller_with_the_chain(tmp_path):
+    """contract: an unmap with no drain in its function passes the obligation to its callers; the finding
+    names the caller that discharges it nowhere, at the unmap, with every chain that reaches it."""
+    src = ("impl Alloc { fn release(&self, p: u64, n: usize) { unsafe { cu::cuMemUnmap(p, n) }; } }\n"
+           "impl Pager { fn evict(&mut self) { self.alloc.release(self.p, self.n); }\n"
+           "  fn evict_drained(&mut self) { self.rt.drain_for_unmap(); self.alloc.release(self.p, self.n); } }\n"
+           "struct Pager { alloc: Alloc, rt: Rt, p: u64, n: usize }\n")
+    (f,) = _audit_src(tmp_path, "a.rs", src).findings
+    assert (f.line, f.entry, f.chain) == (1, "Pager::evict", ["Pager::evict", "Alloc::release"])

@@ -13,6 +13,7 @@ _RESOLVE = f"{_A}_resolve"  # name resolution: calls, instances, methods
 _T = ("tests/test_audit.py",)
 _N = ("tests/test_audit_native.py",)
 _NINDEX, _NAUDIT, _NRULES = "lockstep.contracts.native_index", "lockstep.contracts.native_audit", "lockstep.contracts.native_rules"
+_NDRAINS = "lockstep.contracts.native_drains"
 
 
 def _m(name, old, new, breaks, select, ci=False, tests=_T, module=_A):
@@ -166,4 +167,26 @@ MUTANTS = [
        'relaxed = bool(begins) and all("relaxed" in e.text.lower() for e in begins)', "relaxed = False",
        "captures begun in relaxed mode permit allocation: cudaMalloc there is not reported",
        "relaxed", tests=_N, module=_NAUDIT),
+    # -- issue 52: Rust's guards and types, capture admission, drain obligations across calls
+    _m("native_try_capture_test_not_a_guard",
+       'if t in ("try_expression", "await_expression"):  # Rust `is_capturing()?`', 'if False:  # Rust `is_capturing()?`',
+       "`if self.runtime.is_capturing()? { return Ok(()); }` guards what follows like the test without `?`",
+       "guard_try", tests=_N, module=_NINDEX),
+    _m("native_capture_support_ignored",
+       "if pat is not None and f.owner in ix.facts.never_captured:", "if False:",
+       "a kernel whose own capture_support() always returns Unsupported is not a capture entry",
+       "capture_support", tests=_N, module=_NAUDIT),
+    _m("native_deferrable_synchronize_is_a_drain",
+       'if st == "real" and early is None:', 'if st == "real":',
+       "a drain whose definition can return before draining (a deferral flag) is conditional, not a drain: the "
+       "pager's pre-unmap barrier on it is reported",
+       "unmap_conditional_drain or unmap_real_drain", tests=_N, module=_NDRAINS),
+    _m("native_copy_stream_drain_discharges",
+       'return "copy" in (ev.receiver or "").lower() or "copy" in ev.name.lower()', "return False",
+       "draining the copy stream does not drain the compute stream an unmap waits for",
+       "copy_stream", tests=_N, module=_NDRAINS),
+    _m("native_obligation_not_passed_to_callers",
+       "for o in self.obligations(g):", "for o in []:",
+       "an unmap's drain obligation not discharged in its function passes to its callers (across files and crates)",
+       "unmap_conditional_drain", tests=_N, module=_NDRAINS),
 ]
