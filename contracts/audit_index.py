@@ -102,7 +102,8 @@ class Finding:
     why: str
     guards: list[str] = field(default_factory=list)  # for --explain
     steps: list[str] = field(default_factory=list)  # the chain with module and line of each step
-    others: list[str] = field(default_factory=list)  # the other chains that reach the same site (native audit)
+    others: list[str] = field(default_factory=list)  # the other capture entries whose paths reach the same site (native audit)
+    expansions: list[str] = field(default_factory=list)  # a macro use's other sinks, `kind: call` (native audit)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

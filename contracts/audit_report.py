@@ -94,6 +94,13 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
         if f.rule == "capture-unsafe-sync":
             lines.append(f"{f.file}:{f.line}:{f.col + 1}: {f.kind}: `{f.call}` on a capture path of {f.entry}")
             lines.append(f"    chain: {' -> '.join(f.steps or f.chain)}")
+            if f.expansions:
+                lines.append(f"    the macro also reaches {len(f.expansions)} other sink(s): {'; '.join(f.expansions[:4])}"
+                             f"{' ...' if len(f.expansions) > 4 else ''}")
+            if f.others:
+                shown = "; ".join(f.others[:3])
+                lines.append(f"    also on the capture paths of {len(f.others)} other entr{'y' if len(f.others) == 1 else 'ies'}: "
+                             f"{shown}{' ...' if len(f.others) > 3 else ''}")
             lines.append(f"    why: {f.why}")
             if Path(f.file).suffix.lower() in NATIVE_EXTS:
                 lines.append(f"    fix: {FIX.get(f.kind, 'guard it with the capture status, move it out of the capture path, or allowlist it with a reason in [tool.lockstep.audit]')}")
@@ -184,7 +191,8 @@ def format_sarif(res: AuditResult, where: Locations | None = None) -> str:
             "locations": [{"physicalLocation": {"artifactLocation": artifact, "region": region}}],
         }
         if f.chain:
-            r["properties"] = {"chain": f.chain, "entry": f.entry}
+            r["properties"] = {"chain": f.chain, "entry": f.entry, **({"other_entries": f.others} if f.others else {}),
+                               **({"macro_expansions": f.expansions} if f.expansions else {})}
         results.append(r)
     run: dict[str, Any] = {
         "tool": {"driver": {"name": "lockstep-audit",

@@ -137,6 +137,8 @@ def resolve(ix: NIndex, fn: NFunc, ev: Event) -> tuple[list[NFunc], bool]:
                     got.extend(ix.by_owner.get((tr, name), []))
             if not got and fn.trait and t == fn.owner:  # self.f() in a trait's default method or an impl of it
                 got = list(ix.by_owner.get((fn.trait, name), []))
+            if not got:  # a trait object (`&dyn Trait`, `Box<dyn Trait>`): every implementation in the sources
+                got = [f for f in ix.by_name.get(name, []) if f.trait == t and f.owner != t]
             # none: a type the sources do not define, or one inheriting the method from elsewhere
             return got, bool(got)
         cands = [f for f in ix.by_name.get(name, []) if f.owner is not None and f.kind != "macro"]
@@ -191,21 +193,40 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
     if relaxed:  # cudaStreamCaptureModeRelaxed permits the allocating calls (not frees, which synchronise)
         notes.append("every capture in these sources is begun in relaxed mode, which permits cudaMalloc and "
                      "pinned host allocation while capturing: allocations are not reported (frees still are)")
+    # One walk over (function, region, macro site, bound literals, guarded) states for all the entries together:
+    # a state reached before is not walked again (per entry, the walk of a whole tree repeated most of itself
+    # for each of hundreds of kernels). The first entry to reach a site gives its chain; the entry sets are
+    # then carried along the walk's edges, so each finding names every entry that reaches its site.
+    seen: dict[tuple, int] = {}  # state -> its index
+    edges: list[tuple[int, int]] = []
+    emitted: dict[int, list[Finding]] = {}
+    starts: list[int] = []
     for entry in entries:
         first = f"{entry.func.qualname} ({entry.func.file}:{entry.func.line})"
-        # (function, guard, chain, steps, region, macro call site: (caller, event) or None)
-        stack: list = [(entry.func, "", [entry.func.qualname], [first], entry.region, None)]
-        seen: set = set()
+        # (function, guard, chain, steps, region, macro call site: (caller, event) or None, bound literals, parent)
+        stack: list = [(entry.func, "", [entry.func.qualname], [first], entry.region, None, frozenset(), -1)]
+        starts.append(-1)
         while stack:
-            fn, guard, chain, steps, region, at = stack.pop()
-            key = (fn.key, region, at[1].pos if at else None, bool(guard))
+            fn, guard, chain, steps, region, at, binds, parent = stack.pop()
+            key = (fn.key, region, at[1].pos if at else None, binds, bool(guard))
             if key in seen:
+                if parent >= 0:
+                    edges.append((parent, seen[key]))
+                elif starts[-1] < 0:
+                    starts[-1] = seen[key]
                 continue
-            seen.add(key)
+            me = seen[key] = len(seen)
+            if parent >= 0:
+                edges.append((parent, me))
+            else:
+                starts[-1] = me
             for ev in fn.events:
                 if region is not None and not (region[0] <= ev.pos < region[1]):
                     continue
+                if binds and _not_taken(ev, binds):
+                    continue  # inside `if <parameter>` that this path's literal argument does not take
                 g = guard or ev.guard or (at[1].guard if at else "")
+                n_before = len(findings)
                 if ev.what == "sink":
                     if relaxed and ev.sink == "alloc" and RELAXED_OK.match(ev.name):
                         continue
@@ -232,7 +253,11 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
                         how = "constructed" if ev.what == "construct" else "called"
                         step = f"{callee.qualname} ({callee.file}:{callee.line}, {how} at {_at(fn, ev)})"
                         site = at if at is not None else ((fn, ev) if callee.kind == "macro" else None)
-                        stack.append((callee, g, chain + [callee.qualname], [*steps, step], None, site))
+                        stack.append((callee, g, chain + [callee.qualname], [*steps, step], None, site,
+                                      _bound(callee, ev, binds), me))
+                if len(findings) > n_before:
+                    emitted.setdefault(me, []).extend(findings[n_before:])
+    _name_every_entry(entries, starts, edges, emitted, len(seen))
     findings.extend(_unmap_findings(ix, cfg))
     for nc in cfg.never:
         if not nc.used:
@@ -244,18 +269,67 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
             findings.append(Finding("stale-allowlist", a.file, 1, 0, a.function, [], a.call, "config",
                                     f"allowlist entry matches nothing (reason was: {a.reason}); remove it"))
     unique: dict[tuple, Finding] = {}
-    for f in findings:  # one finding per site, with every chain that reaches it
-        first = unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)
+    for f in findings:  # one finding per site, naming every entry whose paths reach it; a macro use once
+        macro = " (expands to `" in f.call
+        first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if macro else f.call), f)
         if first is not f:
-            chain = " -> ".join(f.chain)
-            if chain != " -> ".join(first.chain) and chain not in first.others:
-                first.others.append(chain)
+            first.others.extend(x for x in [f.entry, *f.others] if x != first.entry and x not in first.others)
+            if macro and f.call != first.call:
+                inner = f.call.split(" (expands to `", 1)[1]
+                what = f"{f.kind}: `{inner[:-2] if inner.endswith('`)') else inner}`"
+                if what not in first.expansions:
+                    first.expansions.append(what)
     inventory = {(s.file, s.line): s for s in sites.values()}
     res = AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
                       sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
                       sorted({e.name for e in entries}), time.perf_counter() - t0, notes)
     res.files = len(files)  # type: ignore[attr-defined]
     return res
+
+
+def _bound(callee: NFunc, call: Event, binds: frozenset) -> frozenset:
+    """The callee's boolean parameters this call fixes: a literal `true`/`false`, or a parameter of the
+    caller's that the path has bound, passed on by name."""
+    outer = dict(binds)
+    out = []
+    for i, p in enumerate(callee.params):
+        a = call.args[i].strip() if i < len(call.args) else ""
+        if a in ("true", "false"):
+            out.append((p, a == "true"))
+        elif a in outer:
+            out.append((p, outer[a]))
+    return frozenset(out)
+
+
+def _not_taken(ev: Event, binds: frozenset) -> bool:
+    """Whether ``ev`` lies in a branch of `if <parameter>` (`cparam`; `!name`: its else, or `if !name`) that
+    the path's bound value of that parameter does not run."""
+    if not ev.cparam:
+        return False
+    name = ev.cparam.lstrip("!")
+    value = dict(binds).get(name)
+    return value is not None and value == ev.cparam.startswith("!")
+
+
+def _name_every_entry(entries: list[NEntry], starts: list[int], edges: list[tuple[int, int]],
+                      emitted: dict[int, list[Finding]], n: int) -> None:
+    """Each finding's ``others``: the other capture entries whose paths reach its site (entry sets carried
+    along the walk's edges, as bit masks, to a fixed point)."""
+    reach = [0] * n
+    for i, st in enumerate(starts):
+        if st >= 0:
+            reach[st] |= 1 << i
+    changed = True
+    while changed:
+        changed = False
+        for a, b in edges:
+            if reach[a] & ~reach[b]:
+                reach[b] |= reach[a]
+                changed = True
+    for st, found in emitted.items():
+        names = [entries[i].name for i in range(len(entries)) if reach[st] >> i & 1]
+        for f in found:
+            f.others.extend(x for x in names if x != f.entry and x not in f.others)
 
 
 def _configured_sink(cfg: NativeConfig, ev: Event) -> str | None:

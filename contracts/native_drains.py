@@ -19,6 +19,7 @@ audited sources, with the chain down to the unmap."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .audit_index import Finding
@@ -27,6 +28,7 @@ from .native_index import Event, NFunc, NIndex
 from .native_rules import DRAIN_WHY, METHOD_SINKS, UNMAP_WHY
 
 MAPS = {"cuMemMap", "cuMemCreate"}
+_BARRIER_NAME = re.compile(r"sync|drain|barrier|quiesce|fence", re.IGNORECASE)
 _SYNC_METHODS = {n for n, k in METHOD_SINKS.items() if k == "sync"}
 
 
@@ -35,6 +37,7 @@ class Obligation:
     site: tuple[NFunc, Event]  # the unmap (or configured call) that needs the drain
     steps: list[str]  # from the function holding it down to the site
     unless: str = ""  # discharged when the caller passes true for this parameter
+    reported: bool = False  # met a conditional barrier (reported there): no finding where no caller discharges it
 
 
 def _copy_stream(ev: Event) -> bool:
@@ -47,6 +50,7 @@ class Drains:
         self.status: dict[tuple, tuple[str, str]] = {}  # fn.key -> ("real"|"conditional"|"", why)
         self.obl: dict[tuple, list[Obligation]] = {}
         self.callers: dict[tuple, list[tuple[NFunc, Event]]] = {}
+        self._resolved: dict[tuple, list[NFunc]] = {}
         for f in ix.functions:
             if f.device or f.test or f.kind == "macro":
                 continue
@@ -59,10 +63,12 @@ class Drains:
                         self.callers.setdefault(g.key, []).append((f, ev))
 
     def _targets(self, fn: NFunc, ev: Event) -> list[NFunc]:
-        got, known = self.resolve(self.ix, fn, ev)
-        if ev.receiver is not None and not known:
-            return []  # a method is followed only by its receiver's type
-        return [g for g in got if g is not fn and g.kind != "macro" and not g.test]
+        key = (fn.key, ev.pos, ev.end, ev.name, ev.what)  # (a chained call's calls start at one byte)
+        if key not in self._resolved:
+            got, known = self.resolve(self.ix, fn, ev)
+            self._resolved[key] = ([] if ev.receiver is not None and not known  # a method: by its receiver's type
+                                   else [g for g in got if g is not fn and g.kind != "macro" and not g.test])
+        return self._resolved[key]
 
     def _configured(self, keys: set[str], fn: NFunc, ev: Event, targets: list[NFunc]) -> bool:
         names = {ev.name, *(f"{g.owner}::{g.name}" for g in targets if g.owner)}
@@ -97,8 +103,9 @@ class Drains:
 
     @staticmethod
     def _thin(g: NFunc) -> bool:
-        """A wrapper: a handful of calls (`fn barrier(&self) -> Result<()> { self.rt.synchronize() }`)."""
-        return sum(e.what == "call" for e in g.events) <= 3
+        """A wrapper: a handful of calls (`fn barrier(&self) -> Result<()> { self.rt.synchronize() }`), or a
+        function its name calls a barrier (`synchronize_before_pooled_unmap`, `drain_*`, `*_barrier`)."""
+        return sum(e.what == "call" for e in g.events) <= 3 or bool(_BARRIER_NAME.search(g.name))
 
     def function_status(self, fn: NFunc, depth: int = 0) -> tuple[str, str]:
         if fn.key in self.status:
@@ -111,7 +118,12 @@ class Drains:
         found = ("", "")
         for ev in fn.events:
             if ev.blocks != top:
-                continue  # a drain in a branch makes no drain of the function (nor a conditional one)
+                # a drain in a branch makes no drain of the function; a conditional one there (a barrier behind
+                # `if pooled { self.runtime.synchronize() }`, the deferrable synchronize) makes it a conditional
+                # barrier, reported where it is called before an unmap
+                if not found[0] and ev.what in ("call", "drain") and (st := self.drain_of(fn, ev, depth))[0] == "conditional":
+                    found = st
+                continue
             st, why = self.drain_of(fn, ev, depth)
             if not st:
                 continue
@@ -155,7 +167,7 @@ class Drains:
                             if o.unless and self._passes_true(g, u, o.unless):
                                 continue
                             incoming.append(Obligation(o.site, [f"{g.qualname} ({g.file}:{g.line}, called at "
-                                                                f"{fn.file}:{u.line})", *o.steps]))
+                                                                f"{fn.file}:{u.line})", *o.steps], reported=o.reported))
             if not incoming:
                 continue
             if any(m < u.pos for m in maps):
@@ -169,8 +181,17 @@ class Drains:
                     self.reports.append((fn, drain, o))  # reported at the barrier
                     if not unless:
                         continue
-                    o = Obligation(o.site, o.steps)  # `if <param> { barrier }`: its callers still owe a drain
+                    # `if <param> { barrier }`: its callers still owe a drain (a barrier of theirs is judged too), but
+                    # one with no barrier of its own is not reported again: this barrier is the defect on its path
+                    o = Obligation(o.site, o.steps, reported=True)
                 out.append(o)
+        # one obligation per site and condition (the first chain): the same unmap reached through many
+        # callees is one debt, and a caller would otherwise inherit every path to it (the whole nxrt tree's
+        # lists grew past minutes of work)
+        unique: dict[tuple, Obligation] = {}
+        for o in out:
+            unique.setdefault((o.site[0].key, o.site[1].pos, o.unless), o)
+        out = list(unique.values())
         self.obl[fn.key] = out
         return out
 
@@ -218,6 +239,8 @@ class Drains:
                                [f"{fn.qualname} ({fn.file}:{fn.line})",
                                 f"line {d.line}: `{d.text}`: a conditional drain", *o.steps]))  # type: ignore[union-attr]
         for fn, o in roots:
+            if o.reported:
+                continue  # its path's conditional barrier is the finding
             sfn, sev = o.site
             head = [f"{fn.qualname} ({fn.file}:{fn.line})", *o.steps]
             out.append(Finding("unmap-without-drain", sfn.file, sev.line, sev.col, fn.qualname,

@@ -434,8 +434,8 @@ class _Walker:
             ctext = _one_line(_text(cond))
             cons, alt = n.child_by_field_name("consequence"), n.child_by_field_name("alternative")
             err = _error_branch(cond)
-            if cons is not None and alt is None:
-                self.drain_shape(cond, cons)
+            if cons is not None:
+                self.drain_shape(cond, cons, alt)
             if cons is not None:
                 self.walk(cons, guard or (ctext if self.pol.of(cond) == NOT_CAPTURING else "")
                           or (f"error path: {ctext}" if err == "then" else ""))
@@ -781,6 +781,21 @@ class _Walker:
         if t in ("reference_expression", "parenthesized_expression", "unary_expression", "await_expression"):
             kids = n.named_children
             return self.etype(kids[-1], depth + 1) if kids else None
+        if t == "match_expression":  # `match &self.storage { QStorage::Cuda(c) => c, _ => unreachable!() }`
+            body = n.child_by_field_name("body")
+            for arm in (body.named_children if body is not None else []):
+                pat, val = arm.child_by_field_name("pattern"), arm.child_by_field_name("value")
+                inner = pat.named_children[0] if pat is not None and pat.type == "match_pattern" and pat.named_children else pat
+                if inner is None or val is None or inner.type != "tuple_struct_pattern" or val.type != "identifier":
+                    continue
+                tnode = inner.child_by_field_name("type")
+                binds = [c for c in inner.named_children if tnode is None or c.id != tnode.id]
+                for i, b in enumerate(binds):
+                    if b.type == "identifier" and _text(b) == _text(val) and tnode is not None:
+                        got = self.facts.variant_fields.get(("::".join(_text(tnode).replace(" ", "").split("::")[-2:]), str(i)))
+                        if got:
+                            return got
+            return None
         if t == "try_expression":
             inner = self.etype(n.named_children[0], depth + 1) if n.named_children else None
             return unwrap_once(inner) if inner and outer(inner) in ("Result", "Option") else inner
@@ -860,22 +875,30 @@ class _Walker:
                 if _bare_type(ty):
                     self.types[var] = _bare_type(ty)  # type: ignore[assignment]
 
-    def drain_shape(self, cond, cons) -> None:
-        """Two shapes of drain under an `if` with no else: `if !done { drain; done = true; }` (a latch: past it
-        the stream is drained either way, so its body is no branch), and `if <bool parameter> { drain }` (the
-        drain runs when the caller passes true: the callers are asked)."""
+    def drain_shape(self, cond, cons, alt) -> None:
+        """Two shapes under an `if`: `if !done { drain; done = true; }` with no else (a latch: past it the
+        stream is drained either way, so its body is no branch), and `if <bool parameter> { .. } [else { .. }]`
+        (its body runs when the caller passes true, its else when it passes false: a drain there is the
+        callers' to decide, and a capture path that passes the other literal does not run it)."""
         c = cond
         while c is not None and c.type in ("parenthesized_expression", "condition_clause"):
             kids = [k for k in c.named_children if k.type != "comment"]
             c = kids[-1] if kids else None
         if c is None:
             return
-        if c.type == "unary_expression" and _text(c.child(0)) == "!" and c.named_children[-1].type == "identifier":
+        negated = c.type == "unary_expression" and _text(c.child(0)) == "!" and c.named_children[-1].type == "identifier"
+        if negated and alt is None:
             flag = _text(c.named_children[-1])
             if re.search(rf"\b{re.escape(flag)}\s*=\s*true\b", _text(cons)):
                 self.transparent.add(cons.id)
-        elif c.type == "identifier" and _text(c) in self.func.params:
-            self.cparams[cons.id] = _text(c)
+                return
+        name = _text(c.named_children[-1]) if negated else _text(c) if c.type == "identifier" else ""
+        if name and name in self.func.params:
+            self.cparams[cons.id] = ("!" if negated else "") + name
+            body = next((k for k in alt.named_children if k.type in ("block", "compound_statement")), None
+                        ) if alt is not None else None
+            if body is not None:
+                self.cparams[body.id] = ("" if negated else "!") + name
 
 
 def _attrs_before(n) -> list[str]:

@@ -195,6 +195,11 @@ def collect(parsed: list[tuple[Path, str, object]]) -> Facts:
                     body = c.child_by_field_name("body")
                     for v in (body.named_children if body is not None else []):
                         vb = v.child_by_field_name("body") if v.type == "enum_variant" else None
+                        if vb is not None and vb.type == "ordered_field_declaration_list":  # `Cuda(QCudaStorage)`
+                            kinds = [k for k in vb.named_children if k.type not in ("attribute_item", "visibility_modifier")]
+                            ename, vname = _t(c.child_by_field_name("name")), _t(v.child_by_field_name("name"))
+                            for i, k in enumerate(kinds):
+                                out.variant_fields[(f"{ename}::{vname}", str(i))] = _t(k)
                         if vb is not None and vb.type == "field_declaration_list":
                             vname = _t(v.child_by_field_name("name"))
                             for fd in vb.named_children:

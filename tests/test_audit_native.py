@@ -311,3 +311,27 @@ def test_the_drain_obligation_is_reported_at_the_caller_with_the_chain(tmp_path)
            "struct Pager { alloc: Alloc, rt: Rt, p: u64, n: usize }\n")
     (f,) = _audit_src(tmp_path, "a.rs", src).findings
     assert (f.line, f.entry, f.chain) == (1, "Pager::evict", ["Pager::evict", "Alloc::release"])
+
+
+def test_a_site_reached_from_several_entries_is_one_finding_naming_them_all(tmp_path):
+    """contract: the walk visits each (function, bound literals, guard) state once for all entries, and a
+    finding's site names every other capture entry whose paths reach it (through a state another entry
+    walked first, too)."""
+    src = ("impl H { fn flush(&self) { self.rt.stream.synchronize(); } fn mid(&self) { self.flush(); } }\n"
+           "impl Kernel for A { fn execute(&self) { self.h.mid(); } }\n"
+           "impl Kernel for B { fn execute(&self) { self.h.mid(); } }\n"
+           "impl Kernel for C { fn execute(&self) { self.h.flush(); } }\n"
+           "struct A { h: H } struct B { h: H } struct C { h: H }\n")
+    (f,) = _audit_src(tmp_path, "k.rs", src).findings
+    assert f.entry.startswith("A::execute") and f.chain == ["A::execute", "H::mid", "H::flush"]
+    assert sorted(o.split(" ")[0] for o in f.others) == ["B::execute", "C::execute"], f.others
+
+
+def test_a_macro_use_reaching_several_sinks_is_one_finding_listing_them(tmp_path):
+    """contract: a macro use is reported once (at the use), its first sink as the call and every other sink it
+    reaches listed with its kind (a launch macro on nxrt's whole tree gave 13 findings per use)."""
+    src = ("#define FLUSH(s, p) do { cudaStreamSynchronize(s); cudaFree(p); cudaMalloc(&p, 4); } while (0)\n"
+           + OP.format(body="  FLUSH(stream, ptr);"))
+    (f,) = _audit_src(tmp_path, "op.cu", src).findings
+    assert f.line == 3 and "expands to `cudaStreamSynchronize(s)`" in f.call
+    assert f.expansions == ["alloc: `cudaFree(p)`", "alloc: `cudaMalloc(&p, 4)`"], f.expansions

@@ -189,4 +189,23 @@ MUTANTS = [
        "for o in self.obligations(g):", "for o in []:",
        "an unmap's drain obligation not discharged in its function passes to its callers (across files and crates)",
        "unmap_conditional_drain", tests=_N, module=_NDRAINS),
+    _m("native_literal_bool_argument_ignored",
+       'return value is not None and value == ev.cparam.startswith("!")', "return False",
+       "a branch of `if <bool parameter>` that the capture path's literal argument does not take is not on it "
+       "(nxrt's `sync: bool` stages, passed false while capturing)",
+       "sync_param", tests=_N, module=_NAUDIT),
+    _m("native_match_arm_receiver_untyped",
+       'if t == "match_expression":  # `match &self.storage', 'if False:  # `match &self.storage',
+       "a receiver bound by a match arm on a tuple variant has the variant's payload type (candle's QTensor::cuda_fwd "
+       "reaches QCudaStorage::fwd's device-to-host copy)",
+       "match_variant", tests=_N, module=_NINDEX),
+    _m("native_macro_use_reported_per_sink",
+       'first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if macro else f.call), f)',
+       "first = unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)",
+       "a macro use is one finding listing the other sinks it reaches, not one finding per sink",
+       "several_sinks", tests=_N, module=_NAUDIT),
+    _m("native_other_entries_not_named",
+       "f.others.extend(x for x in names if x != f.entry and x not in f.others)", "pass",
+       "a finding names every capture entry whose paths reach its site, though the walk visits each state once",
+       "several_entries", tests=_N, module=_NAUDIT),
 ]
