@@ -89,6 +89,18 @@ def test_it_runs_on_every_pull_request(wf):
     assert wf["permissions"] == {"contents": "read"}, "least privilege by default; jobs widen what they need"
 
 
+def test_it_runs_where_merges_land(wf):
+    """Contract (seed 004's "main is red"): the required check also runs on every push to the default
+    branch and on each merge-queue group, and those runs are never cancelled by a newer one."""
+    on = wf.get("on", wf.get(True))
+    assert "main" in (on.get("push") or {}).get("branches", []), "every push to main is checked"
+    assert "merge_group" in on, "a merge queue's group is checked before it lands"
+    cancel = str(wf["concurrency"]["cancel-in-progress"])
+    assert "pull_request" in cancel and cancel != "True", "only a pull request's run is superseded"
+    cpu = wf["jobs"]["cpu"]
+    assert "pull_request" not in str(cpu.get("if", "")), "the cpu job is not limited to pull requests"
+
+
 def test_the_cpu_job_checks_audits_and_publishes_even_on_failure(wf):
     cpu = wf["jobs"]["cpu"]
     assert cpu["runs-on"] == "ubuntu-latest"
