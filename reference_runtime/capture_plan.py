@@ -24,7 +24,8 @@ reason):
    a node that has not run eagerly in this session — "kernel not warmed";
 2. the growing-symbol classifier, a hard veto: a node with any input or output dim that grows
    with the KV length is "classifier: grows with <symbol>". Growing symbols are the sequence axes
-   of the declared KV inputs/outputs (``past_key_values.*``, ``present.*``), closed over
+   of the KV inputs/outputs (the decoder's past/present roles, ``Executor.kv_roles``, whatever its card
+   names them; without a decoder, ``past_key_values.*`` and ``present.*``), closed over
    unifications (elementwise broadcasting, MatMul batch dims, Concat and Expand alignment) and
    derivations (a symbol derived from a growing one, e.g. by Reshape/Flatten products or Concat
    sums, is growing: ``Symbol.roots``). A node whose output *values* depend on a growing symbol
@@ -156,10 +157,15 @@ def _compute_growing_symbols(executor) -> set[Symbol]:
     shapes: dict[str, tuple] = executor.symbolic_shapes
     uf = _UnionFind()
     seeds: set[Symbol] = set()
-    for name, dims in shapes.items():
-        if (name.startswith("past_key_values.") or name.startswith("present.")) and len(dims) == 4:
-            if isinstance(dims[2], Symbol):
-                seeds.add(dims[2])
+    # the decoder's past/present roles and their sequence axis (``Executor.kv_roles``, set by the decoder
+    # from its DecoderIO: a card may name the caches anything); else the default names, axis 2 (BNSH)
+    roles = getattr(executor, "kv_roles", None) or {
+        name: 2 for name, dims in shapes.items()
+        if (name.startswith("past_key_values.") or name.startswith("present.")) and len(dims) == 4}
+    for name, axis in roles.items():
+        dims = shapes.get(name, ())
+        if len(dims) > axis and isinstance(dims[axis], Symbol):
+            seeds.add(dims[axis])
     for step in executor.steps:
         node = step.node
         ins = [shapes.get(i) for i in node.input if i]

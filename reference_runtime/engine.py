@@ -201,6 +201,8 @@ class RefDecoder:
         self.ex = Executor(model, runtime)
         self.io = io = io or DecoderIO.of(self.ex.model)
         self.pasts, self.present_of, self.capacity = list(io.pasts), io.present_of, io.capacity
+        # the caches by role (whatever a card names them): the capture plan's growing symbols start there
+        self.ex.kv_roles = {n: io.seq_axis for n in [*io.pasts, *io.present_of.values()]}
         self.session = None
         if capture:
             from .segments import CaptureSession

@@ -81,6 +81,8 @@ class Executor:
         self._names = itertools.count()
         self._source = model if isinstance(model, (str, os.PathLike)) else None  # named in inference errors
         self._symbolic: "tuple[dict[str, Symbol], dict[str, tuple]] | None" = None  # on first need
+        # cache name -> its sequence axis, where a decoder states its roles (capture_plan.growing_symbols)
+        self.kv_roles: dict[str, int] | None = None
         init_names = {t.name for t in graph.initializer}
         self.inputs = [vi for vi in graph.input if vi.name not in init_names]
         self.outputs = [vi.name for vi in graph.output]

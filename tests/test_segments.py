@@ -397,3 +397,41 @@ def test_a_step_whose_later_segment_failed_to_record_replays_the_earlier_and_rec
     segments = [it for kind, it in next(s for s in dec.session._sigs.values() if s.items).items if kind == "segment"]
     assert len(segments) > 2 and segments[0].graph is not None and all(s.graph is not None for s in segments)
     assert got == want, "result: byte-identical to eager"
+
+
+def _renamed_caches(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its caches named as no default pattern knows (`cache.L.K` in, `cache_out.L.K` out)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+
+    def rename(name: str) -> str:
+        if name.startswith("past_key_values."):
+            return "cache." + name[len("past_key_values."):]
+        if name.startswith("present."):
+            return "cache_out." + name[len("present."):]
+        return name
+
+    g = out.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        vi.name = rename(vi.name)
+    for n in g.node:
+        n.input[:] = [rename(i) for i in n.input]
+        n.output[:] = [rename(o) for o in n.output]
+    return out
+
+
+def test_caches_a_card_names_grow_and_are_captured_like_the_default_names():
+    """Contract (issue 53): the growing symbols come from the decoder's past/present roles, not from the
+    cache names: a model whose card names its caches otherwise is planned and captured as the same model
+    with the default names (result: the same counters, and byte-identical to eager)."""
+    from lockstep.decoder_io import DecoderIO
+
+    model = _renamed_caches(_model("tiny-fp32-standard"))
+    io = DecoderIO.of(model, {"past": "cache.{layer}.{kind}", "present": "cache_out.{layer}.{kind}"})
+    eager = greedy(RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=False, io=io), PROMPT_IDS, TOKENS)
+    on = greedy(RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True, io=io), PROMPT_IDS, TOKENS)
+    default = greedy(_decoder(True), PROMPT_IDS, TOKENS)
+    c, d = on.counters["capture"], default.counters["capture"]
+    assert c["captures"] > 0 and c["replays"] > 0, f"contract: the renamed caches' model is captured: {c}"
+    assert (c["segments"], c["captures"], c["replays"]) == (d["segments"], d["captures"], d["replays"]), (c, d)
+    assert on.tokens == eager.tokens and _bytes(on) == _bytes(eager), "result: byte-identical to eager"

@@ -205,4 +205,12 @@ MUTANTS = [
                "carried from one model's executor to another's",
         tests=_CP, ci=True,
     ),
+    Mutant(
+        "capture_plan", "growing_caches_found_by_name_only", _C,
+        old='roles = getattr(executor, "kv_roles", None) or {',
+        new="roles = {",
+        breaks="the growing symbols start at the decoder's past/present roles, so caches a card names otherwise "
+               "are captured too (issue 53)",
+        tests=("tests/test_segments.py",), select="card_names",
+    ),
 ]
