@@ -1,12 +1,14 @@
 """Deliberately broken runtimes: proof that the contract tests can fail.
 
-Each mutant breaks exactly one guarantee of ``reference_runtime.Runtime`` the way a plausible
-refactor would (the seeds' bugs among them). ``lockstep mutants`` runs the contract tests against
-every mutant and requires each to be killed by at least one test, and each contract test to kill
-at least one mutant (a test that kills none could not fail).
+Each mutant breaks one guarantee of ``reference_runtime.Runtime`` the way a plausible refactor would
+(the seeds' bugs among them), and names it: ``breaks``, the contract names its tests carry
+(``@pytest.mark.contract("...")``). ``lockstep mutants`` runs the contract tests against every mutant
+and requires each mutant to be killed, and each contract test to be killed by a mutant of the guarantee
+it names: a test that fails only against some other mutant (a readback broken by every copy mutant)
+checks nothing of its own, and one that kills none could not fail.
 
 Adding a mutant: subclass ``Runtime``, override the one method whose guarantee you break, give it
-a docstring saying what it breaks, and register it in ``MUTANTS``.
+a docstring saying what it breaks and ``breaks`` naming the contracts, and register it in ``MUTANTS``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ __all__ = ["MUTANTS", "runtime_class"]
 class DrainDefers(Runtime):
     """drain_for_unmap() defers like synchronize(): the seeds' use-after-unmap."""
 
+    breaks = ("drain-for-unmap-drains",)
+
     def drain_for_unmap(self) -> None:
         if self.config.defer_eager_sync:
             self.counters.drains += 1
@@ -29,6 +33,8 @@ class DrainDefers(Runtime):
 
 class DrainAllowedInCapture(Runtime):
     """drain_for_unmap() does not refuse inside a capture; it reaches the stream and invalidates it."""
+
+    breaks = ("drain-for-unmap-refused-in-capture",)
 
     def drain_for_unmap(self) -> None:
         self.counters.drains += 1
@@ -40,12 +46,16 @@ class DrainAllowedInCapture(Runtime):
 class CopyWithoutForcedSync(Runtime):
     """Device-to-host and device-to-device copies skip the private forced synchronise."""
 
+    breaks = ("d2h-complete", "d2d-complete")
+
     def _force_sync(self) -> None:
         self.counters.forced_syncs += 1
 
 
 class SharedSlotLifecycle(Runtime):
     """PRIMARY and VERIFY share one graph lifecycle: capturing or resetting one affects the other."""
+
+    breaks = ("graph-slots-independent", "graph-slot-abort")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -55,6 +65,8 @@ class SharedSlotLifecycle(Runtime):
 
 class SelfClearingLatch(Runtime):
     """The error latch clears itself once it has been read and raised."""
+
+    breaks = ("error-latch-sticky",)
 
     def _raise_if_latched(self, latch=None) -> None:
         try:
@@ -67,6 +79,8 @@ class SelfClearingLatch(Runtime):
 class LatchBlocksDrain(Runtime):
     """drain_for_unmap() raises on a set latch, so a set latch blocks the barrier before unmap."""
 
+    breaks = ("error-latch-sticky",)
+
     def drain_for_unmap(self) -> None:
         super().drain_for_unmap()
         self._raise_if_latched()
@@ -75,12 +89,16 @@ class LatchBlocksDrain(Runtime):
 class FreeWithoutWait(Runtime):
     """free() returns memory to the device at once, while queued kernels may still read it."""
 
+    breaks = ("stream-ordered-release",)
+
     def _release_after_queued_work(self, buf) -> None:
         self.device.free(buf)
 
 
 class SyncDrainsInCapture(Runtime):
     """synchronize() drains even inside a capture under deferral (it must be a no-op there)."""
+
+    breaks = ("synchronize-in-capture-deferred",)
 
     def synchronize(self) -> None:
         if self.is_capturing:
@@ -93,6 +111,8 @@ class SyncDrainsInCapture(Runtime):
 class SyncAlwaysDrains(Runtime):
     """synchronize() ignores eager-sync deferral and always drains (the pre-deferral runtime)."""
 
+    breaks = ("deferred-synchronize-is-noop", "synchronize-in-capture-deferred")
+
     def synchronize(self) -> None:
         self.counters.syncs_real += 1
         self.compute.synchronize()
@@ -102,6 +122,8 @@ class SyncAlwaysDrains(Runtime):
 
 class SyncNeverDrains(Runtime):
     """synchronize() ignores the escape hatch: a no-op even with deferral off."""
+
+    breaks = ("escape-hatch-drains", "escape-hatch-reads-latch", "synchronize-in-capture-no-defer")
 
     def synchronize(self) -> None:
         self.counters.syncs_deferred += 1
@@ -118,16 +140,31 @@ def _release_without_drain(res: _Resources) -> None:
 class CloseWithoutDrain(Runtime):
     """A runtime dropped right after an enqueue frees its memory without draining first."""
 
+    breaks = ("drop-after-enqueue",)
+
     _release_resources = staticmethod(_release_without_drain)
 
 
 class LaunchBlocks(Runtime):
     """Every launch waits for the kernel to finish (the host never runs ahead of the device)."""
 
+    breaks = ("enqueue-is-asynchronous",)
+
     def launch(self, kernel, *tensors, **scalars) -> None:
         super().launch(kernel, *tensors, **scalars)
         if not self.is_capturing:
             self.compute.synchronize()
+
+
+class CaptureExecutes(Runtime):
+    """Work launched during a capture also runs at once (the capture executes what it records)."""
+
+    breaks = ("capture-does-not-execute",)
+
+    def launch(self, kernel, *tensors, **scalars) -> None:
+        super().launch(kernel, *tensors, **scalars)
+        if self.is_capturing:
+            self.copy_stream.launch(kernel, [t.ref for t in tensors], scalars)
 
 
 MUTANTS: dict[str, type[Runtime]] = {
@@ -143,6 +180,7 @@ MUTANTS: dict[str, type[Runtime]] = {
     "sync_never_drains": SyncNeverDrains,
     "close_without_drain": CloseWithoutDrain,
     "launch_blocks": LaunchBlocks,
+    "capture_executes": CaptureExecutes,
 }
 
 
