@@ -41,7 +41,7 @@ def test_cli_needs_a_command(capsys):
 def test_runtime_class_lookup():
     assert runtime_class(None) is Runtime and runtime_class("") is Runtime
     assert runtime_class("free_without_wait") is MUTANTS["free_without_wait"]
-    with pytest.raises(ValueError, match="unknown mutant 'nope'; known: \\['close_without_drain'"):
+    with pytest.raises(ValueError, match="unknown mutant 'nope'; known: \\['capture_executes', 'close_without_drain'"):
         runtime_class("nope")
 
 
@@ -61,8 +61,10 @@ def test_run_mutants_kills_every_mutant():
     out = io.StringIO()
     assert run_mutants("sim", out=out) == 0, out.getvalue()
     text = out.getvalue()
-    n = len(MUTANTS)  # 12 today
+    n = len(MUTANTS)  # 13 today
     assert f"PASS: {n}/{n} mutants killed" in text and "SURVIVED" not in text and "KILLS NONE" not in text
+    assert "OTHERS ONLY" not in text and "NO MUTANT" not in text, "contract: each test killed by its own guarantee's mutant"
+    assert all(getattr(cls, "breaks", ()) for cls in MUTANTS.values()), "contract: every mutant names what it breaks"
 
 
 def test_run_mutants_rejects_unknown_names(capsys):
