@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.host_threads import executor, threads
+from lockstep.host_threads import split_rows, threads
 
 __all__ = ["AVAILABLE", "dequantize_rows"]
 
@@ -70,10 +70,4 @@ def dequantize_rows(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndar
     rows = packed.shape[0]
     args = (np.ascontiguousarray(packed), np.ascontiguousarray(scales, np.float64),
             np.ascontiguousarray(zero_points, np.float64), out)
-    workers = threads()
-    if workers == 1 or out.size < _THREADED_MIN:
-        fn(*args, 0, rows)
-        return
-    step = -(-rows // workers)
-    for f in [executor().submit(fn, *args, lo, min(rows, lo + step)) for lo in range(0, rows, step)]:
-        f.result()
+    split_rows(fn, args, 0, rows, threads() if out.size >= _THREADED_MIN else 1)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.host_threads import executor as _executor
+from lockstep.host_threads import split_rows
 from lockstep.host_threads import threads as _threads
 
 # numba is a dependency, imported at the first product (half a second: not at every lockstep start);
@@ -155,11 +155,5 @@ def _split(fn, *args) -> None:
     threads where the rows hold enough weights; each row whole in one call."""
     *head, r0, r1 = args
     p = head[0]
-    threads = _threads()
-    if threads == 1 or (r1 - r0) * p.shape[1] * p.shape[2] * 2 < _THREADED_MIN:
-        fn(*head, r0, r1)
-        return
-    step = -(-(r1 - r0) // threads)
-    futures = [_executor().submit(fn, *head, lo, min(r1, lo + step)) for lo in range(r0, r1, step)]
-    for f in futures:
-        f.result()
+    threaded = (r1 - r0) * p.shape[1] * p.shape[2] * 2 >= _THREADED_MIN
+    split_rows(fn, tuple(head), r0, r1, _threads() if threaded else 1)

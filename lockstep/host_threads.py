@@ -13,7 +13,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["executor", "threads"]
+__all__ = ["executor", "split_rows", "threads"]
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _lock = threading.Lock()
@@ -32,3 +32,15 @@ def executor() -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(threads(), thread_name_prefix="lockstep-host"))
         return _pool[1]
+
+
+def split_rows(fn, head: tuple, r0: int, r1: int, workers: int) -> None:
+    """``fn(*head, lo, hi)`` over the rows ``[r0, r1)`` in ``workers`` contiguous parts on this process's
+    pool (on the calling thread when ``workers`` is 1), each row in exactly one call; returns when all
+    are done (a part's exception is raised here)."""
+    if workers <= 1:
+        fn(*head, r0, r1)
+        return
+    step = -(-(r1 - r0) // workers)
+    for f in [executor().submit(fn, *head, lo, min(r1, lo + step)) for lo in range(r0, r1, step)]:
+        f.result()

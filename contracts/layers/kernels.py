@@ -66,7 +66,7 @@ MUTANTS = [
         tests=("tests/test_nbits_host.py",), ci=True,
     ),
     Mutant(
-        "kernels", "nbits_host_thread_split_drops_a_row", _K + "_nbits_host",
+        "kernels", "nbits_host_thread_split_drops_a_row", "lockstep.host_threads",
         old="min(r1, lo + step)",
         new="min(r1, lo + step) - 1",
         breaks="the rows of a threaded 4-bit MatMulNBits product are split over the threads with none left out",
