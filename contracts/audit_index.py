@@ -103,7 +103,7 @@ class Finding:
     guards: list[str] = field(default_factory=list)  # for --explain
     steps: list[str] = field(default_factory=list)  # the chain with module and line of each step
     others: list[str] = field(default_factory=list)  # the other capture entries whose paths reach the same site (native audit)
-    expansions: list[str] = field(default_factory=list)  # a macro use's other sinks, `kind: call` (native audit)
+    expansions: list[str] = field(default_factory=list)  # a macro use's sinks, `kind: call`, the reported one first (native audit)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -94,9 +94,10 @@ def format_text(res: AuditResult, explain: bool, where: Locations | None = None)
         if f.rule == "capture-unsafe-sync":
             lines.append(f"{f.file}:{f.line}:{f.col + 1}: {f.kind}: `{f.call}` on a capture path of {f.entry}")
             lines.append(f"    chain: {' -> '.join(f.steps or f.chain)}")
-            if f.expansions:
-                lines.append(f"    the macro also reaches {len(f.expansions)} other sink(s): {'; '.join(f.expansions[:4])}"
-                             f"{' ...' if len(f.expansions) > 4 else ''}")
+            also = f.expansions[1:]
+            if also:
+                lines.append(f"    the macro also reaches {len(also)} other sink(s): {'; '.join(also[:4])}"
+                             f"{' ...' if len(also) > 4 else ''}")
             if f.others:
                 shown = "; ".join(f.others[:3])
                 lines.append(f"    also on the capture paths of {len(f.others)} other entr{'y' if len(f.others) == 1 else 'ies'}: "

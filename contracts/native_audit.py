@@ -270,15 +270,10 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
                                     f"allowlist entry matches nothing (reason was: {a.reason}); remove it"))
     unique: dict[tuple, Finding] = {}
     for f in findings:  # one finding per site, naming every entry whose paths reach it; a macro use once
-        macro = " (expands to `" in f.call
-        first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if macro else f.call), f)
+        first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if f.expansions else f.call), f)
         if first is not f:
             first.others.extend(x for x in [f.entry, *f.others] if x != first.entry and x not in first.others)
-            if macro and f.call != first.call:
-                inner = f.call.split(" (expands to `", 1)[1]
-                what = f"{f.kind}: `{inner[:-2] if inner.endswith('`)') else inner}`"
-                if what not in first.expansions:
-                    first.expansions.append(what)
+            first.expansions.extend(x for x in f.expansions if x not in first.expansions)
     inventory = {(s.file, s.line): s for s in sites.values()}
     res = AuditResult(sorted(unique.values(), key=lambda f: (f.file, f.line, f.col)),
                       sorted(sites.values(), key=lambda s: (s.file, s.line)), inventory,
@@ -367,16 +362,17 @@ def _sink(findings, sites, cfg: NativeConfig, entry: NEntry, fn: NFunc, ev: Even
         return
     site.status = "unsafe"
     findings.append(Finding("capture-unsafe-sync", rfn.file, rev.line, rev.col, entry.name, list(chain), call, ev.sink,
-                            cfg.why.get(ev.sink, ev.sink), [], [*steps, f"line {rev.line}: `{call}`"]))
+                            cfg.why.get(ev.sink, ev.sink), [], [*steps, f"line {rev.line}: `{call}`"],
+                            expansions=[f"{ev.sink}: `{ev.text}`"] if at is not None else []))
 
 
 def _unmap_findings(ix: NIndex, cfg: NativeConfig) -> list[Finding]:
+    by_site = {(g.file, g.qualname): g for g in ix.functions}
     out = []
     for f in Drains(ix, cfg, resolve).findings():
-        fn = next((g for g in ix.functions if g.file == f.file and g.qualname == f.entry), None)
-        if _allowed(cfg, fn, f.call) is not None if fn is not None else False:
-            continue
-        out.append(f)
+        fn = by_site.get((f.file, f.entry))
+        if fn is None or _allowed(cfg, fn, f.call) is None:
+            out.append(f)
     return out
 
 

@@ -334,4 +334,5 @@ def test_a_macro_use_reaching_several_sinks_is_one_finding_listing_them(tmp_path
            + OP.format(body="  FLUSH(stream, ptr);"))
     (f,) = _audit_src(tmp_path, "op.cu", src).findings
     assert f.line == 3 and "expands to `cudaStreamSynchronize(s)`" in f.call
-    assert f.expansions == ["alloc: `cudaFree(p)`", "alloc: `cudaMalloc(&p, 4)`"], f.expansions
+    assert f.expansions == ["sync: `cudaStreamSynchronize(s)`", "alloc: `cudaFree(p)`", "alloc: `cudaMalloc(&p, 4)`"], \
+        f.expansions

@@ -200,7 +200,7 @@ MUTANTS = [
        "reaches QCudaStorage::fwd's device-to-host copy)",
        "match_variant", tests=_N, module=_NINDEX),
     _m("native_macro_use_reported_per_sink",
-       'first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if macro else f.call), f)',
+       'first = unique.setdefault((f.rule, f.file, f.line, f.col, "" if f.expansions else f.call), f)',
        "first = unique.setdefault((f.rule, f.file, f.line, f.col, f.call), f)",
        "a macro use is one finding listing the other sinks it reaches, not one finding per sink",
        "several_sinks", tests=_N, module=_NAUDIT),
