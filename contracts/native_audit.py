@@ -238,6 +238,8 @@ def audit_native(paths: list[str], cfg: NativeConfig) -> AuditResult:
                     _sink(findings, sites, cfg, entry, fn, Event(**{**ev.__dict__, "what": "sink", "sink": kind}), g,
                           chain, steps, at)
                 elif ev.what in ("call", "construct"):
+                    if ev.what == "call" and not g and _allowed(cfg, fn, ev.text) is not None:
+                        continue  # the user's [[allow]]: this call is on no capture path (its reason is theirs)
                     got, known = resolve(ix, fn, ev)
                     if ev.what == "call" and ev.pos in fn.vocab_sinks and not known:
                         continue  # a sink by name whose receiver is unknown: reported, not followed

@@ -305,6 +305,31 @@ class Polarity:
 _EXIT_MACROS = re.compile(r"(THROW|ABORT|panic|unreachable|bail|todo|unimplemented|FAIL)", re.IGNORECASE)
 
 
+def _sets_flag(n, flag: str | None, setters: set[str]) -> bool:
+    """Whether statement ``n`` may leave ``self.<flag>`` holding something other than false for the
+    statements after it: a store of another value, or a call of a method of self that may make one
+    (``setters``); not counting a branch or `return` that leaves the block."""
+    if flag is None or n is None:
+        return False
+    t = n.type
+    if t in ("return_expression", "return_statement"):
+        return False
+    if t in ("if_expression", "if_statement"):
+        if _sets_flag(n.child_by_field_name("condition"), flag, setters):
+            return True
+        return any(b is not None and not _exits(b) and _sets_flag(b, flag, setters)
+                   for b in (n.child_by_field_name("consequence"), n.child_by_field_name("alternative")))
+    if t == "call_expression":
+        f = _text(n.child_by_field_name("function"))
+        m = re.fullmatch(r"self\s*\.\s*(\w+)", f)
+        if m and m.group(1) in setters:
+            return True
+        if re.fullmatch(rf"self\s*\.\s*{flag}\s*\.\s*store", f) and not re.match(
+                r"\(\s*false\b", _text(n.child_by_field_name("arguments"))):
+            return True
+    return any(_sets_flag(c, flag, setters) for c in n.named_children)
+
+
 def _exits(n) -> bool:
     """Whether a statement always leaves the enclosing block (return, throw, break, continue, a
     throwing/panicking macro, a block or `if` all of whose ways do)."""
@@ -380,6 +405,8 @@ class _Walker:
         self.blocks: list[int] = []
         self.transparent: set[int] = set()  # blocks of `if !done { drain; done = true; }`: no branch for dominance
         self.cparams: dict[int, str] = {}  # block id -> the bool parameter its `if` tests
+        self._setters: set[str] | None = None  # the owner's methods that may set its admission flag
+        self.implied: dict[int, str] = {}  # an `if` node -> what its `else if` position says (not capturing)
 
     # events
     def add(self, what: str, node, **kw) -> Event:
@@ -416,8 +443,12 @@ class _Walker:
             if self.lang == "rust" and not g and last is not None and re.match(r"return\s+Err\b", _text(
                     last.named_children[0] if last.type == "expression_statement" and last.named_children else last)):
                 g = "error path: the block returns Err"  # a rollback before `return Err(..)`
+            flag = self.facts.flag(self.func.owner) if self.lang == "rust" else None
+            adm = ""  # the kernel's admission flag stored false: capture_support() declines this call
             for c in n.named_children:
-                self.walk(c, g)
+                if adm and _sets_flag(c, flag, self.setters(flag)):
+                    adm = ""
+                self.walk(c, g or adm)
                 inner = c.named_children[0] if c.type == "expression_statement" and c.named_children else c
                 if not g and inner.type in ("if_statement", "if_expression"):
                     cond = inner.child_by_field_name("condition")
@@ -425,6 +456,9 @@ class _Walker:
                         g = _one_line(_text(cond))
                 elif not g and inner.type in ("call_expression", "macro_invocation"):
                     g = self.asserted(inner)
+                if flag and not g and not adm and inner.type == "call_expression" and re.match(
+                        rf"self\s*\.\s*{flag}\s*\.\s*store\s*\(\s*false\b", _text(inner)):
+                    adm = f"self.{flag}.store(false): capture_support() declines a call that takes this path"
             self.blocks.pop()
             return
         if t in ("if_statement", "if_expression"):
@@ -436,9 +470,11 @@ class _Walker:
             err = _error_branch(cond)
             if cons is not None:
                 self.drain_shape(cond, cons, alt)
+            if alt is not None:
+                self.else_if_implies(cond, alt)
             if cons is not None:
                 self.walk(cons, guard or (ctext if self.pol.of(cond) == NOT_CAPTURING else "")
-                          or (f"error path: {ctext}" if err == "then" else ""))
+                          or self.implied.pop(n.id, "") or (f"error path: {ctext}" if err == "then" else ""))
             if alt is not None:
                 self.walk(alt, guard or (ctext if self.pol.of_else(cond) == NOT_CAPTURING else "")
                           or (f"error path: else of {ctext}" if err == "else" else ""))
@@ -489,6 +525,34 @@ class _Walker:
                 self.add("construct", n, name=ty, guard=guard, scope=ty)
         for c in n.named_children:
             self.walk(c, guard)
+
+    def else_if_implies(self, cond, alt) -> None:
+        """``if A && capturing {..} else if A {..}``: the second branch runs only where A holds and
+        ``A && capturing`` does not, so not capturing (recorded for that `if`, read when it is walked)."""
+        c = cond
+        while c is not None and c.type in ("parenthesized_expression", "condition_clause"):
+            kids = [k for k in c.named_children if k.type != "comment"]
+            c = kids[-1] if kids else None
+        if c is None or c.type != "binary_expression" or _text(c.child_by_field_name("operator")) != "&&":
+            return
+        left, right = c.child_by_field_name("left"), c.child_by_field_name("right")
+        sides = [(a, b) for a, b in ((left, right), (right, left)) if self.pol.of(b) == CAPTURING]
+        nested = next((k for k in alt.named_children if k.type in ("if_expression", "if_statement")), None) \
+            if alt.type == "else_clause" else None
+        if not sides or nested is None:
+            return
+        ncond = " ".join(_text(nested.child_by_field_name("condition")).split())
+        for a, _b in sides:
+            if " ".join(_text(a).split()) == ncond:
+                self.implied[nested.id] = f"else if {_one_line(ncond)} (after `if {_one_line(_text(c))}`)"
+
+    def setters(self, flag: str | None) -> set[str]:
+        """The owner's methods that may set its admission flag ``flag`` (other than to false)."""
+        if flag is None:
+            return set()
+        if self._setters is None:
+            self._setters = self.facts.setters(self.func.owner or "", flag)
+        return self._setters
 
     def asserted(self, n) -> str:
         """`GGML_ASSERT(!capturing)`, `ORT_ENFORCE(...)`, `assert!(...)`: past it, its condition holds;

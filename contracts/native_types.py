@@ -98,6 +98,30 @@ class Facts:
     test_files: set[Path] = field(default_factory=set)
     never_captured: dict[str, str] = field(default_factory=dict)  # owner -> file:line of its capture_support
     admission: dict[str, set[str]] = field(default_factory=dict)  # owner -> condition texts meaning "not captured"
+    # (owner, method) -> (fields of self it stores a value other than `false` in, methods of self it calls)
+    stores: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
+
+    def flag(self, owner: str | None) -> str | None:
+        """The field of ``owner`` whose ``load()`` its capture_support() answers by (``if
+        self.F.load(..) { Supported } else { unsupported(..) }``): its admission flag, or None."""
+        for c in self.admission.get(owner or "", ()):
+            m = re.match(r"!\s*self\.(\w+)\s*\.\s*load\s*\(", c)
+            if m:
+                return m.group(1)
+        return None
+
+    def setters(self, owner: str, flag: str) -> set[str]:
+        """The methods of ``owner`` that may store a value other than ``false`` in ``self.<flag>``,
+        themselves or through a method of ``self`` they call."""
+        out = {m for (o, m), (fields, _) in self.stores.items() if o == owner and flag in fields}
+        grew = True
+        while grew:
+            grew = False
+            for (o, m), (_, calls) in self.stores.items():
+                if o == owner and m not in out and calls & out:
+                    out.add(m)
+                    grew = True
+        return out
 
 
 def _t(n) -> str:
@@ -217,6 +241,11 @@ def collect(parsed: list[tuple[Path, str, object]]) -> Facts:
                     if ret is not None:
                         out.returns[(owner, name)] = _t(ret).replace("Self", owner)
                     body = c.child_by_field_name("body")
+                    if body is not None:
+                        text = _t(body)
+                        out.stores[(owner, name)] = (
+                            frozenset(re.findall(r"self\.(\w+)\s*\.\s*store\s*\(\s*(?!false\b)", text)),
+                            frozenset(re.findall(r"self\s*\.\s*(\w+)\s*\(", text)))
                     if name == "capture_support" and body is not None:
                         never, conds = _admission(body)
                         if never:

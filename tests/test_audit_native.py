@@ -187,6 +187,29 @@ def test_entries_sinks_and_allowlist_come_from_the_users_configuration(tmp_path,
     assert any(f["why"] == "a handle getter that syncs (theirs)" for f in doc["findings"])
 
 
+def test_an_allowed_call_on_the_path_is_not_followed(tmp_path, monkeypatch, capsys):
+    """contract: an [[allow]] naming a call in a function on the path (not only a sink) cuts the path
+    through that call with the user's reason (nxrt: `MatMulNBitsKernel::run`'s trailing
+    `self.runtime.synchronize()`, on a path its admission flag declines); the same sink reached
+    through another call is still reported, and an entry matching nothing is stale."""
+    repo = _repo(tmp_path, '[audit]\nentries = ["compute_forward"]\n[[audit.allow]]\nfile = "src/kern.cu"\n'
+                           'function = "compute_forward"\ncall = "ggml_cuda_op_topk(ctx)"\nreason = "graphs off for TOPK"\n')
+    monkeypatch.chdir(repo)
+    assert main(["src"]) == 0
+    capsys.readouterr()
+    (repo / "src" / "kern.cu").write_text(
+        "void ggml_cuda_op_topk(ctx_t& ctx) {\n  cudaStreamSynchronize(ctx.stream());\n}\n"
+        "void compute_forward(ctx_t& ctx) { ggml_cuda_op_topk(ctx); ggml_cuda_op_topk(ctx2); }\n")
+    assert main(["src", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(f["rule"], f["line"]) for f in doc["findings"]] == [("capture-unsafe-sync", 2)]
+    assert doc["findings"][0]["steps"][1].endswith("called at src/kern.cu:4)")
+    (repo / "lockstep.toml").write_text('[audit]\nentries = ["compute_forward"]\n[[audit.allow]]\nfile = "src/kern.cu"\n'
+                                        'function = "compute_forward"\ncall = "gone(ctx)"\nreason = "old"\n')
+    assert main(["src"]) == 1
+    assert "stale-allowlist" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("config, message", [
     ("[audit]\nentries = 3\n", "`entries` must be a list of non-empty strings"),
     ("[audit]\nentrys = []\n", "unknown key(s) ['entrys']"),
