@@ -5,7 +5,8 @@
 - ``teacher_forced_lock`` (fatal): over the canonical context, at every position whose oracle
   margin lies outside the near-tie band of the engine's declared precision, the engine's argmax is the anchor and its
   margin (anchor minus best other) agrees with the oracle's within twice the band. Runs as one
-  prefill or step by step through the decode path.
+  prefill, step by step through the decode path, or as verify steps (k tokens a step after the
+  prompt's prefill: a speculative decoder's check of its draft).
 - ``tripwire``: the engine's autoregressive greedy stream against the recorded prefix. A first
   divergence at a near-tie position is reported, not fatal; anywhere else it is fatal.
 """
@@ -83,15 +84,19 @@ class LockResult:
         return first + (f"; {more} more of {self.checked} checked positions diverge" if more else "")
 
 
-def teacher_forced_lock(session, snap: dict[str, Any], precision: str, *, stepwise: bool) -> LockResult:
+def teacher_forced_lock(session, snap: dict[str, Any], precision: str, *, stepwise: bool = False,
+                        verify: int = 0) -> LockResult:
     """``session``: a decode session (``lockstep.engines.DecodeSession``); ``precision``: the
-    engine's declared precision for the model's dtype, which selects the near-tie band."""
+    engine's declared precision for the model's dtype, which selects the near-tie band. One prefill,
+    ``stepwise`` (one token a step), or ``verify=k`` (the prompt as a prefill, then k tokens a step:
+    the speculative verify width), each judged against the same anchors and bands."""
     from lockstep.decoding import teacher_force
 
     context = snap["prompt"] + snap["prefix"]
     band = band_for(snap, precision)
-    logits = np.asarray(teacher_force(session, context[:-1], stepwise=stepwise), np.float64)
-    res = LockResult("stepwise" if stepwise else "prefill", band=band)
+    logits = np.asarray(teacher_force(session, context[:-1], stepwise=stepwise, verify=verify,
+                                      prompt=len(snap["prompt"])), np.float64)
+    res = LockResult("verify" if verify else "stepwise" if stepwise else "prefill", band=band)
     for entry in snap["positions"]:
         row = logits[entry["pos"]]
         anchor = entry["top1"]

@@ -149,13 +149,26 @@ def greedy(session: Any, prompt: list[int], n_tokens: int, *, io: DecoderIO | No
     return DecodeResult(list(prompt), tokens, steps, _counters(session), session.capture_stats(), replays)
 
 
-def teacher_force(session: Any, context: list[int], *, stepwise: bool, io: DecoderIO | None = None) -> np.ndarray:
-    """Logits at every position of ``context`` [len, vocab]: as one prefill, or one token per step
-    through the decode path (the path a captured decode graph replays)."""
+VERIFY_WIDTH = 4  # tokens a speculative verify step checks at once (M = k after a past)
+
+
+def teacher_force(session: Any, context: list[int], *, stepwise: bool = False, verify: int = 0, prompt: int = 0,
+                  io: DecoderIO | None = None) -> np.ndarray:
+    """Logits at every position of ``context`` [len, vocab]: as one prefill; one token per step
+    through the decode path (the path a captured decode graph replays); or, ``verify=k``, the first
+    ``prompt`` tokens (at least one) as a prefill and the rest ``k`` tokens a call, the speculative
+    verify step (M = k after a past; the last call may hold fewer)."""
     if len(context) < 1:
         raise StepError("teacher forcing needs a context of at least one token, got none")
+    if verify and (stepwise or verify < 2):
+        raise StepError(f"a verify step checks at least 2 tokens after a past (verify={verify}, stepwise={stepwise})")
     _check_context(session, io, len(context))
     session.reset()
+    if verify:
+        head = min(len(context), max(1, prompt))
+        rows = [session.forward(context[:head])]
+        rows += [session.forward(context[i:i + verify]) for i in range(head, len(context), verify)]
+        return np.concatenate([np.asarray(r) for r in rows])
     if not stepwise:
         return session.forward(context)
     return np.stack([session.forward([t])[-1] for t in context])

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import onnx
 import pytest
+from lockstep.decoding import VERIFY_WIDTH, StepError, open_session, teacher_force
 from lockstep.golden.anchors import MODEL_DIR, load_snapshot
 from lockstep.golden.locks import ModelChanged, NotFromOracle, check_provenance, teacher_forced_lock, tripwire
 from lockstep.golden.models.spec import NEAR_TIE
@@ -47,6 +48,20 @@ class KvWrongSlot(RefDecoder):
                 kv[:, :, -2] = kv[:, :, -1]
                 self.rt.write(t, kv)
         return out
+
+
+class VerifyGarbled(RefDecoder):
+    """Every step of more than one token after a past runs one position early (its rotary positions
+    and cache slots shifted): the prefill and the one-token steps are right, a speculative verify step
+    is garbled. The suite once ran 40 prefills, 688 one-token steps and no verify step (issue 53)."""
+
+    def forward(self, ids):
+        if len(ids) > 1 and self.position > 0:
+            self.position -= 1
+            out = super().forward(ids)
+            self.position += 1
+            return out
+        return super().forward(ids)
 
 
 class Perturbed:
@@ -102,12 +117,43 @@ def test_decode_path_mutants_fail_the_fatal_lock(mutant):
         "result: the message points at the first diverging position")
 
 
-def test_the_real_decoder_passes_both_modes():
+def test_a_verify_step_mutant_fails_only_the_verify_lock():
+    """result: an engine whose every M > 1 step after a past is garbled passes the prefill and
+    stepwise locks and fails the verify lock (k = VERIFY_WIDTH tokens a step after the prompt)."""
+    snap = load_snapshot(FP32)
+    dec = ref_decoder(FP32, VerifyGarbled)
+    assert teacher_forced_lock(dec, snap, "fp32", stepwise=False).ok
+    assert teacher_forced_lock(dec, snap, "fp32", stepwise=True).ok
+    verify = teacher_forced_lock(dec, snap, "fp32", verify=VERIFY_WIDTH)
+    assert verify.mode == "verify" and verify.violations, "the garbled verify steps must break the lock"
+    assert verify.violations[0]["pos"] >= len(snap["prompt"]), "the prompt's prefill is right"
+
+
+def test_verify_steps_are_the_prompt_then_k_tokens_a_call():
+    """contract (teacher_force, verify=k): the prompt as one prefill, then k tokens a call, the last
+    one shorter; every position of the context gets its logits."""
+    calls = []
+
+    class Recorder:
+        def reset(self):
+            calls.clear()
+
+        def forward(self, ids):
+            calls.append(len(ids))
+            return np.zeros((len(ids), 3))
+
+    out = teacher_force(Recorder(), list(range(11)), verify=4, prompt=5)
+    assert calls == [5, 4, 2] and out.shape == (11, 3)
+    with pytest.raises(StepError):
+        teacher_force(Recorder(), [1, 2], verify=1)
+
+
+def test_the_real_decoder_passes_every_mode():
     snap = load_snapshot(FP32)
     dec = ref_decoder(FP32)
-    for stepwise in (False, True):
-        res = teacher_forced_lock(dec, snap, "fp32", stepwise=stepwise)
-        assert res.ok and res.checked == len(snap["positions"]) - res.near_ties
+    for kw in ({"stepwise": False}, {"stepwise": True}, {"verify": VERIFY_WIDTH}):
+        res = teacher_forced_lock(dec, snap, "fp32", **kw)
+        assert res.ok and res.checked == len(snap["positions"]) - res.near_ties, kw
 
 
 def test_the_lock_checks_the_last_anchored_position():
@@ -364,3 +410,40 @@ def test_the_cross_check_is_float64():
     for path in (float64_logits, float64_logits_executor):
         got = path(decomposed_twin(spec), [int(t) for t in ids[0]])
         assert got.dtype == np.float64 and np.abs(got - want[0]).max() < 1e-9, f"result: {path.__name__}"
+
+
+def test_a_verify_failure_is_the_models_only_where_a_second_runtime_fails_too():
+    """contract (conformance.golden.arbiter, the verify lock's skip): an engine that fails the verify
+    step of a model another runtime verifies is failed (no reason to skip); a model every runtime
+    refuses k tokens after a past (GenAI's fp16 CPU export: its causal mask is built for a prefill or
+    one token) is a skip naming both failures; an engine whose prefill fails is the prefill's."""
+    from lockstep.conformance.golden.arbiter import model_takes_no_verify_step
+    from lockstep.engines.registry import load_available
+    from lockstep.golden.catalog import catalog
+
+    models = {m.name: m for m in catalog()}
+    engine = load_available("ref-sim")
+    tiny = models[FP32]
+    garbled = ref_decoder(FP32, VerifyGarbled)
+    assert model_takes_no_verify_step(engine, garbled, tiny, tiny.snapshot(), RuntimeError("x")) is None
+
+    class Refuses(RefDecoder):
+        def forward(self, ids):
+            if len(ids) > 1 and self.position > 0:
+                raise RuntimeError("no verify step here")
+            return super().forward(ids)
+
+    assert model_takes_no_verify_step(engine, ref_decoder(FP32, Refuses), tiny, tiny.snapshot(),
+                                      RuntimeError("no verify step here")) is None, "ORT runs it: the engine's bug"
+    gm = models["genai-llama-fp16-cpu"]
+    model = gm.load()
+    session = open_session(engine, model, io=gm.io(model))
+    why = model_takes_no_verify_step(engine, session, gm, gm.snapshot(), RuntimeError("Expand"))
+    assert why and why.startswith("genai-llama-fp16-cpu takes no 4-token step after a past") and "ort-cpu" in why
+
+    class NoPrefill(RefDecoder):
+        def forward(self, ids):
+            raise RuntimeError("no prefill either")
+
+    assert model_takes_no_verify_step(engine, ref_decoder(FP32, NoPrefill), tiny, tiny.snapshot(),
+                                      RuntimeError("x")) is None

@@ -2,7 +2,8 @@
 
 Per engine and golden model (the built-in ones, the trained SmolLM2 exports, and the user's from
 ``--golden-dir``): the snapshot must belong to this model file and come from the oracle; the fatal
-lock runs teacher forcing as one prefill and step by step; the tripwire compares the greedy stream
+lock runs teacher forcing as one prefill, step by step, and as verify steps (the prompt's prefill,
+then ``VERIFY_WIDTH`` tokens a step: a speculative decoder's check of its draft); the tripwire compares the greedy stream
 with the recorded one (a first divergence at a near-tie is reported in the terminal summary and the
 JSON report, not failed). The engine's declared precision for the model's dtype
 (``engine.precision``) selects the near-tie band, and is recorded in the report. An engine without
@@ -20,12 +21,13 @@ import json
 
 import pytest
 
-from lockstep.decoding import open_session
+from lockstep.decoding import VERIFY_WIDTH, open_session
 from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import same_anchors
 from lockstep.golden.locks import teacher_forced_lock, tripwire
 
 from ..locate.lock import for_lock
+from .arbiter import model_takes_no_verify_step
 
 
 def _locate(engine, golden_model, position, mode, request, record_property) -> str:
@@ -48,12 +50,19 @@ def _session(engine, golden_model, record_property):
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("mode", ["prefill", "stepwise"])
+@pytest.mark.parametrize("mode", ["prefill", "stepwise", "verify"])
 def test_teacher_forced_lock(engine, golden_model, mode, record_property, request):
     snap = golden_model.snapshot()
     golden_model.check_provenance(snap)
     session, precision = _session(engine, golden_model, record_property)
-    res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise")
+    try:
+        res = teacher_forced_lock(session, snap, precision, stepwise=mode == "stepwise",
+                                  verify=VERIFY_WIDTH if mode == "verify" else 0)
+    except Exception as exc:
+        why = model_takes_no_verify_step(engine, session, golden_model, snap, exc) if mode == "verify" else None
+        if why:
+            pytest.skip(why)
+        raise
     record_property("golden", json.dumps(res.plot_data(golden_model.name, engine.name, precision)))
     assert res.checked > 0, "result: the lock checked no position (every position a near-tie?)"
     where = _locate(engine, golden_model, None if mode == "prefill" else res.violations[0]["pos"], mode, request,
