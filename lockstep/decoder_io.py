@@ -325,6 +325,10 @@ class DecoderIO:
         presents = set(self.present_of.values())
         return {k: v for k, v in outputs.items() if k != self.logits and k not in presents}
 
+    def has_room(self, n: int) -> bool:
+        """Whether a context of ``n`` positions fits the model (its KV capacity, its position tables)."""
+        return not ((self.capacity and n > self.capacity) or (self.max_positions and n > self.max_positions))
+
     def check_room(self, position: int, n: int) -> None:
         """Refuse a step of ``n`` tokens at ``position`` that the model cannot hold (before it runs)."""
         if n < 1:

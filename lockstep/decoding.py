@@ -5,7 +5,9 @@ role: Optimum / transformers.js, ONNX Runtime GenAI and lockstep's own conventio
 has a symbolic sequence axis (capacity 0); a fixed-capacity one a static length C, written in place
 by each step. ``io.step_feeds(ids, position)`` builds a step's ids, mask, positions and extras.
 
-``greedy`` and ``teacher_force`` drive any ``DecodeSession`` (``lockstep.engines.protocol``): an
+``greedy``, ``teacher_force`` (one prefill, one token a step, or verify steps of k tokens after a
+past) and ``speculative`` (a prompt-lookup draft verified k tokens at a time, rejected ones
+rewound: a session with ``rewind``) drive any ``DecodeSession`` (``lockstep.engines.protocol``): an
 engine's own session (``engine.decoder(model)``), or ``HostKVSession``, which decodes through the
 engine's ``prepare`` with the cache kept on the host, for engines that declare no session of
 their own. ``open_session(engine, model, capture=...)`` picks between them.
@@ -26,8 +28,8 @@ import onnx
 from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder, StepError
 from lockstep.engines.protocol import CaptureStats, Unsupported, capabilities
 
-__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence", "NotADecoder",
-           "ContextLimitExceeded"]
+__all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence",
+           "NotADecoder", "ContextLimitExceeded", "VERIFY_WIDTH", "SpecResult", "prompt_lookup", "speculative"]
 
 @dataclass
 class DecodeResult:
@@ -88,6 +90,17 @@ class HostKVSession:
         self.position += n
         self._values = self.io.others(out)
         return np.asarray(out[self.io.logits][0])
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` positions: a growing cache is cut to the new position; a shared
+        buffer keeps its rows (masked until written over)."""
+        if not 0 <= n <= self.position:
+            raise StepError(f"rewind({n}): the session holds {self.position} position(s)")
+        keep = self.position - n
+        if not self.io.capacity:
+            axis = self.io.seq_axis
+            self.cache = {p: np.take(np.asarray(c), np.arange(keep), axis=axis) for p, c in self.cache.items()}
+        self.position = keep
 
     def values(self) -> dict[str, Any]:
         """The last step's graph outputs other than the logits and the presents."""
@@ -172,3 +185,77 @@ def teacher_force(session: Any, context: list[int], *, stepwise: bool = False, v
     if not stepwise:
         return session.forward(context)
     return np.stack([session.forward([t])[-1] for t in context])
+
+
+@dataclass
+class SpecResult:
+    """A speculative decode: the tokens, and per engine call its kind ("prefill", "decode",
+    "verify"), the tokens fed, how many drafted tokens were accepted, and the logits it returned."""
+    prompt: list[int]
+    tokens: list[int]
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    counters: dict[str, Any] = field(default_factory=dict)
+    capture: CaptureStats = field(default_factory=CaptureStats)
+
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.calls:
+            out[c["kind"]] = out.get(c["kind"], 0) + 1
+        return out
+
+
+def prompt_lookup(context: Sequence[int], n: int, *, ngram: int = 2) -> list[int]:
+    """Up to ``n`` draft tokens: what followed the latest earlier occurrence of the context's last
+    ``ngram`` tokens, else of fewer down to one (prompt-lookup decoding, as transformers'
+    ``max_matching_ngram_size``); none where even the last token did not occur before."""
+    ctx = list(context)
+    for size in range(min(ngram, len(ctx) - 1), 0, -1):
+        tail = ctx[-size:]
+        for start in range(len(ctx) - size - 1, -1, -1):
+            if ctx[start:start + size] == tail:
+                return ctx[start + size:start + size + n] if n > 0 else []
+    return []
+
+
+def speculative(session: Any, prompt: list[int], n_tokens: int, *, width: int = VERIFY_WIDTH, ngram: int = 2,
+                io: DecoderIO | None = None) -> SpecResult:
+    """Greedy speculative decoding with a prompt-lookup draft: after the prompt's prefill, each
+    call either verifies ``width`` tokens (the last chosen token and a draft of ``width - 1``,
+    padded with its last token to that constant width: one verify shape) and accepts the drafted
+    tokens while they are the argmax, then one more (the argmax after the last accepted), forgetting
+    the rest (``session.rewind``); or, with no draft, decodes one token. Its tokens are the greedy
+    decode's wherever the verify step's logits order the candidates as the one-token step's do."""
+    if len(prompt) < 1:
+        raise StepError("speculative decode needs a prompt of at least one token, got none")
+    if width < 2:
+        raise StepError(f"a verify step checks at least 2 tokens, not width={width}")
+    if not callable(getattr(session, "rewind", None)):
+        raise Unsupported(f"{type(session).__name__} cannot rewind: no speculative decode")
+    _check_context(session, io, len(prompt) + max(n_tokens - 1, 0))
+    io = io if io is not None else getattr(session, "io", None)
+    session.reset()
+    logits = np.asarray(session.forward(prompt))
+    res = SpecResult(list(prompt), [int(np.argmax(logits[-1]))])
+    res.calls.append({"kind": "prefill", "fed": list(prompt), "accepted": 0, "logits": logits})
+    while len(res.tokens) < n_tokens:
+        draft = prompt_lookup(list(prompt) + res.tokens, width - 1, ngram=ngram)
+        fed_so_far = len(prompt) + len(res.tokens) - 1  # the last token chosen is not fed yet
+        if draft and isinstance(io, DecoderIO) and not io.has_room(fed_so_far + width):
+            draft = []  # no room left for a whole verify step: one token at a time to the end
+        if not draft:
+            logits = np.asarray(session.forward([res.tokens[-1]]))
+            res.tokens.append(int(np.argmax(logits[-1])))
+            res.calls.append({"kind": "decode", "fed": [res.tokens[-2]], "accepted": 0, "logits": logits})
+            continue
+        fed = [res.tokens[-1], *draft, *[draft[-1]] * (width - 1 - len(draft))]
+        logits = np.asarray(session.forward(fed))
+        chosen = [int(t) for t in np.argmax(logits, axis=-1)]
+        j = 0
+        while j < len(draft) and chosen[j] == draft[j]:
+            j += 1
+        res.tokens.extend(draft[:j] + [chosen[j]])
+        session.rewind(width - (j + 1))  # fed[0..j] stay: the last token chosen is not fed yet
+        res.calls.append({"kind": "verify", "fed": fed, "accepted": j, "logits": logits})
+    del res.tokens[n_tokens:]
+    res.counters, res.capture = _counters(session), session.capture_stats()
+    return res

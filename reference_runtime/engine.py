@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from lockstep.decoding import DecoderIO
+from lockstep.decoding import DecoderIO, StepError
 from lockstep.engines.protocol import CaptureStats, RunFn
 from lockstep.loading import UnsupportedModel
 
 from .config import RuntimeConfig
+from .runtime_types import GraphSlot
 
 __all__ = ["RefEngine", "RefDecoder", "ENGINE_OF_DEVICE", "sim_engine", "cuda_engine", "sim_raw_engine"]
 
@@ -241,10 +242,14 @@ class RefDecoder:
         # a fixed-capacity cache runs one shape every step (its model's declared shapes: fixed_model)
         feeds: dict[str, Any] = {**self.io.step_feeds(ids, self.position, fixed_shapes=bool(self.capacity)),
                                  **self.cache}
-        run = self.session.run if self.session is not None else self.ex.run
         if self.capacity:  # fixed shapes: each present is written into its own past buffer
-            out = run(feeds, bind=self._bind)
+            if self.session is not None:  # after a past: the one-token step PRIMARY, a verify step VERIFY
+                slot = None if self.position == 0 else GraphSlot.PRIMARY if n == 1 else GraphSlot.VERIFY
+                out = self.session.run(feeds, bind=self._bind, slot=slot)
+            else:
+                out = self.ex.run(feeds, bind=self._bind)
         else:
+            run = self.session.run if self.session is not None else self.ex.run
             out = run(feeds, keep=set(self.present_of.values()))
             for t in self.cache.values():
                 self.rt.free(t)  # stream-ordered: safe while the step that read it is queued
@@ -252,6 +257,30 @@ class RefDecoder:
         self.position += n
         self._values = self.io.others(out)
         return np.asarray(out[self.io.logits][0])
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` positions (a speculative verify step's rejected tokens). A
+        fixed-capacity cache keeps its buffers (a captured graph stays valid): the rows past the new
+        position are masked until the next step writes over them. A growing cache is cut to the
+        position (host work: not a capture path)."""
+        if not 0 <= n <= self.position:
+            raise StepError(f"rewind({n}): the session holds {self.position} position(s)")
+        if n == 0:
+            return
+        windowed = [p for p, t in self.cache.items() if self.capacity and t.shape[self.io.seq_axis] < self.capacity]
+        if windowed:
+            from lockstep.engines.protocol import Unsupported
+
+            raise Unsupported(f"{windowed[0]} is a sliding-window cache of {self.cache[windowed[0]].shape[self.io.seq_axis]} "
+                              f"rows: a step wrote over rows it still needs, so it cannot forget the step (rewind)")
+        keep = self.position - n
+        if not self.capacity:
+            axis = self.io.seq_axis
+            for p, t in list(self.cache.items()):
+                host = self.rt.download(t)
+                self.rt.free(t)
+                self.cache[p] = self.rt.upload(np.ascontiguousarray(np.take(host, np.arange(keep), axis=axis)), name=p)
+        self.position = keep
 
     def values(self) -> dict[str, Any]:
         """The last step's graph outputs other than the logits and the presents (host arrays)."""

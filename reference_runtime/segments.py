@@ -50,6 +50,7 @@ from .errors import SyncDebugError
 from .executor import Executor
 from .values import Run, Value
 from .runtime import SegmentGraph, Tensor
+from .runtime_types import GraphSlot
 from .symbols import Symbol
 
 __all__ = ["CaptureSession", "CaptureCounters", "RECORDING_FAILURES", "RetainedPastBudget"]
@@ -68,8 +69,9 @@ class RetainedPastBudget(LockstepError):
 
 @dataclass
 class CaptureCounters:
-    captures: int = 0  # segment graphs recorded
+    captures: int = 0  # segment graphs recorded (a slot's graph included)
     replays: int = 0  # segment graph launches (the launch right after recording included)
+    replays_by_slot: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in GraphSlot})
     fallbacks: int = 0  # recordings that failed (the segment ran eagerly instead, its op types quarantined)
     invalidations: int = 0  # recordings CUDA invalidated (found at end of capture)
     eager_steps: int = 0  # steps run fully eagerly (warm-up)
@@ -88,7 +90,7 @@ class _Segment:
     steps: list[int]  # indices into executor.steps
     inputs: list[str]  # values read, produced before the segment (not constants)
     produced: list[str]
-    graph: SegmentGraph | None = None
+    graph: "SegmentGraph | GraphSlot | None" = None
     outputs: dict[str, Value] = field(default_factory=dict)  # produced values read outside segments, at baked addresses
     exposed: frozenset[str] = frozenset()  # values read outside segments: by a seam, or graph outputs
     retained: list[Tensor] = field(default_factory=list)
@@ -103,6 +105,7 @@ class _Signature:
     persist: dict[str, Tensor] = field(default_factory=dict)  # value name -> persistent buffer
     baked: dict[str, Tensor] = field(default_factory=dict)  # device feeds/binds the graphs write or read in place
     in_place_baked: bool = False  # the in-place feeds are in ``baked`` (they are part of the signature)
+    slot: GraphSlot | None = None  # a whole step recorded into a runtime graph slot (PRIMARY / VERIFY)
 
 
 class CaptureSession:
@@ -126,6 +129,7 @@ class CaptureSession:
         self.plan: CapturePlan | None = None
         self._plans: dict[tuple, CapturePlan] = {}  # (quarantined, warmed, host steps) -> plan
         self.failure: str | None = None  # the first recording failure of the session ("Type: message")
+        self._slot_owner: dict[GraphSlot, _Signature] = {}  # which signature's graph each slot holds
 
     # -- signature: what fixes the shapes and the baked addresses of a step's segments. Device feeds
     # are not part of it: a segment reads them through a persistent buffer they are copied into.
@@ -251,7 +255,12 @@ class CaptureSession:
 
     # -- run
     def run(self, feeds: dict[str, Any], *, keep: "set[str] | frozenset[str]" = frozenset(),
-            bind: "dict[str, Tensor] | None" = None) -> dict[str, Any]:
+            bind: "dict[str, Tensor] | None" = None, slot: "GraphSlot | None" = None) -> dict[str, Any]:
+        """``slot``: where a step whose plan is one segment (the whole step: a fixed-capacity cache)
+        is recorded, a runtime graph slot (the decoder's one-token step PRIMARY, its verify step
+        VERIFY: two widths that replay without invalidating each other) instead of a segment handle.
+        A slot holds one graph: a signature recorded into a slot another one held takes it over, and
+        the other is recorded again when it next runs."""
         bind = dict(bind or {})
         sig, in_place = self._lookup(feeds, bind)
         if sig.seen < self.warmup:
@@ -268,6 +277,7 @@ class CaptureSession:
             sig.items = self._items(self._plan())
             # after splitting by the paging budget, if any
             self.counters.segments = sum(kind == "segment" for kind, _ in sig.items)
+            sig.slot = slot if slot is not None and [k for k, _ in sig.items] == ["segment"] else None
         self.counters.captured_steps += 1
         return self._run_segmented(sig, feeds, keep, bind, in_place)
 
@@ -321,8 +331,7 @@ class CaptureSession:
                 if ex.pager is not None:  # weights in, and the addresses the graph baked still theirs
                     ex.pager.ensure(seg.weights)
                     ex.pager.admit(seg.baked)
-                rt.replay_segment(seg.graph)
-                self.counters.replays += 1
+                self._launch(sig, seg.graph)
                 env.update(seg.outputs)
             return ex.finish(run)
         finally:
@@ -337,7 +346,16 @@ class CaptureSession:
         if ex.pager is not None:  # page in before recording: a remap cannot be recorded
             ex.pager.ensure(seg.weights)
             seg.baked = ex.pager.baked(seg.weights)
-        handle = rt.begin_segment(f"{ex.steps[seg.steps[0]].info.name}..{ex.steps[seg.steps[-1]].info.name}")
+        slot = sig.slot
+        if slot is not None:
+            owner = self._slot_owner.get(slot)
+            if owner is not None and owner is not sig:
+                self._drop(owner)  # the slot's graph is replaced: that signature records again when it runs
+            self._slot_owner[slot] = sig
+            rt.begin_capture(slot)
+            handle: SegmentGraph | GraphSlot = slot
+        else:
+            handle = rt.begin_segment(f"{ex.steps[seg.steps[0]].info.name}..{ex.steps[seg.steps[-1]].info.name}")
         retained: list[Tensor] = []
         current = seg.steps[0]
         try:
@@ -350,10 +368,10 @@ class CaptureSession:
                         raise
                     raise RetainedPastBudget(f"{ex.steps[i].info.op_type} {ex.steps[i].info.name!r}: its "
                                              f"iterations' temporaries, retained by the graph: {exc}") from exc
-            rt.end_segment(handle)
+            rt.end_capture(handle) if slot is not None else rt.end_segment(handle)
         except (*RECORDING_FAILURES, RetainedPastBudget) as exc:
             if rt.is_capturing:
-                rt.abort_segment(handle)
+                rt.abort_capture(handle) if slot is not None else rt.abort_segment(handle)
             if isinstance(exc, StreamCaptureInvalidated):
                 self.counters.invalidations += 1
                 # found only at the end: no single node to blame, so every op type of the segment
@@ -371,7 +389,7 @@ class CaptureSession:
             return False
         except BaseException:
             if rt.is_capturing:
-                rt.abort_segment(handle)
+                rt.abort_capture(handle) if slot is not None else rt.abort_segment(handle)
             for t in retained:
                 rt.free(t)
             raise
@@ -379,12 +397,22 @@ class CaptureSession:
         seg.retained = retained
         seg.outputs = {o: run.env[o] for o in seg.produced if o in run.env and o in seg.exposed}
         self.counters.captures += 1
-        rt.replay_segment(handle)  # recording executed nothing: this step's work runs now
-        self.counters.replays += 1
+        self._launch(sig, handle)  # recording executed nothing: this step's work runs now
         return True
+
+    def _launch(self, sig: _Signature, graph: "SegmentGraph | GraphSlot") -> None:
+        if isinstance(graph, GraphSlot):
+            self.rt.replay(graph)
+            self.counters.replays_by_slot[graph.value] += 1
+        else:
+            self.rt.replay_segment(graph)
+        self.counters.replays += 1
 
     def _drop(self, sig: _Signature) -> None:
         """Forget a signature's graphs (after a recording failure): the next step plans again."""
+        if sig.slot is not None and self._slot_owner.get(sig.slot) is sig:
+            del self._slot_owner[sig.slot]
+            self.rt.reset(sig.slot)
         for kind, item in sig.items or []:
             if kind == "segment":
                 item.graph = None

@@ -284,19 +284,39 @@ class _SharedGraphLifecycle:
         super().replay_segment(seg)
 
 
-def test_shared_graph_lifecycle_mutant_breaks_decode_verify_alternation():
+class _SharedSlots:
+    """Mutant runtime mixin: the two graph slots share one lifecycle (VERIFY is PRIMARY): seed 004's
+    bug, where the verify step's capture replaced the decode step's graph."""
+
+    def begin_capture(self, slot):
+        super().begin_capture("primary")
+
+    def end_capture(self, slot):
+        super().end_capture("primary")
+
+    def abort_capture(self, slot):
+        super().abort_capture("primary")
+
+    def replay(self, slot):
+        super().replay("primary")
+
+
+@pytest.mark.parametrize("model_name, mixin", [("tiny-fp32-standard-kv64", _SharedSlots),
+                                               ("tiny-fp32-standard", _SharedGraphLifecycle)])
+def test_shared_graph_lifecycle_mutant_breaks_decode_verify_alternation(model_name, mixin):
     """The seeds' replays=0 bug class, end to end: with the decode and verify signatures' graphs
-    sharing one lifecycle, alternating decode and verify steps no longer match the eager run; with
+    sharing one lifecycle (a fixed-capacity cache: the PRIMARY and VERIFY slots; a growing one: the
+    segment graphs), alternating decode and verify steps no longer match the eager run; with
     independent graphs they do (conformance/golden/test_capture_identity.py)."""
     from lockstep.golden.anchors import MODEL_DIR
     from lockstep.reference_runtime import Runtime, RuntimeConfig
     from lockstep.reference_runtime.backends.sim import SimDevice
     from lockstep.reference_runtime.engine import RefDecoder
 
-    class Shared(_SharedGraphLifecycle, Runtime):
+    class Shared(mixin, Runtime):
         pass
 
-    model = onnx.load(str(MODEL_DIR / "tiny-fp32-standard-kv64.onnx"))
+    model = onnx.load(str(MODEL_DIR / f"{model_name}.onnx"))
     steps = [list(b"The quick"), [66], [67, 68, 69], [70], [71, 72, 73], [74]]
 
     def run(dec):

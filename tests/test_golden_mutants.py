@@ -447,3 +447,37 @@ def test_a_verify_failure_is_the_models_only_where_a_second_runtime_fails_too():
 
     assert model_takes_no_verify_step(engine, ref_decoder(FP32, NoPrefill), tiny, tiny.snapshot(),
                                       RuntimeError("x")) is None
+
+
+class NoRewind(RefDecoder):
+    """Keeps a verify step's rejected tokens: its rewind does nothing."""
+
+    def rewind(self, n):
+        pass
+
+
+def test_speculative_decode_is_greedy_and_a_session_that_keeps_rejected_tokens_is_not():
+    """result: the reference runtime's speculative decode (prompt-lookup draft, verify steps of
+    VERIFY_WIDTH, rewind) gives the greedy tokens on a model with a fixed-capacity cache, capture on
+    and off, both slots replaying; a session whose rewind keeps the rejected draft leaves greedy."""
+    from lockstep.decoding import greedy, speculative
+
+    name = "small-fp32-standard-kv64"
+    snap = load_snapshot(name)
+    prompt = snap["prompt"] + snap["prefix"][:6] + snap["prompt"]
+    want = greedy(ref_decoder(name), prompt, 16).tokens
+    plain = speculative(ref_decoder(name), prompt, 16)
+    assert plain.tokens == want and plain.kinds().get("verify", 0) >= 2
+    assert any(c["kind"] == "verify" and c["accepted"] < VERIFY_WIDTH - 1 for c in plain.calls), "a draft was rejected"
+    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    captured = RefDecoder(model, Runtime(SimDevice(), RuntimeConfig()), capture=True)
+    on = speculative(captured, prompt, 16)
+    slots = on.capture.detail["replays_by_slot"]
+    assert on.tokens == want and slots["primary"] > 0 and slots["verify"] > 0, slots
+    # a growing cache keeps the rejected rows where rewind does nothing: the tokens leave greedy
+    grow = "small-fp32-standard"
+    snap = load_snapshot(grow)
+    prompt = snap["prompt"] + snap["prefix"][:6] + snap["prompt"]
+    want = greedy(ref_decoder(grow), prompt, 16).tokens
+    assert speculative(ref_decoder(grow), prompt, 16).tokens == want
+    assert speculative(ref_decoder(grow, NoRewind), prompt, 16).tokens != want

@@ -13,20 +13,33 @@ silently off. Capture is chosen per session, never by a process-wide switch.
 On the reference runtime the counts are exact: with a fixed-capacity cache the one-token step is
 one graph in the PRIMARY slot; with a growing cache each step runs as captured segments (one graph
 each) and eager seams; after the prefill and one eager warm-up step, every step replays.
+
+``test_speculative_capture_identity``: a speculative decode (``lockstep.decoding.speculative``: a
+prompt-lookup draft verified ``VERIFY_WIDTH`` tokens a step, padded to that width, rejected tokens
+rewound) with capture on and off gives the same bytes at every call; with a fixed-capacity cache the
+reference runtime replays the one-token step from its PRIMARY slot and the verify step from its
+VERIFY slot, neither invalidating the other, and never falls back; its tokens are the greedy
+decode's (a first difference only where greedy's top two are within the near-tie band). An engine
+whose session cannot rewind is a skip with its reason.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from lockstep.decoding import first_divergence, greedy, open_session
-from lockstep.engines import Unsupported, unsupported_reason
+from lockstep.decoding import VERIFY_WIDTH, first_divergence, greedy, open_session, speculative
+from lockstep.engines import Unsupported, precision_of, unsupported_reason
+from lockstep.golden.anchors import band_for
 from lockstep.engines.protocol import capabilities
 from lockstep.engines.registry import spec_of
 
 from ..locate.command import command_line
+from .arbiter import model_takes_no_verify_step
 
 TOKENS = 12
+SPEC_TOKENS = 16
+SPEC_ECHO = 12  # tokens of the recorded continuation repeated in the speculative decode's prompt
 
 
 @pytest.mark.capture
@@ -53,6 +66,59 @@ def test_capture_on_off_byte_identity(engine, golden_model, request):
         assert off.counters["captures"] == 0 and off.counters["replays"] == 0, "contract: the runtime captured nothing"
     assert (div := first_divergence(on, off)) is None, (
         f"result: {_divergence(golden_model.name, div)}; locate the node: {_locate(engine, golden_model, div, request)}")
+
+
+@pytest.mark.capture
+def test_speculative_capture_identity(engine, golden_model):
+    proto = golden_model.load()
+    io = golden_model.io(proto)
+    snap = golden_model.snapshot()
+    # repeated text, what a prompt-lookup draft is for: the prompt, the model's own greedy
+    # continuation of it (the snapshot's), the prompt again
+    echo = SPEC_ECHO
+    while echo > 0 and not io.has_room(2 * len(snap["prompt"]) + echo + SPEC_TOKENS + VERIFY_WIDTH):
+        echo -= 1  # a small capacity (kv64): less of the continuation repeated
+    prompt = list(snap["prompt"]) + list(snap["prefix"][:echo]) + list(snap["prompt"])
+    try:
+        on_session = open_session(engine, proto, capture=True, io=io)
+    except Unsupported as exc:
+        pytest.skip(unsupported_reason(engine.name, exc))
+    try:
+        on = speculative(on_session, prompt, SPEC_TOKENS, io=io)
+        off = speculative(open_session(engine, proto, capture=False, io=io), prompt, SPEC_TOKENS, io=io)
+    except Unsupported as exc:
+        pytest.skip(unsupported_reason(engine.name, exc))
+    except Exception as exc:
+        why = model_takes_no_verify_step(engine, open_session(engine, proto, io=io), golden_model, snap, exc)
+        if why:
+            pytest.skip(why)
+        raise
+    kinds = on.kinds()
+    assert kinds.get("verify", 0) >= 1, f"result: the decode verified a draft ({kinds})"
+    assert on.capture.fallbacks == 0, f"contract: no step fell back to eager ({on.capture})"
+    assert off.capture.captures == 0 and off.capture.replays == 0, f"contract: capture was really off ({off.capture})"
+    if capabilities(engine).runtime_device and io.capacity:
+        # each width after a past: one eager warm-up call, then its slot's graph every call (the
+        # launch right after recording included); decode and verify never take each other's slot
+        slots = on.capture.detail["replays_by_slot"]
+        expected = {"primary": max(0, kinds.get("decode", 0) - 1), "verify": max(0, kinds.get("verify", 0) - 1)}
+        assert slots == expected, f"contract: each width replays from its own slot ({slots}, calls {kinds})"
+        assert on.counters["replays_by_slot"] == slots, "contract: the runtime launched the slots' graphs"
+    plain = greedy(open_session(engine, proto, capture=False, io=io), prompt, SPEC_TOKENS)
+    if off.tokens != plain.tokens:  # a verify step's logits may order a near-tie otherwise: nothing else
+        i = next(k for k, (a, b) in enumerate(zip(off.tokens, plain.tokens)) if a != b)
+        top = np.sort(np.asarray(plain.step_logits[i], np.float64))[::-1]
+        band = band_for(snap, precision_of(engine, golden_model.dtype))
+        assert top[0] - top[1] <= band, (
+            f"result: the speculative decode of {golden_model.name} leaves the greedy one at token {i} "
+            f"({off.tokens[i]} vs {plain.tokens[i]}, greedy margin {top[0] - top[1]:.4g} > band {band:.4g}): "
+            f"a rejected draft not forgotten (rewind), or a verify step computed wrong")
+    assert [c["kind"] for c in on.calls] == [c["kind"] for c in off.calls] and on.tokens == off.tokens, (
+        f"result: capture on and off of {golden_model.name} decode differently: {on.tokens} vs {off.tokens}")
+    for i, (a, b) in enumerate(zip(on.calls, off.calls)):
+        assert a["logits"].tobytes() == b["logits"].tobytes(), (
+            f"result: capture on and off of {golden_model.name} differ at call {i} ({a['kind']}, fed {a['fed']}): "
+            f"max |logit difference| {float(abs(a['logits'] - b['logits']).max()):.6g}")
 
 
 def _locate(engine, golden_model, d: dict, request) -> str:

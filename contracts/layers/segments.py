@@ -66,8 +66,8 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "replay_not_counted", _S,
-        old="                rt.replay_segment(seg.graph)\n                self.counters.replays += 1",
-        new="                rt.replay_segment(seg.graph)",
+        old="            self.rt.replay_segment(graph)\n        self.counters.replays += 1",
+        new="            self.rt.replay_segment(graph)",
         breaks="counters.replays counts every segment graph launch, replays after the capture step included",
         tests=_SEG, select="growing_cache_decode",
     ),
@@ -87,7 +87,7 @@ MUTANTS = [
     ),
     Mutant(
         "segments", "capture_step_not_launched", _S,
-        old="        rt.replay_segment(handle)  # recording executed nothing",
+        old="        self._launch(sig, handle)  # recording executed nothing",
         new="        pass  # recording executed nothing",
         breaks="the step that records a segment also launches it (recording executes nothing)",
         tests=_SEG, select="growing_cache_decode", ci=True,
@@ -171,5 +171,21 @@ MUTANTS = [
         breaks="a node a run finds to be a host seam (a device kernel handed strings) makes a new plan: a plan "
                "kept from before that run would record it",
         tests=("tests/test_host_values.py",), select="previewed",
+    ),
+    # issue 53: the decoder's two widths in their own slots; a rejected draft forgotten
+    Mutant(
+        "segments", "verify_step_in_the_decode_slot", "lockstep.reference_runtime.engine",
+        old="GraphSlot.PRIMARY if n == 1 else GraphSlot.VERIFY",
+        new="GraphSlot.PRIMARY",
+        breaks="after a past, the one-token step replays from the PRIMARY slot and a verify step from VERIFY: the "
+               "two widths never replace each other's graph",
+        tests=("tests/test_golden_mutants.py",), select="speculative",
+    ),
+    Mutant(
+        "segments", "rewind_forgets_nothing", "lockstep.reference_runtime.engine",
+        old="        self.position = keep\n",
+        new="        pass\n",
+        breaks="rewind(n) forgets the last n positions: a speculative decode's rejected draft tokens leave no trace",
+        tests=("tests/test_golden_mutants.py",), select="speculative",
     ),
 ]
