@@ -29,7 +29,8 @@ from lockstep.decoder_io import ContextLimitExceeded, DecoderIO, NotADecoder, St
 from lockstep.engines.protocol import CaptureStats, Unsupported, capabilities
 
 __all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence",
-           "NotADecoder", "ContextLimitExceeded", "VERIFY_WIDTH", "SpecResult", "prompt_lookup", "speculative"]
+           "NotADecoder", "ContextLimitExceeded", "VERIFY_WIDTH", "SpecResult", "prompt_lookup", "speculative",
+           "interleaved"]
 
 @dataclass
 class DecodeResult:
@@ -259,3 +260,28 @@ def speculative(session: Any, prompt: list[int], n_tokens: int, *, width: int = 
     del res.tokens[n_tokens:]
     res.counters, res.capture = _counters(session), session.capture_stats()
     return res
+
+
+def interleaved(sessions: Sequence[Any], prompts: Sequence[list[int]], n_tokens: int, *,
+                io: DecoderIO | None = None) -> list[DecodeResult]:
+    """Greedy decodes of several sessions (of one engine, one model) advanced together: every
+    prefill, then each session's next step in turn. A session's result must be its solo
+    ``greedy`` run's: a difference is state one session left in another (a shared cache, a
+    shared scratch buffer: the cross-request leaks serving engines ship)."""
+    if len(sessions) != len(prompts) or any(len(p) < 1 for p in prompts):
+        raise StepError("interleaved decode needs one non-empty prompt per session")
+    for p in prompts:
+        _check_context(sessions[0], io, len(p) + max(n_tokens - 1, 0))
+    for s in sessions:
+        s.reset()
+    logits = [s.forward(p)[-1] for s, p in zip(sessions, prompts)]
+    tokens: list[list[int]] = [[] for _ in sessions]
+    steps: list[list[Any]] = [[] for _ in sessions]
+    for i in range(n_tokens):
+        for k, s in enumerate(sessions):
+            tokens[k].append(int(np.argmax(logits[k])))
+            steps[k].append(logits[k])
+            if i + 1 < n_tokens:
+                logits[k] = s.forward([tokens[k][-1]])[-1]
+    return [DecodeResult(list(p), t, st, _counters(s), s.capture_stats(), [])
+            for p, t, st, s in zip(prompts, tokens, steps, sessions)]

@@ -481,3 +481,41 @@ def test_speculative_decode_is_greedy_and_a_session_that_keeps_rejected_tokens_i
     want = greedy(ref_decoder(grow), prompt, 16).tokens
     assert speculative(ref_decoder(grow), prompt, 16).tokens == want
     assert speculative(ref_decoder(grow, NoRewind), prompt, 16).tokens != want
+
+
+class SharedKvBuffer(RefDecoder):
+    """Every session on one runtime writes the same fixed-capacity KV buffer: a serving engine's
+    pool handing two requests one block (the cross-request leak)."""
+
+    pool: dict = {}
+
+    def reset(self):
+        super().reset()
+        held = SharedKvBuffer.pool.setdefault(id(self.rt), self.cache)
+        if held is not self.cache:
+            self.cache = held
+            self._bind = {self.present_of[p]: t for p, t in self.cache.items()}
+
+
+def test_neighbouring_sessions_match_their_solo_runs_and_a_shared_kv_buffer_does_not():
+    """result: two reference-runtime sessions advanced in turn (``interleaved``) give their solo
+    greedy runs' bytes; two sessions sharing one KV buffer do not (the check
+    conformance/golden/test_neighbours.py runs on every engine)."""
+    from lockstep.decoding import greedy, interleaved
+
+    name = "small-fp32-standard-kv64"
+    snap = load_snapshot(name)
+    prompts = [snap["prompt"], snap["prompt"][1:] + snap["prefix"][:3]]
+    model = onnx.load(str(MODEL_DIR / f"{name}.onnx"))
+    solo = [greedy(ref_decoder(name), p, 8) for p in prompts]
+
+    def pair(cls):
+        rt = Runtime(SimDevice(), RuntimeConfig())
+        return [cls(model, rt), cls(model, rt)]
+
+    honest = interleaved(pair(RefDecoder), prompts, 8)
+    assert [r.tokens for r in honest] == [s.tokens for s in solo]
+    assert all(a.tobytes() == b.tobytes() for r, s in zip(honest, solo) for a, b in zip(r.step_logits, s.step_logits))
+    leaky = interleaved(pair(SharedKvBuffer), prompts, 8)
+    assert any(a.tobytes() != b.tobytes() for r, s in zip(leaky, solo) for a, b in zip(r.step_logits, s.step_logits)), (
+        "a shared KV buffer must show in the interleaved run")
