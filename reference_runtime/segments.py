@@ -326,6 +326,8 @@ class CaptureSession:
                             ex.step(run, i)
                         continue
                     sig.baked.update({f"bound output {k}": t for k, t in run.bind.items()})
+                    if sig.slot is not None:
+                        self._take_slot(sig)
                     invalid = not self._record(sig, seg, run)
                     continue
                 if ex.pager is not None:  # weights in, and the addresses the graph baked still theirs
@@ -347,11 +349,7 @@ class CaptureSession:
             ex.pager.ensure(seg.weights)
             seg.baked = ex.pager.baked(seg.weights)
         slot = sig.slot
-        if slot is not None:
-            owner = self._slot_owner.get(slot)
-            if owner is not None and owner is not sig:
-                self._drop(owner)  # the slot's graph is replaced: that signature records again when it runs
-            self._slot_owner[slot] = sig
+        if slot is not None:  # the slot was taken over before recording (_take_slot): no free in here
             rt.begin_capture(slot)
             handle: SegmentGraph | GraphSlot = slot
         else:
@@ -399,6 +397,14 @@ class CaptureSession:
         self.counters.captures += 1
         self._launch(sig, handle)  # recording executed nothing: this step's work runs now
         return True
+
+    def _take_slot(self, sig: _Signature) -> None:
+        """Make ``sig`` the holder of its slot; the signature that held it is dropped (its graph is
+        about to be replaced: it records again when it next runs). Before recording, not inside it."""
+        owner = self._slot_owner.get(sig.slot)
+        if owner is not None and owner is not sig:
+            self._drop(owner)
+        self._slot_owner[sig.slot] = sig
 
     def _launch(self, sig: _Signature, graph: "SegmentGraph | GraphSlot") -> None:
         if isinstance(graph, GraphSlot):

@@ -53,6 +53,7 @@ from lockstep.reference_runtime import runtime as rtmod
 from lockstep.reference_runtime import segments as segmod
 from lockstep.reference_runtime.backends import make_device
 from lockstep.reference_runtime.engine import RefDecoder
+from lockstep.reference_runtime.runtime_types import GraphSlot
 
 perf = time.perf_counter
 
@@ -128,6 +129,7 @@ def install(t: Timers, dec: RefDecoder) -> None:
     t.wrap(rtmod.Runtime, "write", "runtime: write", "H2D into a feed buffer, ordered by events")
     t.wrap(rtmod.Runtime, "upload", "runtime: upload", "allocate + H2D")
     t.wrap(rtmod.Runtime, "replay_segment", "runtime: replay_segment", "checks, counters")
+    t.wrap(rtmod.Runtime, "replay", "runtime: replay (a graph slot)", "checks, counters")
     t.wrap(rtmod.Runtime, "download", "runtime: download", "checks, counters")
     t.wrap(rtmod.Runtime, "_force_sync", "runtime: forced sync", "both streams synchronised")
     t.wrap(rtmod.Runtime, "_reap", "runtime: reap frees", "pending frees whose event completed")
@@ -148,7 +150,9 @@ def install(t: Timers, dec: RefDecoder) -> None:
         for sig in dec.session._sigs.values():
             for kind, item in sig.items or []:
                 if kind == "segment" and item.graph is not None:
-                    t.wrap(type(item.graph.graph), "launch", "device: graph launch", "")
+                    # a fixed-capacity step's graph lives in a runtime slot (PRIMARY / VERIFY), a segment's in its handle
+                    held = rt._slots[item.graph] if isinstance(item.graph, GraphSlot) else item.graph
+                    t.wrap(type(held.graph), "launch", "device: graph launch", "")
                     break
             else:
                 continue
@@ -207,9 +211,9 @@ def _main(argv, undo: list) -> int:
         wall, logits = steps(dec, logits, half)  # uninstrumented, then instrumented: same context
         plain.append(wall / half)
         c0 = rt.counters.as_dict()
-        install(t, dec)
-        t.reset()
         try:
+            install(t, dec)
+            t.reset()
             wall, logits = steps(dec, logits, args.steps - half)
         finally:
             t.remove()

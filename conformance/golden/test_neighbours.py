@@ -15,7 +15,7 @@ from lockstep.decoding import greedy, interleaved, open_session
 from lockstep.engines import Unsupported, precision_of, unsupported_reason
 from lockstep.golden.anchors import band_for
 
-TOKENS = 8
+TOKENS = 4  # a leak shows at the first step after both prefills: a neighbour wrote over the cache
 
 
 @pytest.mark.golden
