@@ -66,6 +66,22 @@ def first_divergence(a: DecodeResult, b: DecodeResult) -> dict[str, Any] | None:
     return None
 
 
+def check_rewind(io: DecoderIO, rows: dict[str, int], position: int, n: int) -> None:
+    """Refuse ``rewind(n)`` of a session at ``position`` whose caches hold ``rows`` rows each: more
+    positions than it holds (``StepError``), or a cache holding fewer rows than it should (its
+    capacity, or the position for a growing one): a sliding-window cache, whose step wrote over rows
+    it still needs (``Unsupported``)."""
+    if not 0 <= n <= position:
+        raise StepError(f"rewind({n}): the session holds {position} position(s)")
+    if n == 0:
+        return
+    want = io.capacity or position
+    short = next((p for p, r in rows.items() if r < want), None)
+    if short is not None:
+        raise Unsupported(f"{short} is a sliding-window cache of {rows[short]} rows: a step wrote over rows it "
+                          f"still needs, so it cannot forget the step (rewind)")
+
+
 class HostKVSession:
     """A decode session over any engine's ``prepare``: each step feeds the ids, positions and the
     previous step's ``present`` tensors as host arrays. The engine runs the whole graph per step; no
@@ -95,8 +111,7 @@ class HostKVSession:
     def rewind(self, n: int) -> None:
         """Forget the last ``n`` positions: a growing cache is cut to the new position; a shared
         buffer keeps its rows (masked until written over)."""
-        if not 0 <= n <= self.position:
-            raise StepError(f"rewind({n}): the session holds {self.position} position(s)")
+        check_rewind(self.io, {p: np.shape(c)[self.io.seq_axis] for p, c in self.cache.items()}, self.position, n)
         keep = self.position - n
         if not self.io.capacity:
             axis = self.io.seq_axis

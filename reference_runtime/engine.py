@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from lockstep.decoding import DecoderIO, StepError
+from lockstep.decoding import DecoderIO, check_rewind
 from lockstep.engines.protocol import CaptureStats, RunFn
 from lockstep.loading import UnsupportedModel
 
@@ -263,16 +263,9 @@ class RefDecoder:
         fixed-capacity cache keeps its buffers (a captured graph stays valid): the rows past the new
         position are masked until the next step writes over them. A growing cache is cut to the
         position (host work: not a capture path)."""
-        if not 0 <= n <= self.position:
-            raise StepError(f"rewind({n}): the session holds {self.position} position(s)")
+        check_rewind(self.io, {p: t.shape[self.io.seq_axis] for p, t in self.cache.items()}, self.position, n)
         if n == 0:
             return
-        windowed = [p for p, t in self.cache.items() if self.capacity and t.shape[self.io.seq_axis] < self.capacity]
-        if windowed:
-            from lockstep.engines.protocol import Unsupported
-
-            raise Unsupported(f"{windowed[0]} is a sliding-window cache of {self.cache[windowed[0]].shape[self.io.seq_axis]} "
-                              f"rows: a step wrote over rows it still needs, so it cannot forget the step (rewind)")
         keep = self.position - n
         if not self.capacity:
             axis = self.io.seq_axis

@@ -519,3 +519,22 @@ def test_neighbouring_sessions_match_their_solo_runs_and_a_shared_kv_buffer_does
     leaky = interleaved(pair(SharedKvBuffer), prompts, 8)
     assert any(a.tobytes() != b.tobytes() for r, s in zip(leaky, solo) for a, b in zip(r.step_logits, s.step_logits)), (
         "a shared KV buffer must show in the interleaved run")
+
+
+def test_a_cache_holding_fewer_rows_than_it_should_refuses_rewind():
+    """contract (decoding.check_rewind, both sessions' rewind): a sliding-window cache, fixed-capacity
+    or growing, cannot forget a step (the rows it overwrote are gone): Unsupported, never a wrong
+    cache; more positions than held is a StepError."""
+    from types import SimpleNamespace
+
+    from lockstep.decoding import check_rewind
+    from lockstep.engines.protocol import Unsupported
+
+    growing, fixed = SimpleNamespace(capacity=0), SimpleNamespace(capacity=64)
+    check_rewind(growing, {"k0": 20, "k1": 20}, 20, 3)
+    check_rewind(fixed, {"k0": 64}, 20, 3)
+    for io, rows in ((growing, {"k0": 20, "k1": 8}), (fixed, {"k0": 64, "k1": 8})):
+        with pytest.raises(Unsupported, match="k1 is a sliding-window cache of 8 rows"):
+            check_rewind(io, rows, 20, 3)
+    with pytest.raises(StepError):
+        check_rewind(growing, {"k0": 20}, 20, 21)
