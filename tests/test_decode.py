@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from lockstep.conformance.cli import main
-from lockstep.decoding import greedy, teacher_force
+from lockstep.decoding import StepError, greedy, teacher_force
 from lockstep.engines import Unsupported
 from lockstep.engines.registry import load_engine
 
@@ -229,17 +229,61 @@ def test_ort_fixed_bindings_ping_pong_matches_the_plain_binding_path(model):
     if not engine.available()[0]:
         pytest.skip(f"ort-cpu unavailable: {engine.available()[1]}")
     proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
-    steps = [list(b"The quick"), [66], [67], [68, 69, 70], [71], [72], [73, 74, 75], [76]]
+    # a prefill, one-token steps, verify steps of the graphed width (4) and of another (3), a rewind
+    steps = [list(b"The quick"), [66], [67, 68, 69, 70], [71], [72, 73, 74], [75, 76, 77, 78], ("rewind", 2),
+             [79], [80], [81, 82, 83, 84], [85]]
 
     def run(dec):
         dec.reset()
-        return [dec.forward(s).tobytes() for s in steps]
+        out = []
+        for s in steps:
+            if s[0] == "rewind":
+                dec.rewind(s[1])
+            else:
+                out.append(dec.forward(s).tobytes())
+        return out
 
     plain, fixed = OrtDecoder(proto, engine), OrtDecoder(proto, engine, fixed_bindings=True)
     first = run(fixed)
     assert first == run(plain), "result: same bytes as the plain binding path"
     assert run(fixed) == first, "result: reset reuses the same buffers and gives the same bytes"
-    assert fixed.graph_runs == {1: 4, 2: 6}, "contract: one-token steps alternate between the two directions"
+    # each call flips the cache's direction (0 after reset): the 1-token steps run in directions
+    # 1, 1, 0, 1, 1 (ids 2, 2, 1, 2, 2), the 4-token ones in 0, 1, 0 (ids 3, 4, 3); the 3-token step and
+    # the prefill ungraphed (-1); two runs of the fixed session
+    assert fixed.graph_runs == {1: 2, 2: 8, 3: 4, 4: 2}, (
+        f"contract: each graphed width alternates between its own two ids ({fixed.graph_runs})")
+
+
+@pytest.mark.parametrize("model", ["tiny-fp32-standard", "tiny-fp32-standard-kv64"])
+@pytest.mark.parametrize("fixed", [False, True])
+def test_ort_rewind_forgets_a_rejected_verify_step(model, fixed):
+    """Guarantee (OrtDecoder.rewind, what a speculative decode needs): after a verify step whose
+    last tokens are rewound, the session continues as one that never saw them: same position, and
+    the next step's logits those of a session fed only the accepted tokens (within 1e-5: the
+    accepted rows came from a wider step); a growing cache is cut, a fixed one keeps its buffers."""
+    from lockstep.golden.anchors import MODEL_DIR
+
+    from lockstep.engines.ort import OrtDecoder
+
+    engine = load_engine("ort-cpu")
+    if not engine.available()[0]:
+        pytest.skip(f"ort-cpu unavailable: {engine.available()[1]}")
+    proto = onnx.load(str(MODEL_DIR / f"{model}.onnx"))
+    if fixed and "kv64" not in model:
+        pytest.skip("fixed bindings need a fixed-capacity cache (tested above)")
+    spec = OrtDecoder(proto, engine, fixed_bindings=fixed)
+    spec.forward(list(b"The quick"))
+    spec.forward([66, 67, 68, 69])
+    spec.rewind(2)
+    assert spec.position == len(b"The quick") + 2, "contract: rewind takes the position back"
+    got = spec.forward([70])
+    ref = OrtDecoder(proto, engine, fixed_bindings=fixed)
+    ref.forward(list(b"The quick"))
+    ref.forward([66, 67])
+    want = ref.forward([70])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg="result: the rejected tokens were forgotten")
+    with pytest.raises(StepError, match="holds"):
+        spec.rewind(spec.position + 1)
 
 
 def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_why():

@@ -104,6 +104,11 @@ def test_speculative_capture_identity(engine, golden_model):
         expected = {"primary": max(0, kinds.get("decode", 0) - 1), "verify": max(0, kinds.get("verify", 0) - 1)}
         assert slots == expected, f"contract: each width replays from its own slot ({slots}, calls {kinds})"
         assert on.counters["replays_by_slot"] == slots, "contract: the runtime launched the slots' graphs"
+    runs = on.capture.detail.get("runs_by_graph_id")
+    if runs:  # ONNX Runtime's CUDA graphs: each width after a past under its own graph annotations
+        assert runs[3] + runs[4] == kinds.get("verify", 0) and runs[1] + runs[2] == kinds.get("decode", 0), (
+            f"contract: every verify step ran under the verify width's graph ids (3, 4), every one-token "
+            f"step under 1, 2 ({runs}, calls {kinds})")
     plain = greedy(open_session(engine, proto, capture=False, io=io), prompt, SPEC_TOKENS)
     if off.tokens != plain.tokens:  # a verify step's logits may order a near-tie otherwise: nothing else
         i = next(k for k, (a, b) in enumerate(zip(off.tokens, plain.tokens)) if a != b)

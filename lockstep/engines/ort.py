@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from lockstep.decoding import DecoderIO
+from lockstep.decoding import VERIFY_WIDTH, DecoderIO
 from lockstep.engines.protocol import CaptureStats, RunFn, Unsupported
 
 __all__ = ["OrtEngine", "OrtDecoder", "cpu_engine", "cuda_engine", "cuda_tf32_engine", "CUDA_STRICT", "CUDA_TF32"]
@@ -293,6 +293,12 @@ def _ort_unsupported(msg: str) -> str:
     return ""
 
 
+# the widths a step after a past runs under a graph (one token; the speculative verify step) and
+# their graph annotations, two per width (one per ping-pong direction of the cache)
+_WIDTHS = (1, VERIFY_WIDTH)
+_GRAPH_IDS = (1, 2, 3, 4)
+
+
 class OrtDecoder:
     """ONNX Runtime with IO binding: the KV cache stays in OrtValues on the provider's device
     (GPU memory for ort-cuda) and each step's present OrtValues are bound as the next past; only
@@ -303,9 +309,15 @@ class OrtDecoder:
     between two buffer sets (a step reads set A and writes set B, the next reads B and writes A:
     no output aliases an input), ``input_ids``/``position_ids`` are updated in place. With
     ``cuda_graphs=True`` (ort-cuda only) the session is created with ``enable_cuda_graph`` and
-    the one-token steps run under two graph annotations (``gpu_graph_id`` 1 and 2, one per
-    ping-pong direction); other widths (prefill, verify) run with ``gpu_graph_id=-1`` (no graph).
-    The binding logic is the same on the CPU provider, where CI checks it against the plain path.
+    the steps after a past run under a graph annotation per width and ping-pong direction: the
+    one-token step under ``gpu_graph_id`` 1 and 2, the speculative verify step
+    (``decoding.VERIFY_WIDTH`` tokens) under 3 and 4, each with its own persistent feeds and logits;
+    a prefill and any other width run with ``gpu_graph_id=-1`` (no graph). The binding logic is the
+    same on the CPU provider, where CI checks it against the plain path.
+
+    ``rewind(n)`` forgets the last ``n`` positions (a verify step's rejected tokens): a
+    fixed-capacity cache keeps its buffers and addresses (the rows past the position are masked
+    until written over); a growing one is cut to the position.
 
     A window-sized cache (``DecoderIO.window_capacity``: GroupQueryAttention ``sliding_window_cache=1``)
     is read and written in place, its present bound to its own past OrtValue, in every mode: ONNX
@@ -339,7 +351,7 @@ class OrtDecoder:
             options = self.sess.get_provider_options().get("CUDAExecutionProvider", {})
             if options.get("enable_cuda_graph") not in ("1", "True", "true"):
                 raise RuntimeError(f"{engine.name}: enable_cuda_graph was asked for but the session reports {options}")
-        self.graph_runs = {1: 0, 2: 0}  # one-token steps run under each graph annotation
+        self.graph_runs = {g: 0 for g in _GRAPH_IDS}  # steps run under each graph annotation
         # outputs beside the logits and presents (lockstep locate's exposed values): back to the host
         # each step; in the fixed path a one-token step writes them into persistent buffers
         self.extra = list(io.others({o.name: None for o in self.sess.get_outputs()}))
@@ -357,10 +369,14 @@ class OrtDecoder:
             self._sets = [{p: new(zeros[p].copy(), self.device, 0) for p in self.pasts} for _ in range(2)]
             for p in self.io.window_capacity:  # in place: one buffer in both directions
                 self._sets[1][p] = self._sets[0][p]
-            # the one-token step's feeds (ids, positions, mask over the C slots...), updated in place
-            self._step = {name: new(a.copy(), self.device, 0)
-                          for name, a in self.io.step_feeds([0], 0, fixed_shapes=True).items()}
-            self._logits = new(np.zeros((1, 1, self.io.vocab), self.io.logits_dtype), self.device, 0)
+            # each graphed width's feeds (ids, positions, mask over the C slots...) and logits, updated
+            # in place: the one-token step's and the verify step's
+            self._feeds = {n: {name: new(a.copy(), self.device, 0)
+                               for name, a in self.io.step_feeds([0] * n, 0, fixed_shapes=True).items()}
+                           for n in _WIDTHS}
+            self._logit_buf = {n: new(np.zeros((1, n, self.io.vocab), self.io.logits_dtype), self.device, 0)
+                               for n in _WIDTHS}
+            self._step, self._logits = self._feeds[1], self._logit_buf[1]
             self._extra = {}
             if self.extra:  # shaped by a probe step, which wrote into the caches: zeroed again
                 self._extra = self._extra_buffers()
@@ -418,16 +434,29 @@ class OrtDecoder:
                 raise ModelError(f"ONNX Runtime fails on the model at a decode step: {msg[:400]}") from exc
             raise
 
+    def _graph_id(self, n: int) -> int:
+        """The step's graph annotation: per width and ping-pong direction after a past (the
+        one-token step 1/2, the verify step 3/4; the verify step only where the model has no extra
+        outputs, which are persistent for the one-token step alone; a one-token prompt too); -1 (no
+        graph) otherwise: a prefill, another width."""
+        if n not in _WIDTHS or (n > 1 and (self.position == 0 or self.extra)):
+            return -1
+        return _GRAPH_IDS[2 * _WIDTHS.index(n) + self._current]
+
     def _forward_fixed(self, ids: list[int]) -> np.ndarray:
         n = len(ids)
         src, dst = self._sets[self._current], self._sets[1 - self._current]
         binding = self.sess.io_binding()
         feeds = self.io.step_feeds(ids, self.position, fixed_shapes=True)
-        if n == 1:
+        graph_id = self._graph_id(n)
+        # persistent buffers for a graphed width (the one-token step always: its graph ids are the
+        # ones ONNX Runtime captured first, and CPU checks the same binding)
+        persistent = n == 1 or graph_id != -1
+        if persistent:
             for name, a in feeds.items():
-                self._step[name].update_inplace(a)
-                binding.bind_ortvalue_input(name, self._step[name])
-            binding.bind_ortvalue_output(self.io.logits, self._logits)
+                self._feeds[n][name].update_inplace(a)
+                binding.bind_ortvalue_input(name, self._feeds[n][name])
+            binding.bind_ortvalue_output(self.io.logits, self._logit_buf[n])
         else:
             for name, a in feeds.items():
                 binding.bind_cpu_input(name, a)
@@ -441,19 +470,37 @@ class OrtDecoder:
             else:
                 binding.bind_output(name, "cpu")
         options = self.ort.RunOptions()
-        graph_id = (1 + self._current) if n == 1 else -1  # one graph per ping-pong direction
         if self.cuda_graphs:
             options.add_run_config_entry("gpu_graph_id", str(graph_id))
         self._run(binding, options)
-        if n == 1:
+        if graph_id != -1:
             self.graph_runs[graph_id] += 1
-        outs = None if n == 1 else binding.get_outputs()
-        logits = self._logits.numpy() if outs is None else outs[0].numpy()
-        self._values = {name: self._extra[name].numpy() if outs is None else outs[1 + len(self.pasts) + j].numpy()
+        outs = None if persistent else binding.get_outputs()
+        logits = self._logit_buf[n].numpy() if outs is None else outs[0].numpy()
+        self._values = {name: self._extra[name].numpy() if n == 1 else outs[1 + len(self.pasts) + j].numpy()
                         for j, name in enumerate(self.extra)}
         self._current = 1 - self._current
         self.position += n
         return np.array(logits[0])
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` positions (a speculative verify step's rejected tokens). A
+        fixed-capacity cache keeps its buffers and addresses (graphs stay valid): the rows past
+        the new position are masked until the next step writes over them. A growing cache is cut to
+        the position (through the host)."""
+        from lockstep.decoding import check_rewind
+
+        caches = self._sets[self._current] if self.fixed else self.cache
+        check_rewind(self.io, {p: v.shape()[self.io.seq_axis] for p, v in caches.items()}, self.position, n)
+        if n == 0:
+            return
+        keep = self.position - n
+        if not self.capacity:
+            axis = self.io.seq_axis
+            new = self.ort.OrtValue.ortvalue_from_numpy
+            self.cache = {p: new(np.ascontiguousarray(np.take(v.numpy(), np.arange(keep), axis=axis)), self.device, 0)
+                          for p, v in self.cache.items()}
+        self.position = keep
 
     def values(self) -> dict[str, np.ndarray]:
         """The last step's graph outputs other than the logits and the presents (host arrays)."""
@@ -481,15 +528,16 @@ class OrtDecoder:
                 for name, v in zip(self.extra, outs)}
 
     def capture_stats(self) -> CaptureStats:
-        """With CUDA graphs: one graph per ping-pong direction (gpu_graph_id 1 and 2) that ran, and
-        every one-token step run under a graph id; ONNX Runtime captures a graph on a run and replays
-        it on later runs with the same id, which is not observable from outside."""
+        """With CUDA graphs: one graph per graph id that ran (the one-token step's 1 and 2, the
+        verify step's 3 and 4), and every step run under a graph id; ONNX Runtime captures a graph
+        on a run and replays it on later runs with the same id, which is not observable from
+        outside. ``runs_by_graph_id`` tells the widths apart."""
         if not self.cuda_graphs:
             return CaptureStats()
         return CaptureStats(captures=sum(1 for n in self.graph_runs.values() if n),
                             replays=sum(self.graph_runs.values()),
-                            detail={"one_token_runs_by_graph_id": dict(self.graph_runs)})
+                            detail={"runs_by_graph_id": dict(self.graph_runs)})
 
     def counters(self) -> dict[str, Any]:
         return {"capture": {"cuda_graphs": self.cuda_graphs, "fixed_bindings": self.fixed,
-                            "one_token_runs_by_graph_id": dict(self.graph_runs)}}
+                            "runs_by_graph_id": dict(self.graph_runs)}}
