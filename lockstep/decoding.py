@@ -30,7 +30,7 @@ from lockstep.engines.protocol import CaptureStats, Unsupported, capabilities
 
 __all__ = ["DecoderIO", "DecodeResult", "HostKVSession", "open_session", "greedy", "teacher_force", "first_divergence",
            "NotADecoder", "ContextLimitExceeded", "VERIFY_WIDTH", "SpecResult", "prompt_lookup", "speculative",
-           "interleaved"]
+           "interleaved", "BatchHostSession", "batched"]
 
 @dataclass
 class DecodeResult:
@@ -300,3 +300,76 @@ def interleaved(sessions: Sequence[Any], prompts: Sequence[list[int]], n_tokens:
                 logits[k] = s.forward([tokens[k][-1]])[-1]
     return [DecodeResult(list(p), t, st, _counters(s), s.capture_stats(), [])
             for p, t, st, s in zip(prompts, tokens, steps, sessions)]
+
+
+class BatchHostSession:
+    """``batch`` rows decoded together through an engine's ``prepare`` (the whole graph a step, the
+    caches host arrays of batch ``batch``): every row appends the same number of tokens at the same
+    position (equal-length prompts: no padding, whose masking conventions differ between exports).
+    ``forward(rows)`` returns the logits [batch, n, vocab]. The batch-1 session of the same class is
+    the baseline a row is compared with: one code path, so a difference is the engine's batch."""
+
+    _BATCHED = ("input_ids", "attention_mask", "position_ids")  # DecoderIO roles with a batch axis
+
+    def __init__(self, model: onnx.ModelProto, run, io: DecoderIO, batch: int):
+        if batch < 1:
+            raise StepError(f"a batch holds at least one row, not {batch}")
+        self.io, self.run, self.batch = io, run, batch
+        self.outputs = [o.name for o in model.graph.output]
+        self.rows = {n for n in (getattr(io, r) for r in self._BATCHED) if n}
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = {p: np.repeat(c, self.batch, axis=0) for p, c in self.io.empty_caches().items()}
+        self.position = 0
+
+    def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        if len(rows) != self.batch or len({len(r) for r in rows}) != 1:
+            raise StepError(f"a batch step needs {self.batch} rows of one length, got lengths {[len(r) for r in rows]}")
+        n = len(rows[0])
+        self.io.check_room(self.position, n)
+        each = [self.io.step_feeds(r, self.position) for r in rows]
+        feeds = {k: np.concatenate([f[k] for f in each]) if k in self.rows else v for k, v in each[0].items()}
+        out = dict(zip(self.outputs, self.run({**feeds, **self.cache})))
+        self.cache = {p: np.asarray(out[self.io.present_of[p]]) for p in self.io.pasts}
+        self.position += n
+        logits = np.asarray(out[self.io.logits])
+        if logits.shape[:2] != (self.batch, n):
+            raise StepError(f"the engine returned logits of shape {list(logits.shape)} for a batch of {self.batch} "
+                            f"rows of {n} token(s)")
+        return logits
+
+
+def batched(engine: Any, model: onnx.ModelProto, prompts: Sequence[list[int]], n_tokens: int, *,
+            io: DecoderIO | None = None) -> list[DecodeResult]:
+    """Greedy decodes of ``prompts`` (one length) as one batch through ``engine.prepare`` (a
+    ``BatchHostSession``), or through the engine's own ``batch_decoder(model, batch, io=)`` where it
+    declares one (a session whose ``forward_rows(rows)`` returns ``[batch, n, vocab]``: ORT GenAI's
+    Generator of ``batch_size`` B): each row's own argmax a step. A row's result must be its batch-1 run's
+    (``batched(engine, model, [p], ...)``): a difference is rows mixed (a kernel indexing the wrong
+    row, a cache shared across the batch) or a reduction whose order depends on the batch size."""
+    if not prompts or any(len(p) < 1 for p in prompts) or len({len(p) for p in prompts}) != 1:
+        raise StepError(f"a batch decode needs non-empty prompts of one length, got lengths {[len(p) for p in prompts]}")
+    io = io or DecoderIO.of(model)
+    if io.capacity:  # as open_session: a growing graph given a capacity is decoded as a shared buffer
+        from lockstep.shared_buffer import appends
+
+        if appends(model, io):
+            model = io.fixed_model(model)
+    _check_context(None, io, len(prompts[0]) + max(n_tokens - 1, 0))
+    own = getattr(engine, "batch_decoder", None)  # an engine with no single graph: its own batched session
+    if callable(own):
+        session = own(model, len(prompts), io=io)
+        step = session.forward_rows
+    else:
+        step = BatchHostSession(model, engine.prepare(model), io, len(prompts)).forward
+    logits = step(prompts)[:, -1]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    steps: list[list[Any]] = [[] for _ in prompts]
+    for i in range(n_tokens):
+        for k in range(len(prompts)):
+            tokens[k].append(int(np.argmax(logits[k])))
+            steps[k].append(logits[k])
+        if i + 1 < n_tokens:
+            logits = step([[t[-1]] for t in tokens])[:, -1]
+    return [DecodeResult(list(p), t, st) for p, t, st in zip(prompts, tokens, steps)]

@@ -538,3 +538,70 @@ def test_a_cache_holding_fewer_rows_than_it_should_refuses_rewind():
             check_rewind(io, rows, 20, 3)
     with pytest.raises(StepError):
         check_rewind(growing, {"k0": 20}, 20, 21)
+
+
+class BatchRowsMixed:
+    """ref-sim whose graph runs read the first row's cache for every row of a batch (a cache block
+    shared across a batch's requests); batch 1 is untouched."""
+
+    name = "planted-batch-rows-mixed"
+
+    def __init__(self, declares_invariance: bool = False):
+        from lockstep.engines import load_engine
+
+        self.inner = load_engine("ref-sim")
+        self.batch_invariant = declares_invariance
+
+    def available(self):
+        return True, ""
+
+    def prepare(self, model):
+        run = self.inner.prepare(model)
+        pasts = {i.name for i in model.graph.input if "past" in i.name}
+
+        def mixed(feeds):
+            feeds = {k: (np.repeat(v[:1], len(v), axis=0) if k in pasts and len(v) > 1 else v) for k, v in feeds.items()}
+            return run(feeds)
+
+        return mixed
+
+
+class BatchNudged(BatchRowsMixed):
+    """ref-sim whose batch > 1 logits move by 1e-6 (a reduction order that depends on the batch size):
+    within every band, but not byte-identical."""
+
+    def prepare(self, model):
+        run = self.inner.prepare(model)
+        logits = model.graph.output[0].name
+
+        def nudged(feeds):
+            names = [o.name for o in model.graph.output]
+            out = list(run(feeds))
+            i = names.index(logits)
+            if np.shape(out[i])[0] > 1:
+                out[i] = np.asarray(out[i]) + np.float32(1e-6)
+            return out
+
+        return nudged
+
+
+def _batch_check(engine, name):
+    from lockstep.conformance.golden.test_batches import test_batch_rows_match_their_batch_1_runs
+    from lockstep.golden.catalog import builtin_models
+
+    model = next(m for m in builtin_models() if m.name == name)
+    test_batch_rows_match_their_batch_1_runs(engine, model)
+
+
+def test_a_batch_whose_rows_share_a_cache_fails_the_batch_check_and_ref_sim_passes_it():
+    """result: the check users run (conformance/golden/test_batches.py) passes the reference runtime
+    and fails an engine whose batch rows read one row's cache; an engine declaring batch invariance
+    fails on a 1e-6 batch-dependent drift that the band would let through otherwise."""
+    from lockstep.engines import load_engine
+
+    _batch_check(load_engine("ref-sim"), "small-fp32-standard")
+    with pytest.raises(AssertionError, match="row 1 of a batch of 3 .* leaves its batch-1 run"):
+        _batch_check(BatchRowsMixed(), "small-fp32-standard")
+    _batch_check(BatchNudged(), "small-fp32-standard")  # within the band: no invariance declared
+    with pytest.raises(AssertionError, match="declares batch invariance"):
+        _batch_check(BatchNudged(declares_invariance=True), "small-fp32-standard")

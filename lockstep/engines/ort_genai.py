@@ -231,6 +231,15 @@ class GenAIEngine:
             raise Unsupported(f"{self.name}: unavailable: {why}")
         return GenAIDecoder(self, model, source, cfg, capture=capture, io=io)
 
+    def batch_decoder(self, model: onnx.ModelProto, batch: int, *, io: DecoderIO | None = None) -> "GenAIDecoder":
+        """A session on one ``og.Generator`` of ``batch_size=batch`` (``forward_rows``: one step of
+        every row): what ``lockstep.decoding.batched`` runs for an engine with no single graph."""
+        source, cfg = self.config_of(model)
+        ok, why = self.available()
+        if not ok:
+            raise Unsupported(f"{self.name}: unavailable: {why}")
+        return GenAIDecoder(self, model, source, cfg, io=io, batch=batch)
+
     def config_of(self, model: onnx.ModelProto):
         """(model file, its ``GenAIConfig``) for ``model``, or ``Unsupported`` saying why there is none."""
         from lockstep.genai_config import CONFIG_NAME, config_path_for, read_config
@@ -253,10 +262,13 @@ class GenAIEngine:
 
 class GenAIDecoder:
     """A decode session on one ``og.Generator`` (batch 1): ``reset`` starts a new one, ``forward(ids)``
-    appends ``ids`` and returns the model's logits at those positions ``[len(ids), vocab]``."""
+    appends ``ids`` and returns the model's logits at those positions ``[len(ids), vocab]``. With
+    ``batch=B``, the generator's ``batch_size`` is B and ``forward_rows(rows)`` appends the prompts
+    (one row each, equal lengths), then steps one token a row, which must be GenAI's own greedy
+    choice (it takes no second append for a batch), returning ``[B, n, vocab]``."""
 
     def __init__(self, engine: GenAIEngine, model: onnx.ModelProto, source: Path, cfg, *, capture: bool = False,
-                 io: DecoderIO | None = None):
+                 io: DecoderIO | None = None, batch: int = 1):
         from lockstep.genai_config import card_for
 
         og = engine._og
@@ -286,7 +298,7 @@ class GenAIDecoder:
             config.add_model_data(cfg.filename, self._bytes)
             self.model = og.Model(config)
             self.params = og.GeneratorParams(self.model)
-            self.params.set_search_options(max_length=self.max_length, do_sample=False)
+            self.params.set_search_options(max_length=self.max_length, do_sample=False, batch_size=batch)
         except Exception as exc:  # noqa: BLE001 - GenAI raises RuntimeError for everything
             self._raise_open(exc)
         got = str(getattr(self.model, "device_type", "")).lower()
@@ -294,6 +306,7 @@ class GenAIDecoder:
             raise GenAIError(f"{engine.name}: the {engine.device} provider was asked for but ORT GenAI's model runs "
                              f"on {got}")
         self.one_token_steps = 0
+        self.batch = batch
         self.generator = None
         self.reset()
 
@@ -346,6 +359,45 @@ class GenAIDecoder:
             self.one_token_steps += 1
         self.position += n
         return np.array(logits[0])
+
+    def forward_rows(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """One step of every row of the batch (equal lengths): the logits ``[batch, n, vocab]``."""
+        n = len(rows[0]) if rows else 0
+        if len(rows) != self.batch or any(len(r) != n for r in rows):
+            from lockstep.decoder_io import StepError
+
+            raise StepError(f"a batch step needs {self.batch} rows of one length, got lengths {[len(r) for r in rows]}")
+        self.io.check_room(self.position, n)
+        fed = [[int(t) for t in r] for r in rows]
+        try:
+            if self.position == 0:
+                self.generator.append_tokens(np.asarray(fed, dtype=np.int32))
+                self._chose = False
+            else:
+                # GenAI appends once for batch_size > 1: every later step is its own greedy choice,
+                # ``generate_next_token`` (choose from the logits at hand, then run the model on it)
+                if not self._chose:
+                    self.generator.generate_next_token()  # the choice from the prefill's logits
+                    self._chose = True
+                chosen = [[int(t)] for t in self.generator.get_next_tokens()]
+                if fed != chosen:
+                    from lockstep.decoder_io import StepError
+
+                    raise StepError(f"{self.engine.name}: after the prompt a batch steps by ORT GenAI's own greedy choice "
+                                    f"{chosen}, not {fed}")
+                self.generator.generate_next_token()
+            logits = np.asarray(self.generator.get_output(self.io.logits))
+        except Exception as exc:  # noqa: BLE001
+            if type(exc).__name__ == "StepError":
+                raise
+            self._raise_step(exc, f"at a batch step (batch {self.batch}, position {self.position}, {n} token(s))")
+        if logits.shape[:2] != (self.batch, n):
+            from lockstep.loading import ModelError
+
+            raise ModelError(f"ORT GenAI {self.og.__version__} returned logits of shape {list(logits.shape)} for a batch "
+                             f"of {self.batch} rows of {n} token(s) (expected [{self.batch}, {n}, vocab])")
+        self.position += n
+        return np.array(logits)
 
     def native_greedy(self, prompt: Sequence[int], n_tokens: int) -> list[int]:
         """GenAI's own greedy search (``do_sample=False``): the prompt appended, then ``n_tokens`` calls of

@@ -106,6 +106,7 @@ class Capabilities:
     values: frozenset[str]                      # non-tensor values run() takes: "sequence", "optional"
     runtime_device: str | None                  # the reference runtime's device it runs on (sim, cupy)
     self_tests: str | None                      # the package of its own machinery's tests
+    batch_invariant: bool                       # declares a batch row byte-identical to its batch-1 run
 
     @classmethod
     def of(cls, engine: Any) -> "Capabilities":
@@ -133,7 +134,8 @@ class Capabilities:
                    describe=describe if callable(describe) else None,
                    values=frozenset(getattr(engine, "values", None) or ()),
                    runtime_device=device if isinstance(device, str) and device else None,
-                   self_tests=self_tests if isinstance(self_tests, str) and self_tests else None)
+                   self_tests=self_tests if isinstance(self_tests, str) and self_tests else None,
+                   batch_invariant=getattr(engine, "batch_invariant", False) is True)
 
     def described(self) -> dict[str, str]:
         """``describe()``'s versions and options, or nothing where the engine declares none."""
