@@ -71,7 +71,8 @@ ROOT = Path(__file__).resolve().parent
 SNAPSHOT_DIR = ROOT / "snapshots"
 MODEL_DIR = ROOT / "models"
 PREFIX_TOKENS = 24
-SNAPSHOT_FORMAT = 3  # 3: quadrature error model; 2: bands per precision (1: per model dtype)
+SNAPSHOT_FORMAT = 4  # 4: near-tie candidates; 3: quadrature error model; 2: bands per precision (1: per model dtype)
+NEAR_MAX = 16  # candidates recorded at a near-tie position (beyond: the set is incomplete for wider bands)
 
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 ROUNDINGS_PER_LAYER = 6
@@ -397,6 +398,7 @@ def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: "onnx.M
     shape = ModelShape.of(target, target_io)
     bands = {p: near_tie_band(shape, p, scale) for p in precisions_for(shape.dtype)}
     fp32_band = near_tie_band(shape.oracle(), "fp32", scale)
+    widest = max(float(f"{b:.4g}") for b in bands.values())  # as recorded: the check reads the rounded bands
     start = len(prompt) - 1
     positions = []
     for i in range(start, len(context) - 1):
@@ -413,7 +415,13 @@ def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: "onnx.M
                     f"{name}: position {i}: oracle and float64 cross-check differ by {diff:.3g} "
                     f"(fp32 band {fp32_band:.3g}); refusing to write anchors"
                 )
-        positions.append({"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)})
+        entry = {"pos": i, "top1": top1, "top2": top2, "margin": round(margin, 6)}
+        if margin <= widest:  # a near-tie for some precision: the tokens a right engine may choose there
+            gaps = row[top1] - row[order[1:NEAR_MAX + 2]]
+            listed = [[int(order[j + 1]), round(float(g), 6)] for j, g in enumerate(gaps[:NEAR_MAX]) if g <= widest]
+            entry["near"] = listed
+            entry["next_gap"] = round(float(gaps[len(listed)]), 6)
+        positions.append(entry)
     prov = {**provenance, "oracle": ORACLE["name"], "oracle_version": ORACLE["version"], "dtype": shape.dtype,
             **shape.provenance()}
     prov.setdefault("crosscheck", "none")
@@ -429,6 +437,17 @@ def anchors_from_oracle(name: str, target: onnx.ModelProto, oracle_fp32: "onnx.M
         "band": {d: float(f"{b:.4g}") for d, b in bands.items()},
         "positions": positions,
     }
+
+
+def allowed_at(entry: dict[str, Any], band: float) -> set[int] | None:
+    """The tokens a right engine may choose at a near-tie position ``entry`` of a snapshot under
+    ``band``: the oracle's top-1 and every recorded candidate whose oracle gap to it is within the
+    band. None where the snapshot cannot say (written before format 4, or more candidates within the
+    band than it recorded: ``next_gap`` <= band): any token is then a near-tie outcome, as before."""
+    near = entry.get("near")
+    if near is None or entry.get("next_gap", 0.0) <= band:
+        return None
+    return {int(entry["top1"])} | {int(t) for t, gap in near if gap <= band}
 
 
 def snapshot_text(data: dict[str, Any]) -> str:
@@ -512,4 +531,7 @@ def diff_snapshots(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]
         elif (o["top1"], o["top2"]) != (p["top1"], p["top2"]) or abs(o["margin"] - p["margin"]) > 1e-5:
             out.append(f"pos {p['pos']}: top1 {o['top1']}->{p['top1']} top2 {o['top2']}->{p['top2']} "
                        f"margin {o['margin']}->{p['margin']}")
+        elif [t for t, _ in o.get("near", [])] != [t for t, _ in p.get("near", [])]:
+            out.append(f"pos {p['pos']}: near-tie candidates {[t for t, _ in o.get('near', [])]} -> "
+                       f"{[t for t, _ in p.get('near', [])]}")
     return out

@@ -8,7 +8,10 @@
   prefill, step by step through the decode path, or as verify steps (k tokens a step after the
   prompt's prefill: a speculative decoder's check of its draft).
 - ``tripwire``: the engine's autoregressive greedy stream against the recorded prefix. A first
-  divergence at a near-tie position is reported, not fatal; anywhere else it is fatal.
+  divergence at a near-tie position to one of its candidates (the tokens within the band of the
+  oracle's top-1, recorded since snapshot format 4: ``anchors.allowed_at``) is reported, not fatal;
+  any other token, or a divergence anywhere else, is fatal. The teacher-forced lock holds a
+  near-tie position's argmax to the same set.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lockstep.errors import LockstepError
-from .anchors import band_for, model_sha256
+from .anchors import allowed_at, band_for, model_sha256
 from .models.spec import GENERATOR_VERSION
 from .oracle import ORACLE
 
@@ -77,6 +80,9 @@ class LockResult:
         if v["kind"] == "argmax":
             first = (f"first divergence at position {v['pos']}: the engine's argmax is {v['engine']}, the anchor "
                      f"{v['anchor']} (oracle margin {v['oracle_margin']}, engine margin {v['engine_margin']})")
+        elif v["kind"] == "off-set":
+            first = (f"first divergence at position {v['pos']}, a near-tie: the engine's argmax is {v['engine']}, "
+                     f"none of the tokens within the band {v['band']} of the oracle's top-1 {v['allowed']}")
         else:
             first = (f"first divergence at position {v['pos']}: anchor {v['anchor']} kept but its margin is "
                      f"{v['engine_margin']} where the oracle's is {v['oracle_margin']} (band {v['band']})")
@@ -106,6 +112,11 @@ def teacher_forced_lock(session, snap: dict[str, Any], precision: str, *, stepwi
         if entry["margin"] <= band:
             res.near_ties += 1
             res.engine_margins.append(None)
+            allowed, got = allowed_at(entry, band), int(np.argmax(row))
+            if allowed is not None and got not in allowed:  # not one of the near-tie's outcomes: fatal
+                res.violations.append({"pos": entry["pos"], "kind": "off-set", "anchor": anchor, "engine": got,
+                                       "allowed": sorted(allowed), "oracle_margin": entry["margin"],
+                                       "engine_margin": round(margin, 6), "band": band})
             continue
         res.checked += 1
         res.engine_margins.append(round(margin, 6))
@@ -140,9 +151,14 @@ def tripwire(session, snap: dict[str, Any], precision: str) -> TripResult:
         if want != got:
             entry = snap["positions"][i]
             row = result.step_logits[i]
+            allowed = allowed_at(entry, band)
+            # a near-tie outcome: the position is a near-tie and the token one of its candidates (any,
+            # where the snapshot cannot say which); another token there is as fatal as anywhere else
+            near_tie = entry["margin"] <= band and (allowed is None or got in allowed)
             return TripResult(result.tokens, {
                 "pos": entry["pos"], "recorded": want, "engine_token": got,
-                "oracle_margin": entry["margin"], "band": band, "near_tie": entry["margin"] <= band,
+                "oracle_margin": entry["margin"], "band": band, "near_tie": near_tie,
+                "allowed": sorted(allowed) if allowed is not None else None,
                 "engine_logit_gap": round(float(row[got] - row[want]), 6),
             })
     return TripResult(result.tokens)

@@ -294,6 +294,42 @@ def test_the_planted_near_tie_trips_the_tripwire_without_failing():
     assert lock.ok, "the fatal lock skips the near-tie"
 
 
+def test_an_off_set_token_at_a_near_tie_is_fatal_in_the_lock_and_the_tripwire():
+    """result (issue 53, seed 001's allowed set): at the planted near-tie the only benign outcomes
+    are the tokens within the band of the oracle's top-1 (``allowed_at``); the 6th-ranked token pushed
+    up by +50 logits there passed both tripwire and lock before snapshot format 4, and fails both now."""
+    from lockstep.golden.anchors import allowed_at, band_for
+
+    name = "tiny-neartie-fp32-standard"
+    snap = load_snapshot(name)
+    planted = snap["positions"][0]
+    allowed = allowed_at(planted, band_for(snap, "fp16"))
+    assert allowed is not None and planted["top2"] in allowed, "format 4: the near-tie's candidates are recorded"
+    pushed = Nudged(ref_decoder(name), NEAR_TIE.position, delta=50.0, rank=5)
+    trip = tripwire(pushed, snap, "fp16")
+    assert trip.divergence["pos"] == NEAR_TIE.position and trip.divergence["engine_token"] not in allowed
+    assert trip.fatal and not trip.divergence["near_tie"], "a token outside the allowed set is not a near-tie outcome"
+    lock = teacher_forced_lock(pushed, snap, "fp16", stepwise=False)
+    assert not lock.ok and lock.violations[0]["kind"] == "off-set" and lock.violations[0]["pos"] == NEAR_TIE.position
+    assert "none of the tokens within the band" in lock.describe()
+    # the benign flip (the runner-up, within the band) stays a near-tie outcome: no false alarm
+    benign = Nudged(ref_decoder(name), NEAR_TIE.position, delta=1e-3, rank=1)
+    assert not tripwire(benign, snap, "fp16").fatal and teacher_forced_lock(benign, snap, "fp16").ok
+
+
+def test_a_snapshot_without_near_tie_candidates_keeps_every_near_tie_outcome():
+    """contract (allowed_at): a format-3 snapshot (no ``near``) or a position with more candidates
+    within the band than recorded (``next_gap`` <= band) cannot say which tokens are benign: any
+    token at a near-tie stays a near-tie outcome, never a false alarm."""
+    from lockstep.golden.anchors import allowed_at
+
+    entry = {"pos": 3, "top1": 7, "top2": 9, "margin": 0.01}
+    assert allowed_at(entry, 0.1) is None
+    assert allowed_at({**entry, "near": [[9, 0.01], [4, 0.05]], "next_gap": 0.08}, 0.1) is None
+    assert allowed_at({**entry, "near": [[9, 0.01], [4, 0.05]], "next_gap": 0.3}, 0.1) == {7, 9, 4}
+    assert allowed_at({**entry, "near": [[9, 0.01], [4, 0.05]], "next_gap": 0.3}, 0.02) == {7, 9}
+
+
 def test_a_divergence_outside_the_band_is_fatal():
     snap = load_snapshot(FP32)
     trip = tripwire(Perturbed(ref_decoder(FP32), delta=5.0), snap, "fp32")

@@ -83,7 +83,7 @@ def test_tripwire(engine, golden_model, record_property, request):
     where = _locate(engine, golden_model, trip.divergence["pos"], "tripwire", request, record_property) if trip.fatal else ""
     assert not trip.fatal, (f"result: {engine.name} ({precision}) diverges from the recorded stream of "
                             f"{golden_model.name} at position {trip.divergence and trip.divergence['pos']}, "
-                            f"not a near-tie: {trip.divergence}; {where}")
+                            f"not a near-tie outcome (a near-tie position and one of its candidates, 'allowed'): {trip.divergence}; {where}")
 
 
 @pytest.mark.golden

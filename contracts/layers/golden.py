@@ -175,6 +175,20 @@ MUTANTS = [
     ),
     # -- the tripwire -----------------------------------------------------------------------------
     Mutant(
+        "golden", "tripwire_any_token_at_a_near_tie", _L,
+        old="near_tie = entry[\"margin\"] <= band and (allowed is None or got in allowed)",
+        new="near_tie = entry[\"margin\"] <= band",
+        breaks="a divergence at a near-tie is benign only to a token within the band of the oracle's top-1",
+        tests=(_MUT,), select="off_set",
+    ),
+    Mutant(
+        "golden", "lock_skips_near_ties_whole", _L,
+        old="if allowed is not None and got not in allowed:",
+        new="if False:",
+        breaks="the teacher-forced lock holds a near-tie position's argmax to the tokens within the band",
+        tests=(_MUT,), select="off_set",
+    ),
+    Mutant(
         "golden", "tripwire_fp32_band", _L,
         old="band = band_for(snap, precision)\n    result = greedy(",
         new='band = band_for(snap, "fp32")\n    result = greedy(',
