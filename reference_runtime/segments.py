@@ -78,6 +78,8 @@ class CaptureCounters:
     captured_steps: int = 0  # steps run through segments and seams
     segments: int = 0  # captured segments of the latest planned step (after any split by the paging budget)
     seams_by_reason: dict[str, int] = field(default_factory=dict)  # of the latest plan
+    nodes: int = 0  # the latest plan's nodes, and those it admits into segments (the capture census)
+    captured_nodes: int = 0
     quarantined: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -175,7 +177,9 @@ class CaptureSession:
         plan = self._plan_for(self.warmed)
         self.plan = plan
         self.counters.segments = len(plan.segments)
-        self.counters.seams_by_reason = plan.census()["seams_by_reason"]
+        census = plan.census()
+        self.counters.seams_by_reason = census["seams_by_reason"]
+        self.counters.nodes, self.counters.captured_nodes = census["nodes"], census["captured_nodes"]
         self.counters.quarantined = sorted(self.quarantined)
         return plan
 

@@ -69,9 +69,11 @@ def symbolic_shapes(model: onnx.ModelProto, *, checked: bool = False
     """Symbols by name and each value's dims. onnx's inference runs contained (``inference.infer``):
     a model it crashes on, or that makes it run away, is a ``ModelError``. ``checked``: the model
     passed ``load_model``'s checks (``check_for_inference`` need not run again)."""
+    from lockstep.contrib_shapes import complete
     from lockstep.inference import infer
 
-    inferred = infer(model, checked=checked)
+    # onnx's pass, then the shapes it leaves out downstream of ONNX Runtime's contrib ops
+    inferred = complete(model, infer(model, checked=checked))
     g = inferred.graph
     raw = {vi.name: dims for vi in [*g.input, *g.value_info, *g.output] if (dims := _raw_dims(vi)) is not None}
     symbols: dict[str, Symbol] = {}

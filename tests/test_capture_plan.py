@@ -104,12 +104,26 @@ def test_session_reasons_quarantine_and_warm_up_come_before_the_kernel():
     assert launched and all(cold[n] == "kernel not warmed" for n in launched)
 
 
-def test_a_value_without_a_resolved_shape_cannot_be_admitted():
-    # onnx's shape inference does not know com.microsoft ops: their outputs have no shape to check
+def test_a_value_without_a_resolved_shape_cannot_be_admitted(monkeypatch):
+    # onnx's shape inference does not know com.microsoft ops: without lockstep.contrib_shapes' rule
+    # for MatMulNBits its outputs, and all that follows, have no shape to check
+    from lockstep import contrib_shapes
+
+    monkeypatch.delitem(contrib_shapes.RULES, ("com.microsoft", "MatMulNBits"))
     plan = plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-int4-genai.onnx"))))
     reasons = dict(plan.decisions)
     assert reasons["layers.0/q_proj"] == "unresolved shape: layers.0/q_proj"
     assert plan.census()["seams_by_reason"]["unresolved shape"] > 0
+
+
+def test_a_contrib_op_with_a_shape_rule_and_what_follows_it_are_admitted():
+    """result (issue 53: SmolLM2 int4 captured 5 of 773 nodes): with MatMulNBits' shape rule, its
+    outputs and every node computed from them have shapes; no node of the int4 model is an
+    'unresolved shape' seam."""
+    plan = plan_capture(_ex(onnx.load(str(MODEL_DIR / "tiny-int4-genai.onnx"))))
+    reasons = dict(plan.decisions)
+    assert reasons["layers.0/q_proj"] is None
+    assert "unresolved shape" not in plan.census()["seams_by_reason"]
 
 
 def test_control_flow_is_a_host_seam():

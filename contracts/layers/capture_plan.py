@@ -8,6 +8,21 @@ _C = "lockstep.reference_runtime.capture_plan"
 _CP = ("tests/test_capture_plan.py",)
 
 MUTANTS = [
+    # -- the shapes of contrib ops' outputs (lockstep/contrib_shapes.py), which the planner checks -----
+    Mutant(
+        "capture_plan", "contrib_matmulnbits_rule_dropped", "lockstep.contrib_shapes",
+        old='    ("com.microsoft", "MatMulNBits"): _matmul_nbits,\n',
+        new="",
+        breaks="a contrib op with a shape rule and the nodes computed from its outputs have shapes: admitted, not 'unresolved shape'",
+        tests=_CP, select="contrib",
+    ),
+    Mutant(
+        "capture_plan", "contrib_matmulnbits_wrong_n", "lockstep.contrib_shapes",
+        old='[*a[:-1], int(_attr(node, "N"))]',
+        new='[*a[:-1], int(_attr(node, "K"))]',
+        breaks="a contrib op's planned output shape is the shape a run gives (ONNX Runtime, every value an output)",
+        tests=("tests/test_contrib_shapes.py",),
+    ),
     Mutant(
         "capture_plan", "broadcast_not_unified", _C,
         old='if node.op_type in _BROADCASTING or node.op_type == "Expand":',
