@@ -83,11 +83,11 @@ def test_golden_add_then_pytest_golden_dir_locks_them(exports, tmp_path):
          "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    # per engine: prefill, stepwise and verify locks, tripwire, neighbouring sessions on 2 models (20); 2 oracle
+    # per engine: prefill, stepwise and verify locks, tripwire, neighbouring sessions, a batch on 2 models (24); 2 oracle
     # checks; capture identity of a greedy and of a speculative decode on ref-sim (4; on ort-cpu 4 skips: ONNX
     # Runtime's graphs are CUDA graphs); paging on ref-sim (2 models x eager/captured: the reference runtime's
     # own suite, as `lockstep check` adds it)
-    assert "30 passed, 4 skipped" in out, out[-2000:]
+    assert "34 passed, 4 skipped" in out, out[-2000:]
     assert main(["golden", "regenerate", "--dir", str(golden), "--dry-run"]) == 0
 
 
