@@ -171,7 +171,11 @@ def locate_command(case_name: str, engine: str, cases_dir: str | Path | None = N
     """The command that locates a failing case's first divergent node."""
     import shlex
 
-    where = str(Path(cases_dir) / case_name.split("/test_data_set_")[0]) if cases_dir is not None else case_name
+    if cases_dir is None:
+        where = case_name
+    else:  # the case's folder: under the root, or the root itself (named by its own folder name)
+        root, rel = Path(cases_dir), case_name.split("/test_data_set_")[0]
+        where = str(root if rel == root.name and (root / "model.onnx").is_file() else root / rel)
     return f"lockstep locate {shlex.quote(where)} --engine {shlex.quote(engine)}"
 
 
@@ -284,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     from lockstep.errors import command_parser
 
     ap = command_parser("lockstep cases", description="Run ONNX's backend node cases on an engine: each case's "
-                        "outcome and a summary, or --emit-expectations entries for what it fails.")
+                        "outcome and a summary, or --emit-expectations entries for what it fails. Exit 1 when a "
+                        "case fails or raises (0 with --emit-expectations), 2 on a usage error.")
     ap.add_argument("--engine", default="ref-sim")
     ap.add_argument("--match", action="append", help="fnmatch pattern on case names (repeatable)")
     ap.add_argument("--show", default="failed,error", help="statuses to print in detail")
@@ -335,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'':11} locate it: {locate_command(case.name, args.engine, where)}")
     summary = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     print(f"# {summary}" if args.emit_expectations else summary)
-    return 0
+    # a case that failed or raised fails the command (a script or CI step sees it); writing expectations
+    # for them is what --emit-expectations is for, so that run succeeds
+    return 0 if args.emit_expectations or not (counts.get("failed") or counts.get("error")) else 1
 
 
 def _engine_version(engine) -> str:

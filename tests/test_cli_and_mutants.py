@@ -5,6 +5,9 @@ from __future__ import annotations
 import inspect
 import io
 
+import numpy as np
+import onnx
+
 import pytest
 from lockstep.contracts.mutant_runner import run_mutants
 from lockstep.contracts.mutants import MUTANTS, runtime_class
@@ -284,6 +287,28 @@ def test_cli_cases_emits_expectations_through_to_the_module(capsys):
     # the rest of the command line reaches node_cases.main unchanged: --emit-expectations changes the output
     assert main(["cases", "--engine", "ref-sim", "--match", "test_abs", "--emit-expectations"]) == 0
     assert capsys.readouterr().out.strip() == "# passed=1"
+
+
+def test_cli_cases_fails_on_a_failing_case_and_locates_a_root_case_folder(tmp_path, capsys):
+    """contract (issue 54): `lockstep cases` exits 1 when a case fails (0 only with
+    --emit-expectations), and the locate command it prints names the case folder itself when
+    --cases-dir is that folder (it printed cases/X/X, which `lockstep locate` refused)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    case = tmp_path / "abs_case"
+    (case / "test_data_set_0").mkdir(parents=True)
+    g = helper.make_graph([helper.make_node("Abs", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(case / "model.onnx"))
+    x = np.array([-1.0, 2.0, -3.0], np.float32)
+    (case / "test_data_set_0" / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
+    wrong = np.array([1.0, 2.0, 30.0], np.float32)  # the recorded output is wrong: the case fails on a right engine
+    (case / "test_data_set_0" / "output_0.pb").write_bytes(numpy_helper.from_array(wrong, "y").SerializeToString())
+    assert main(["cases", "--engine", "ref-sim", "--cases-dir", str(case)]) == 1
+    out = capsys.readouterr().out
+    assert f"locate it: lockstep locate {case} --engine ref-sim" in out and "failed=1" in out, out
+    assert main(["cases", "--engine", "ref-sim", "--cases-dir", str(case), "--emit-expectations"]) == 0
 
 
 def test_cli_cases_unknown_engine_is_one_line(capsys):
