@@ -106,10 +106,10 @@ def test_the_wheel_holds_what_the_suite_needs(installed):
 def test_golden_locks_decode_and_audit_run_from_an_empty_directory(installed):
     bindir, work, env, _ = installed
     rc, out = _run([str(bindir / "lockstep"), "check", "--engines", "ref-sim", "-m", "golden", "-q"], work, env)
-    # 5 golden tests (prefill, stepwise and verify lock, tripwire, neighbouring sessions) on each built-in model and its three shared-buffer
+    # 6 golden tests (prefill, stepwise and verify lock, tripwire, neighbouring sessions, a batch) on each built-in model and its three shared-buffer
     # forms (15 models); the trained ones and the real exports need the models extra (a checkpoint; tokenizers
     # for the exports' prompts): counted skips here
-    assert rc == 0 and "| ref-sim | 75 | 0 |" in out, out[-3000:]
+    assert rc == 0 and "| ref-sim | 90 | 0 |" in out, out[-3000:]
     assert "needs the tokenizers package" in out, f"result: the exports are a counted skip with the reason\n{out[-3000:]}"
     rc, out = _run([str(bindir / "pytest"), "--pyargs", "lockstep.conformance", "--engines", "ref-sim,ort-cpu",
                     "-m", "golden", "-q", "-k", "tiny-fp32-standard and not kv64"], work, env)
