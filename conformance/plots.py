@@ -330,7 +330,8 @@ def _golden_figure(Figure, m: _GoldenModel, colours: dict[str, str]):
             near = bool(t.get("near_tie"))
             left = max(pos * points_per_pos + 3, right + 2)
             right = left + 13  # one line of 10 pt text, turned upright
-            ax.annotate(f"{t.get('engine', '-')} @{pos}: {'near-tie' if near else 'FATAL'}", xy=(pos, 1.0),
+            label = "near-tie" if near else "FATAL, expected" if t.get("expected") else "FATAL"
+            ax.annotate(f"{t.get('engine', '-')} @{pos}: {label}", xy=(pos, 1.0),
                         xycoords=("data", "axes fraction"), xytext=(left - pos * points_per_pos, -6),
                         textcoords="offset points", rotation=90, ha="left", va="top", fontsize=10,
                         color=NEAR_TIE if near else VIOLATION, fontweight="normal" if near else "bold", zorder=7,
@@ -353,9 +354,11 @@ def _golden_figure(Figure, m: _GoldenModel, colours: dict[str, str]):
     ax.tick_params(labelsize=11)
     ax.set_xlabel("position in the canonical context", fontsize=12)
     ax.set_ylabel("margin: top-1 logit − best other (logits)" + (", log scale" if log_scale else ""), fontsize=12)
-    trip_text = ", ".join(f"{sum(1 for t in m.tripwires if bool(t.get('near_tie')) == nt)} {k}"
-                          for nt, k in ((True, "near-tie"), (False, "FATAL"))
-                          if any(bool(t.get("near_tie")) == nt for t in m.tripwires)) or "none"
+    def trip_kind(t: dict) -> str:
+        return "near-tie" if t.get("near_tie") else "FATAL, expected" if t.get("expected") else "FATAL"
+
+    trip_text = ", ".join(f"{n} {k}" for k in ("near-tie", "FATAL", "FATAL, expected")
+                          if (n := sum(1 for t in m.tripwires if trip_kind(t) == k))) or "none"
     ax.set_title(m.name, fontsize=18, fontweight="bold", loc="left")
     ax.set_title(f"{len(engines)} engine(s), {len(xs)} positions, {n_violations} violation(s), tripwires: {trip_text}",
                  fontsize=11, loc="right", color="#444444")

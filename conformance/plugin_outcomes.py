@@ -122,6 +122,8 @@ class OutcomeRecorder:
         elif hasattr(report, "wasxfail"):
             entry["outcome"] = "xfailed"
             entry["failure"] = failure_kind(report)
+            if "tripwire" in entry:  # a recorded known failure: said as expected, not as a new FATAL
+                entry["tripwire"]["expected"] = True
         elif report.skipped and entry["outcome"] == "passed":
             entry["outcome"] = "skipped"
             msg = skip_reason(report)

@@ -33,11 +33,13 @@ def terminal_summary(terminalreporter, config, st: SuiteState) -> None:
     if st.tripwires:
         tr.section("lockstep: golden tripwires (first divergence from the recorded stream)")
         for t in st.tripwires:
-            kind = "near-tie, not fatal" if t["near_tie"] else "FATAL"
+            expected = bool(t.get("expected"))
+            kind = ("near-tie, not fatal" if t["near_tie"] else
+                    "fatal, expected (a known failure its expectations record: xfailed)" if expected else "FATAL")
             tr.write_line(
                 f"{t['engine']} {t['model']}: position {t['pos']}: recorded {t['recorded']}, engine {t['engine_token']}"
                 f" (oracle margin {t['oracle_margin']}, band {t['band']}): {kind}",
-                yellow=t["near_tie"], red=not t["near_tie"],
+                yellow=t["near_tie"] or expected, red=not (t["near_tie"] or expected),
             )
     _failures_by_kind(tr, config, st)
     _newly_unsupported(tr, config, st)

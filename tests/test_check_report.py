@@ -123,3 +123,32 @@ def test_jobs_auto_runs_in_process_under_a_pytest_xdist_worker(monkeypatch):
     assert _workers("auto", ["-n", "2"]) == [] and _workers("1", []) == [] and _workers("auto", ["-p", "no:xdist"]) == []
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     assert _workers("auto", []) == [] and _workers("2", []) == ["-n", "2", *steal]
+
+
+def test_an_expected_tripwire_failure_is_said_as_expected_not_fatal():
+    """result (issue 54, point 6): a tripwire that fails where the engine's expectations record it
+    (xfailed) is said "fatal, expected" in the terminal summary and "FATAL, expected" on the plot, and
+    counted apart; an unexpected one stays FATAL."""
+    import json
+    from types import SimpleNamespace
+
+    from lockstep.conformance.plugin_outcomes import OutcomeRecorder
+    from lockstep.conformance.plugin_state import STATE, SuiteState
+    from lockstep.conformance.plugin_summary import terminal_summary
+
+    config = SimpleNamespace(stash={STATE: SuiteState(shard=None)}, getoption=lambda *a, **k: None)
+    rec = OutcomeRecorder(config)
+    for i, expected in enumerate((True, False)):
+        trip = {"engine": "e", "model": f"m{i}", "pos": 20, "near_tie": False, "recorded": 1, "engine_token": 2,
+                "oracle_margin": 0.5, "band": 0.01}
+        report = SimpleNamespace(nodeid=f"test_tripwire[e-m{i}]", when="call", failed=not expected, skipped=expected,
+                                 user_properties=[("engine", "e"), ("tripwire", json.dumps(trip))], longrepr=None)
+        if expected:
+            report.wasxfail = "reason"
+        rec.pytest_runtest_logreport(report)
+    lines = []
+    tr = SimpleNamespace(section=lambda *a, **k: None, write_line=lambda text, **k: lines.append(text))
+    terminal_summary(tr, config, config.stash[STATE])
+    said = {line.split(":")[0]: line for line in lines if "position 20" in line}
+    assert said["e m0"].endswith("fatal, expected (a known failure its expectations record: xfailed)"), said
+    assert said["e m1"].endswith(": FATAL"), said
