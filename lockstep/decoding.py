@@ -357,8 +357,8 @@ def batched(engine: Any, model: onnx.ModelProto, prompts: Sequence[list[int]], n
         if appends(model, io):
             model = io.fixed_model(model)
     _check_context(None, io, len(prompts[0]) + max(n_tokens - 1, 0))
-    own = getattr(engine, "batch_decoder", None)  # an engine with no single graph: its own batched session
-    if callable(own):
+    own = capabilities(engine).batch_decoder  # an engine with no single graph: its own batched session
+    if own is not None:
         session = own(model, len(prompts), io=io)
         step = session.forward_rows
     else:

@@ -376,7 +376,6 @@ class OrtDecoder:
                            for n in _WIDTHS}
             self._logit_buf = {n: new(np.zeros((1, n, self.io.vocab), self.io.logits_dtype), self.device, 0)
                                for n in _WIDTHS}
-            self._step, self._logits = self._feeds[1], self._logit_buf[1]
             self._extra = {}
             if self.extra:  # shaped by a probe step, which wrote into the caches: zeroed again
                 self._extra = self._extra_buffers()
@@ -510,9 +509,9 @@ class OrtDecoder:
         """Persistent buffers for the extra outputs of a one-token step (a graph writes them at fixed
         addresses), shaped by one uncaptured one-token run (``gpu_graph_id`` -1) on the zeroed cache."""
         binding = self.sess.io_binding()
-        for name, v in self._step.items():
+        for name, v in self._feeds[1].items():
             binding.bind_ortvalue_input(name, v)
-        binding.bind_ortvalue_output(self.io.logits, self._logits)
+        binding.bind_ortvalue_output(self.io.logits, self._logit_buf[1])
         src, dst = self._sets
         for p in self.pasts:
             binding.bind_ortvalue_input(p, src[p])

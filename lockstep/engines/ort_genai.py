@@ -369,6 +369,7 @@ class GenAIDecoder:
             raise StepError(f"a batch step needs {self.batch} rows of one length, got lengths {[len(r) for r in rows]}")
         self.io.check_room(self.position, n)
         fed = [[int(t) for t in r] for r in rows]
+        where = f"at a batch step (batch {self.batch}, position {self.position}, {n} token(s))"
         try:
             if self.position == 0:
                 self.generator.append_tokens(np.asarray(fed, dtype=np.int32))
@@ -380,17 +381,19 @@ class GenAIDecoder:
                     self.generator.generate_next_token()  # the choice from the prefill's logits
                     self._chose = True
                 chosen = [[int(t)] for t in self.generator.get_next_tokens()]
-                if fed != chosen:
-                    from lockstep.decoder_io import StepError
+        except Exception as exc:  # noqa: BLE001
+            self._raise_step(exc, where)
+        if self.position > 0 and fed != chosen:
+            from lockstep.decoder_io import StepError
 
-                    raise StepError(f"{self.engine.name}: after the prompt a batch steps by ORT GenAI's own greedy choice "
-                                    f"{chosen}, not {fed}")
+            raise StepError(f"{self.engine.name}: after the prompt a batch steps by ORT GenAI's own greedy choice "
+                            f"{chosen}, not {fed}")
+        try:
+            if self.position > 0:
                 self.generator.generate_next_token()
             logits = np.asarray(self.generator.get_output(self.io.logits))
         except Exception as exc:  # noqa: BLE001
-            if type(exc).__name__ == "StepError":
-                raise
-            self._raise_step(exc, f"at a batch step (batch {self.batch}, position {self.position}, {n} token(s))")
+            self._raise_step(exc, where)
         if logits.shape[:2] != (self.batch, n):
             from lockstep.loading import ModelError
 

@@ -107,6 +107,7 @@ class Capabilities:
     runtime_device: str | None                  # the reference runtime's device it runs on (sim, cupy)
     self_tests: str | None                      # the package of its own machinery's tests
     batch_invariant: bool                       # declares a batch row byte-identical to its batch-1 run
+    batch_decoder: Callable[..., Any] | None    # its own batched session (no single graph), else None
 
     @classmethod
     def of(cls, engine: Any) -> "Capabilities":
@@ -135,7 +136,9 @@ class Capabilities:
                    values=frozenset(getattr(engine, "values", None) or ()),
                    runtime_device=device if isinstance(device, str) and device else None,
                    self_tests=self_tests if isinstance(self_tests, str) and self_tests else None,
-                   batch_invariant=getattr(engine, "batch_invariant", False) is True)
+                   batch_invariant=getattr(engine, "batch_invariant", False) is True,
+                   batch_decoder=batch_decoder if callable(batch_decoder := getattr(engine, "batch_decoder", None))
+                   else None)
 
     def described(self) -> dict[str, str]:
         """``describe()``'s versions and options, or nothing where the engine declares none."""
