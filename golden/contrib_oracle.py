@@ -20,6 +20,8 @@ write, with what is covered:
 - ``SkipSimplifiedLayerNormalization`` (all four outputs) and ``SimplifiedLayerNormalization``
   (registered by ONNX Runtime in the default domain, where the builder and Optimum's O2 write it;
   each is accepted in both domains here);
+- onnx's ``RMSNormalization`` and ``LayerNormalization`` in their ``stash_type``
+  (``lockstep.golden.oracle_norms``: onnx 1.23's reference computes them in the input's type);
 - ``QuickGelu`` (Optimum's O2: ``x * sigmoid(alpha * x)``);
 - ``RotaryEmbedding``, ``MultiHeadAttention`` (the builder's fp16 CPU graphs), ``MatMulNBits`` and
   ``GatherBlockQuantized`` (its int4 graphs): the dequantized weights in float64, whatever
@@ -43,6 +45,7 @@ import onnx
 from onnx.reference.op_run import OpRun
 
 from .contrib_oracle_attention import GroupQueryAttention, MultiHeadAttention, RotaryEmbedding
+from .oracle_norms import NORM_OPS
 from .contrib_oracle_ops import (
     GatherBlockQuantized,
     MatMulNBits,
@@ -67,9 +70,10 @@ _MS = [GroupQueryAttention, SkipSimplifiedLayerNormalization, QuickGelu, RotaryE
        MatMulNBits, GatherBlockQuantized]
 # ONNX Runtime registers SimplifiedLayerNormalization in the default domain (where GenAI's builder and
 # Optimum's O2 write it) and SkipSimplifiedLayerNormalization in com.microsoft; each is accepted in both.
+# onnx's own RMSNormalization and LayerNormalization, computed in their stash type (lockstep.golden.oracle_norms)
 CONTRIB_OPS: list[type[OpRun]] = [*_MS, SimplifiedLayerNormalization,
                                   _in_domain(SimplifiedLayerNormalization, "com.microsoft"),
-                                  _in_domain(SkipSimplifiedLayerNormalization, "")]
+                                  _in_domain(SkipSimplifiedLayerNormalization, ""), *NORM_OPS]
 
 
 def contrib_ops() -> dict[tuple[str, str], type[OpRun]]:

@@ -314,11 +314,13 @@ def test_a_capture_identity_failure_names_the_command_that_locates_its_node(tmp_
 
 def test_a_decode_session_bug_is_named_by_its_lock_and_located_by_the_command_it_prints(tmp_path):
     """A bug of the engine's own decode session (prepare clean) breaks the stepwise lock; its message says no
-    node leaves its band through prepare and prints `--session eager`, which names the node."""
+    node leaves its band through prepare, names the node the session's step computes out of band (located
+    in the failing test) and prints `--session eager`, which names it again."""
     _suite_prints_a_command_that_locates(
         tmp_path, "make_decode_matmul_scale", "test_teacher_forced_lock and tiny-fp32-standard-stepwise",
-        r"through its decode session: (lockstep locate tiny-fp32-standard --position \d+ --engine "
-        r"planted_engines:make_decode_matmul_scale --session eager)", "no node leaves its band")
+        r"decode session the first divergent node is layers\.1/up_proj \(MatMul\): (lockstep locate tiny-fp32-standard "
+        r"--position \d+ --engine planted_engines:make_decode_matmul_scale --session eager)",
+        "no node leaves its band through prepare")
 
 
 def test_a_session_exposes_only_what_the_step_computes_from_its_data():

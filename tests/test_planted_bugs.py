@@ -170,3 +170,97 @@ def test_the_square_products_name_the_layout_bug_they_see():
             assert p.diagnose(value) == what, (p.name, what)
     ignored = {what for p in gemms for what in p.wrong}
     assert ignored >= {"transA=1 is ignored on a square A", "transB=1 is ignored on a square B"}
+
+
+# --- issue 54: three planted bugs a new user tried, each located by the command its failure prints ---
+
+def _lock_sentence(engine, name: str, mode: str) -> tuple[str, int | None]:
+    """The locate sentence a failing ``mode`` lock of golden model ``name`` prints on ``engine``."""
+    from lockstep.conformance.locate.lock import for_lock
+    from lockstep.golden.catalog import builtin_models
+
+    from lockstep.engines import precision_of
+
+    gm = next(m for m in builtin_models() if m.name == name)
+    model = gm.load()
+    session = open_session(engine, model, io=gm.io(model))
+    res = teacher_forced_lock(session, gm.snapshot(), precision_of(engine, gm.dtype), stepwise=mode == "stepwise")
+    assert not res.ok, f"the planted bug must break the {mode} lock of {name}"
+    pos = None if mode == "prefill" else res.violations[0]["pos"]
+    return for_lock(engine, gm, pos, mode)[0], pos
+
+
+def test_a_kv_cache_stored_one_slot_late_is_located_to_the_cache_it_feeds(example):
+    """result: the example plugin's session storing each call's new cache rows one slot late (the graph
+    right, so prepare locates nothing) breaks the stepwise lock, whose message names the first cache
+    fed out of band (row 0 of layer 0's key, at the first step after the prefill) and the --session
+    command; that command exits 1 saying the same, and on the clean example it exits 0."""
+    sentence, pos = _lock_sentence(load_engine("lockstep_example_engine:make_kv_buggy_engine"), "tiny-fp32-standard",
+                                   "stepwise")
+    assert "the first divergent cache is past_key_values.0.key" in sentence and "row 0 of" in sentence, sentence
+    cmd = sentence.rsplit(": ", 1)[1]
+    assert cmd == (f"lockstep locate tiny-fp32-standard --position {pos} --engine "
+                   "lockstep_example_engine:make_kv_buggy_engine --session eager")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", *cmd.split(), "-q"], capture_output=True, text=True, env=env)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"first divergent cache: past_key_values.0.key, fed to the step at position {pos}: row 0" in run.stdout
+    clean = cmd.replace("make_kv_buggy_engine", "make_engine")
+    run = subprocess.run([sys.executable, "-m", *clean.split(), "-q"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and "no divergence" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("bug, model, node", [
+    ("make_softmax_buggy_engine", "tiny-fp16-decomposed", "layers.0/probs (Softmax)"),
+    ("make_rope_buggy_engine", "tiny-fp32-standard", "layers.0/q_rope (RotaryEmbedding)"),
+])
+def test_a_float16_softmax_without_the_max_and_a_rope_with_its_halves_swapped_are_located(example, bug, model, node):
+    """result: each bug breaks the prefill lock, and the message names the node that computes it (the
+    float16 Softmax overflows where a score passes 11.09: error inf; the RoPE rotates backwards)."""
+    sentence, _ = _lock_sentence(load_engine(f"lockstep_example_engine:{bug}"), model, "prefill")
+    assert sentence.startswith(f"first divergent node: {node}"), sentence
+    assert sentence.endswith(f"lockstep locate {model} --engine lockstep_example_engine:{bug}"), sentence
+
+
+class OnnxReference:
+    """A new user's first engine (the README's recipe around onnx's ReferenceEvaluator): its
+    RMSNormalization computes in the input's type, so a float16 x * x overflows past |x| = 256."""
+
+    name = "onnx-reference"
+
+    def available(self):
+        return True, ""
+
+    def prepare(self, model):
+        from onnx.reference import ReferenceEvaluator
+
+        ev = ReferenceEvaluator(model)
+        return lambda feeds: ev.run(None, feeds)
+
+
+def test_a_float16_rmsnorm_that_overflows_is_located_where_the_oracle_once_overflowed_too():
+    """result (the fp16 SmolLM2 finding: error 38 against a band of 306): the oracle in the model's
+    precision computes RMSNormalization in its stash type (float32), so its baseline stays small and
+    the engine whose x * x overflows in float16 is located at the RMSNormalization node."""
+    from lockstep.conformance.locate.search import locate
+    from lockstep.conformance.locate.subject import _case
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 16)).astype(np.float16)
+    g = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "scale"], ["normed"], name="norm", axis=-1, epsilon=1e-5,
+                          stash_type=1),
+         helper.make_node("MatMul", ["normed", "w"], ["y"], name="proj")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 4, 16])],
+        [helper.make_tensor("scale", TensorProto.FLOAT16, [64], np.ones(64, np.float16)),
+         helper.make_tensor("w", TensorProto.FLOAT16, [64, 16], w)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    x = (rng.standard_normal((1, 4, 64)) * 300).astype(np.float16)
+    loc = locate(OnnxReference(), _case(model, [x], "fp16-rmsnorm", ["case"]))
+    assert loc.finding is not None and loc.finding.name == "norm", loc.as_dict()["first_divergent_node"]
+    out = loc.finding.outputs[0]
+    assert out.error > 10 * out.band, (out.error, out.band)
+    loc = locate(load_engine("ort-cpu"), _case(model, [x], "fp16-rmsnorm", ["case"]))
+    assert loc.finding is None, loc.as_dict()["first_divergent_node"]  # a stash-type RMSNorm: in band

@@ -68,8 +68,14 @@ def render_text(loc: Located) -> str:
     if loc.failure is not None:
         lines.append(failure_text(loc))
         return "\n".join(lines)
+    c = d.get("first_divergent_cache")
+    if c is not None:
+        lines.append(f"first divergent cache: {c['tensor']}, fed to {c['call']}: row {c['row']} is the first of its "
+                     f"{c['rows']} rows out of band, max abs error "
+                     f"{_num(c['error'])}, band {_num(c['band'])}: {c['why']}")
     if f is None:
-        lines.append("no divergence: every value is inside its band")
+        lines.append("the located step's values: every one inside its band" if c is not None
+                     else "no divergence: every value is inside its band")
         return "\n".join(lines)
     lines.append(f"first divergent node: {f['name']} ({f['op_type']}, node {f['index']})")
     lines.append(f"  output {f['output']}: max abs error {_num(f['max_abs_error'])}, max rel error "
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     "evaluator in float64 run the same feeds, every intermediate value exposed as an output.",
         epilog=f"Band: the larger of the golden error model ({KAPPA:g} x sqrt(depth) x unit roundoffs x "
                f"scale) and {MEASURED:g} x the reference evaluator's own error in the model's precision. "
-               "Exit status: 0 nothing diverges, 1 a divergent node, 2 an error.")
+               "Exit status: 0 nothing diverges, 1 a divergent node (or, with --session, cache tensor), 2 an error.")
     ap.add_argument("model", help="a golden model's name, a decoder .onnx file, a node-case folder (model.onnx, "
                                   "test_data_set_0/) or an ONNX node case's name (test_...)")
     ap.add_argument("--engine", required=True, help="a registered engine or pkg.module:factory")

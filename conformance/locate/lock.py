@@ -50,6 +50,10 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
         f = loc.failure
         where = f"at node {f.label} ({f.op_type})" if f.node is not None else "at no node its error names"
         return f"{engine.name} raises instead of producing values, {where}: {f.error}: {cmd}", data
+    if loc.finding is None and position is not None:
+        in_session = _in_session(engine, s)
+        if in_session:
+            return in_session, data
     if loc.finding is None:
         session = (f"; through its decode session: {command_line(s.args, spec_of(engine), 'eager')}"
                    if position is not None else "")
@@ -63,3 +67,30 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
     return (f"first divergent node: {f['name']} ({f['op_type']}), error {err if isinstance(err, str) else f'{err:.3g}'} "
             f"against a band of {f['band']:.3g}, {f['downstream_out_of_band']} of the nodes it feeds also out: "
             f"{cmd}"), data
+
+
+def _in_session(engine, s) -> str:
+    """Where ``prepare`` runs every node of the step in band, the step through the engine's own
+    decode session (its cache handling): the first cache fed out of band or node, as a sentence;
+    "" when it finds nothing, the engine declares no session, or it cannot be run so."""
+    from lockstep.engines.protocol import capabilities
+
+    from .session import locate_in_session
+
+    if capabilities(engine).decoder is None:
+        return ""  # lockstep's own host session over prepare: nothing of the engine's between the steps
+    cmd = command_line(s.args, spec_of(engine), "eager")
+    try:
+        loc = locate_in_session(engine, s, "eager")
+    except Exception:  # noqa: BLE001 - the message of a failing lock must not turn into another error
+        return ""
+    if loc.cache is not None:
+        c = loc.cache
+        return (f"no node leaves its band through prepare; in {engine.name}'s decode session the first divergent "
+                f"cache is {c.tensor}, fed to {c.call}: row {c.row} of {c.rows} out of band (error {c.error:.3g}, "
+                f"band {c.band:.3g}): its cache handling between the steps: {cmd}")
+    if loc.finding is not None:
+        f = loc.finding.as_dict()
+        return (f"no node leaves its band through prepare; in {engine.name}'s decode session the first divergent "
+                f"node is {f['name']} ({f['op_type']}): {cmd}")
+    return ""

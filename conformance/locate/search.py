@@ -63,17 +63,19 @@ class Located:
     runs: int = 0
     evals: Evaluations | None = field(default=None, repr=False)
     failure: EngineFailure | None = None
+    cache: Any = None                 # a decode session's first cache tensor out of band (caches.CacheFinding)
 
     @property
     def found(self) -> bool:
-        """A node was located: a divergent one, or one the engine fails at."""
-        return self.finding is not None or self.failure is not None
+        """A node or a cache tensor was located: a divergent one, or a node the engine fails at."""
+        return self.finding is not None or self.failure is not None or self.cache is not None
 
     def as_dict(self) -> dict[str, Any]:
         return {"subject": self.subject.label, "engine": self.engine, "precision": self.units.precision,
                 "method": self.method, "runs": self.runs, "note": self.note,
                 "compared": sum(j.status in ("in", "out") for j in self.judged),
                 "out_of_band": sum(j.status == "out" for j in self.judged),
+                "first_divergent_cache": self.cache.as_dict() if self.cache is not None else None,
                 "first_divergent_node": self.finding.as_dict() if self.finding else None,
                 "engine_error": self.failure.as_dict() if self.failure else None,
                 "graph_outputs": [o.as_dict() for o in self.outputs],

@@ -19,6 +19,13 @@ step's own key is in it, so it excludes the newest key; only a model whose mask 
 softmax without a query-attends-itself escape shows it (the golden ``*-mask`` models).
 ``make_gemm_buggy_engine``: a Gemm whose output is square comes back transposed (a row/column-major
 mix-up the shapes cannot show); the square-products check (conformance/node_suite) fails.
+``make_kv_buggy_engine``: the decode session stores each call's new cache rows one slot late (the
+graph is right; ``prepare`` locates nothing): the stepwise lock fails and the ``locate --session``
+command it prints names the first cache tensor fed out of band, at the first step after the prefill.
+``make_softmax_buggy_engine``: a float16 Softmax without the max subtracted overflows where a score
+passes 11.09 (``exp`` past float16's 65504: inf / inf); ``make_rope_buggy_engine``: RotaryEmbedding
+with the halves of ``rotate_half`` swapped (the rotation runs backwards). The failing locks name the
+Softmax and the RotaryEmbedding node.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import onnx
 from lockstep.engines import CaptureStats, Unsupported
 
 __all__ = ["BUGS", "ExampleEngine", "make_buggy_engine", "make_engine", "make_gemm_buggy_engine",
-           "make_mask_buggy_engine"]
+           "make_kv_buggy_engine", "make_mask_buggy_engine", "make_rope_buggy_engine", "make_softmax_buggy_engine"]
 
 # The operators this runtime implements (domain, op type): those of lockstep's golden models.
 SUPPORTED = {("ai.onnx", op) for op in (
@@ -47,6 +54,9 @@ BUGS = {
     "position": ("example-buggy", "decode steps after the first use position ids one too far"),
     "mask": ("example-buggy-mask", "a decode step's attention mask excludes the newest key"),
     "gemm": ("example-buggy-gemm", "a Gemm whose output is square comes back transposed"),
+    "kv-late": ("example-buggy-kv", "the decode session writes each call's new keys and values one slot late"),
+    "softmax": ("example-buggy-softmax", "a float16 Softmax computes exp(x) / sum(exp(x)) without subtracting the max"),
+    "rope": ("example-buggy-rope", "RotaryEmbedding rotates by the wrong half: concat(x2, -x1) for concat(-x2, x1)"),
 }
 
 # The tensor element types it implements.
@@ -95,6 +105,8 @@ class ExampleEngine:
             raise Unsupported(f"{self.name}: tensor type(s) {names} not implemented")
         if self.bug == "gemm":
             model = _transpose_square_gemms(model)
+        if self.bug in ("softmax", "rope"):
+            model = _rewritten(model, self.bug)
         so = ort.SessionOptions()
         so.log_severity_level = 4
         try:
@@ -137,6 +149,7 @@ class ExampleDecoder:
     def reset(self) -> None:
         self.cache = self.io.empty_caches()
         self.position = 0
+        self._values: dict = {}
 
     def forward(self, ids) -> np.ndarray:
         feeds = self.io.step_feeds(ids, self.position)
@@ -151,11 +164,72 @@ class ExampleDecoder:
             feeds[self.io.attention_mask] = mask
         out = dict(zip(self.outputs, self.sess.run(None, {**feeds, **self.cache})))
         self.cache = {p: out[self.io.present_of[p]] for p in self.io.pasts}
+        if self.bug == "kv-late":
+            self.cache = {p: _one_slot_late(c, self.position, len(ids), self.io.seq_axis) for p, c in self.cache.items()}
         self.position += len(ids)
+        self._values = self.io.others(out)
         return out[self.io.logits][0]
+
+    def values(self) -> dict:
+        """The last call's outputs other than the logits and presents (optional in the protocol:
+        ``lockstep locate --session`` judges them, with the caches fed and written)."""
+        return dict(self._values)
 
     def capture_stats(self) -> CaptureStats:
         return CaptureStats()  # no capture: all zeros
+
+
+def _one_slot_late(cache: np.ndarray, position: int, n: int, axis: int) -> np.ndarray:
+    """The planted KV bug: the ``n`` rows written at ``position`` moved one slot later (the first
+    stays empty; past the cache's end the last falls off)."""
+    c = np.moveaxis(np.array(cache), axis, 0)
+    new = c[position:position + n].copy()
+    c[position] = 0
+    end = min(position + n + 1, len(c))
+    c[position + 1:end] = new[:end - position - 1]
+    return np.moveaxis(c, 0, axis)
+
+
+def _rewritten(model: onnx.ModelProto, bug: str) -> onnx.ModelProto:
+    """The planted Softmax and RoPE bugs, as graph rewrites of the model the runtime executes."""
+    from onnx import helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    fp16 = {v.name for v in [*g.input, *g.output, *g.value_info]
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+    fp16 |= {t.name for t in g.initializer if t.data_type == onnx.TensorProto.FLOAT16}
+    for n in g.node:  # float16 values downstream of a float16 value or a Cast to float16
+        if any(i in fp16 for i in n.input) and n.op_type not in ("Cast", "Shape") or (
+                n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)):
+            fp16.update(o for o in n.output if o)
+    nodes = []
+    for i, n in enumerate(g.node):
+        if bug == "softmax" and n.op_type == "Softmax" and n.input[0] in fp16:
+            axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            x, y, t = n.input[0], n.output[0], f"example_softmax_{i}"
+            h = onnx.TensorProto.FLOAT16
+            # exp(x) held in float16 (ONNX Runtime's CPU provider computes a float16 Exp in float: the
+            # overflow a float16 kernel makes is written out), then summed and divided
+            nodes += [helper.make_node("Exp", [x], [f"{t}/exp32"]),
+                      helper.make_node("Constant", [], [f"{t}/max"], value=helper.make_tensor(f"{t}/m", h, [], [65504.0])),
+                      helper.make_node("Constant", [], [f"{t}/inf"], value=helper.make_tensor(f"{t}/i", h, [], [np.inf])),
+                      helper.make_node("Greater", [f"{t}/exp32", f"{t}/max"], [f"{t}/over"]),
+                      helper.make_node("Where", [f"{t}/over", f"{t}/inf", f"{t}/exp32"], [f"{t}/exp"]),
+                      helper.make_node("Constant", [], [f"{t}/axes"],
+                                       value=helper.make_tensor(f"{t}/axes_value", onnx.TensorProto.INT64, [1], [axis])),
+                      helper.make_node("ReduceSum", [f"{t}/exp", f"{t}/axes"], [f"{t}/sum"], keepdims=1),
+                      helper.make_node("Div", [f"{t}/exp", f"{t}/sum"], [y], name=n.name)]
+            continue
+        if bug == "rope" and n.op_type == "RotaryEmbedding" and n.domain in ("", "ai.onnx"):
+            sin, neg = n.input[2], f"example_rope_{i}/neg_sin"
+            nodes.append(helper.make_node("Neg", [sin], [neg]))
+            n.input[2] = neg
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return m
 
 
 def _transpose_square_gemms(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -208,6 +282,21 @@ def make_buggy_engine() -> ExampleEngine:
 def make_mask_buggy_engine() -> ExampleEngine:
     """``--engines lockstep_example_engine:make_mask_buggy_engine``: decode steps mask out the newest key."""
     return ExampleEngine(bug="mask")
+
+
+def make_kv_buggy_engine() -> ExampleEngine:
+    """``--engines lockstep_example_engine:make_kv_buggy_engine``: new cache rows stored one slot late."""
+    return ExampleEngine(bug="kv-late")
+
+
+def make_softmax_buggy_engine() -> ExampleEngine:
+    """``--engines lockstep_example_engine:make_softmax_buggy_engine``: float16 Softmax without the max subtracted."""
+    return ExampleEngine(bug="softmax")
+
+
+def make_rope_buggy_engine() -> ExampleEngine:
+    """``--engines lockstep_example_engine:make_rope_buggy_engine``: RoPE's rotate_half with its halves swapped."""
+    return ExampleEngine(bug="rope")
 
 
 def make_gemm_buggy_engine() -> ExampleEngine:
