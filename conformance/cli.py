@@ -403,6 +403,47 @@ def _report_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_diff(args: argparse.Namespace) -> int:
+    """What changed between two reports (runs), or two engines of one: exit status 1 when a test newly fails."""
+    import json
+
+    from lockstep.conformance.report import ReportError, read_report
+    from lockstep.conformance.report_diff import diff, render_text, side
+
+    engines = None
+    if args.engines is not None:
+        engines = [e.strip() for e in args.engines.split(",")]
+        if len(engines) != 2 or not all(engines):
+            raise CliError(f"--engines {args.engines!r}: two engines, X,Y (X of the first report, Y of the second "
+                           "or of the same one)")
+    if len(args.reports) > 2 or (len(args.reports) == 1 and engines is None):
+        raise CliError(f"{len(args.reports)} report(s): give two (A B: two runs), or one with --engines X,Y "
+                       "(two engines of one run)")
+    if len(args.reports) == 1 and engines[0] == engines[1]:
+        raise CliError(f"--engines {args.engines}: the same engine twice in one report")
+    if not args.threshold >= 0:  # NaN too
+        raise CliError(f"--threshold {args.threshold}: a number >= 0 (the smallest move of a margin to list)")
+    if args.top < 0:
+        raise CliError(f"--top {args.top}: a number >= 0")
+    paths = args.reports if len(args.reports) == 2 else args.reports * 2
+    try:
+        reports = [read_report(p) for p in dict.fromkeys(paths)]
+        ra, rb = reports[0], reports[-1]
+        a = side(ra, engines and engines[0], paths[0])
+        b = side(rb, engines and engines[1], paths[1])
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    name_a = f"{paths[0]}" + (f" (engine {engines[0]})" if engines else "")
+    name_b = f"{paths[1]}" + (f" (engine {engines[1]})" if engines else "")
+    d = diff(a, b, a_name=name_a, b_name=name_b, threshold=args.threshold,
+             env_a=None if ra is rb else ra.get("environment"), env_b=None if ra is rb else rb.get("environment"))
+    if args.format == "json":
+        print(json.dumps(d.as_dict(), indent=1))
+    else:
+        print(render_text(d, top=args.top, limit=None if args.all else 50), end="")
+    return d.exit_status
+
+
 def _parity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -590,12 +631,32 @@ def main(argv: list[str] | None = None) -> int:
                          "steps; default: %(default)s)")
     ga.set_defaults(func=_golden_add)
 
-    r = sub.add_parser("report", help="reports: `lockstep report merge SHARD/report.json ... --output DIR`")
+    r = sub.add_parser("report", help="reports: `lockstep report merge SHARD/report.json ... --output DIR`, "
+                                      "`lockstep report diff A B`, `lockstep report diff REPORT --engines X,Y`")
     rsub = r.add_subparsers(dest="report_command", required=True)
     rm = rsub.add_parser("merge", help="merge the reports of --lockstep-shard runs into one")
     rm.add_argument("reports", nargs="+", help="report.json files, one per shard")
     rm.add_argument("--output", required=True, help="where the merged report goes")
     rm.set_defaults(func=_report_merge)
+    rd = rsub.add_parser("diff", help="what changed between two runs' reports, or two engines of one: newly failing, "
+                                      "newly passing, newly skipped tests, margins that moved; exit status 1 when a "
+                                      "test newly fails",
+                         description="Compare report A with report B (two runs: tests matched by id), or engine X with "
+                                     "engine Y (--engines X,Y: of one report, or X of A and Y of B; tests matched by "
+                                     "id without the engine). Lists what newly fails (not failing in A, failing in "
+                                     "B), newly passes, is newly skipped or unsupported, and the largest moves of "
+                                     "the margins and errors the reports record (golden locks' engine margins, a "
+                                     "located node's error). Exit status 1 when a test newly fails, else 0; 2 for "
+                                     "bad input.")
+    rd.add_argument("reports", nargs="+", metavar="REPORT",
+                    help="report.json files or the folders holding them: A B, or one with --engines X,Y")
+    rd.add_argument("--engines", default=None, metavar="X,Y", help="compare engine X with engine Y")
+    rd.add_argument("--threshold", type=float, default=0.0,
+                    help="list the margins and errors that moved by at least this much (absolute; default: any move)")
+    rd.add_argument("--top", type=int, default=10, help="how many of the largest moves to list (default 10)")
+    rd.add_argument("--all", action="store_true", help="list every changed test (default: 50 of each kind)")
+    rd.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    rd.set_defaults(func=_report_diff)
 
     p = sub.add_parser("parity", help="run the sim-vs-CUDA parity scenarios on one device")
     p.add_argument("--device", default="sim")

@@ -152,3 +152,68 @@ def test_an_expected_tripwire_failure_is_said_as_expected_not_fatal():
     said = {line.split(":")[0]: line for line in lines if "position 20" in line}
     assert said["e m0"].endswith("fatal, expected (a known failure its expectations record: xfailed)"), said
     assert said["e m1"].endswith(": FATAL"), said
+
+
+def _node_case(engine: str, case: str, op: str, outcome: str, **extra) -> tuple[str, dict]:
+    return (f"conformance/node_suite/test_node_cases.py::test_node_case[{engine}-{case}]",
+            {"outcome": outcome, "engine": engine, "op": op, "ops": [op], "key": case, **extra})
+
+
+def test_failures_are_grouped_by_op_most_frequent_first_and_a_located_lock_by_its_node():
+    """result (issue 54, point 6): report.md groups the failures by operator with counts, most first:
+    node cases by their op, a failing lock by the op of its located first divergent node, a lock
+    located at no node by its model; a passing or xfailed case is no failure."""
+    from lockstep.conformance.report import failures_by_op
+
+    long_name = "/model/layers.11/self_attn/" + "very_long_scope/" * 30 + "MatMul_3"
+    lock = {"outcome": "failed", "engine": "my-engine", "failure": "wrong value", "message": "breaks the lock",
+            "locate": {"model": "tiny-fp32-standard", "engine": "my-engine", "mode": "stepwise", "position": 20,
+                       "first": {"name": long_name, "op_type": "MatMul", "node": 7},
+                       "points": [[1, 1e-7, 1e-4, "in", 3], [4, 0.25, 1e-4, "out", 7]]}}
+    unlocated = {"outcome": "failed", "engine": "my-engine", "message": "diverges",
+                 "golden": {"model": "tiny-fp16-standard", "mode": "prefill", "positions": [], "engine_margins": []}}
+    outcomes = dict([
+        _node_case("my-engine", "test_softmax_axis_0", "Softmax", "failed", failure="wrong value", message="off"),
+        _node_case("my-engine", "test_softmax_axis_1", "Softmax", "failed", failure="error", message="raised"),
+        _node_case("ort-cpu", "test_softmax_axis_1", "Softmax", "passed"),
+        _node_case("my-engine", "test_softmax_axis_2", "Softmax", "xfailed", failure="wrong value"),
+        _node_case("my-engine", "test_matmul_2d", "MatMul", "failed", failure="wrong value", message="off"),
+        _node_case("my-engine", "test_acos", "Acos", "failed", failure="wrong value", message="off"),
+    ])
+    outcomes["conformance/golden/test_golden_locks.py::test_teacher_forced_lock[my-engine-tiny-fp32-standard-stepwise]"] = lock
+    outcomes["conformance/golden/test_golden_locks.py::test_tripwire[my-engine-tiny-fp16-standard]"] = unlocated
+    groups = [(g, len(m)) for g, m in failures_by_op(outcomes)]
+    assert groups == [("MatMul", 2), ("Softmax", 2), ("Acos", 1), ("model tiny-fp16-standard", 1)], groups
+    md = render_markdown(summarize(outcomes), None, outcomes)
+    section = md.split("## Failures by operator")[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| op")]
+    assert rows[0].startswith("| MatMul | 2 | my-engine 2 |") and rows[1].startswith("| Softmax | 2 | my-engine 2 |"), rows
+    assert "| Acos | 1 |" in rows[2] and "| model tiny-fp16-standard | 1 |" in rows[3], rows
+    # contract: the located node is shown whole (a name far past the message's 300 characters), with its error
+    assert (f"  - located: first divergent node `{long_name}` (MatMul, node 7), error 0.25 against a band of 0.0001, "
+            "in tiny-fp32-standard on my-engine (stepwise, position 20)") in md.splitlines(), md
+
+
+def test_rows_that_are_no_engine_are_labelled_and_explained_under_the_table():
+    """result (issue 54, point 6): the plugin's `-` (a test with no engine) is the row `(no engine)`, and a
+    line under the engine table says what it and `reference-runtime` (the reference runtime's own tests)
+    are; a report with only engines has no such line."""
+    from lockstep.contracts.pytest_plugin import OWN
+
+    from lockstep.conformance.report import OWN_RUNTIME
+
+    assert OWN_RUNTIME == OWN, "contract: the row the reference runtime's plugin writes is the one explained"
+    outcomes = dict([_node_case("ref-sim", "test_acos", "Acos", "passed")])
+    outcomes["conformance/golden/test_golden_locks.py::test_snapshot_is_the_oracle[mine]"] = {"outcome": "passed",
+                                                                                              "engine": "-"}
+    outcomes["contracts/suite/test_builtin_snapshots.py::test_snapshot[x]"] = {"outcome": "passed",
+                                                                             "engine": "reference-runtime"}
+    s = summarize(outcomes)
+    assert list(s["engines"]) == ["(no engine)", "ref-sim", "reference-runtime"], s["engines"]
+    md = render_markdown(s, {"ref-sim": {}}, outcomes)
+    table_end = md.index("| reference-runtime |")
+    legend = md[table_end:].split("\n\n")[1]
+    assert legend.startswith("Rows that are not engines: `(no engine)`: tests that run no engine") and \
+        "`reference-runtime`: the reference runtime's own tests" in legend and "\n" not in legend, legend
+    only = dict([_node_case("ref-sim", "test_acos", "Acos", "passed")])
+    assert "Rows that are not engines" not in render_markdown(summarize(only), {"ref-sim": {}}, only)
