@@ -7,8 +7,9 @@ from fresh OS entropy. ``seed`` is a float attribute: its integer part modulo 2*
 generator. Bernoulli's output is ``1`` where the draw ``u`` (uniform in [0, 1)) is below the input
 probability ``p``, so ``P(1) = p``; RandomUniformLike scales the draws to ``[low, high)``. The draws
 differ from those behind ONNX's expected outputs (its cases were recorded from another generator
-state), so their node cases cannot match exactly; tests/test_random_ops.py checks what can be
-checked. Host draws and an upload per run: ``capture="unsupported"``.
+state), so the node suite judges their cases by their distribution (conformance/node_suite/
+random_cases.py); tests/test_random_ops.py checks the kernels. Host draws and an upload per run:
+``capture="unsupported"``.
 """
 
 from __future__ import annotations
