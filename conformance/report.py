@@ -137,13 +137,15 @@ def located_line(entry: dict) -> str | None:
         f"{mode}, prefill" if loc.get("position") is None else f"{mode}, position {loc['position']}")
     run = f"{loc.get('model', '?')} on {loc.get('engine', '?')} ({where})"
     first = loc.get("first")
+    said = f"; {loc['sentence']}" if isinstance(loc.get("sentence"), str) else ""
     if not isinstance(first, dict):
-        return f"located: no node leaves its band in {run} (the message says where the divergence is)"
+        return (f"located: no node leaves its band in {run}"
+                + (said or " (the message says where the divergence is)"))
     error, band = _located_error(loc, first.get("node"))
     err = "an infinite or NaN error" if error is None else f"error {error:.3g}"
     against = f" against a band of {band:.3g}" if isinstance(band, (int, float)) else ""
     return (f"located: first divergent node `{first.get('name')}` ({first.get('op_type')}, node {first.get('node')}), "
-            f"{err}{against}, in {run}")
+            f"{err}{against}, in {run}{said}")
 
 
 def failures_by_op(outcomes: dict[str, dict]) -> list[tuple[str, list[tuple[str, dict]]]]:

@@ -217,3 +217,16 @@ def test_rows_that_are_no_engine_are_labelled_and_explained_under_the_table():
         "`reference-runtime`: the reference runtime's own tests" in legend and "\n" not in legend, legend
     only = dict([_node_case("ref-sim", "test_acos", "Acos", "passed")])
     assert "Rows that are not engines" not in render_markdown(summarize(only), {"ref-sim": {}}, only)
+
+
+def test_the_located_line_carries_the_failing_locks_whole_sentence():
+    """result: a lock's locate sentence (a cache finding, its command) reaches report.md whole, though
+    the failure message's first line is cut at 300 characters."""
+    from lockstep.conformance.report import located_line
+
+    sentence = "in e's decode session the first divergent cache is past.0.key ... " + "x" * 400 + ": lockstep locate m --session eager"
+    line = located_line({"locate": {"model": "m", "engine": "e", "mode": "stepwise", "position": 18, "first": None,
+                                    "points": [], "sentence": sentence}})
+    assert line.endswith(sentence) and "stepwise, position 18" in line
+    assert located_line({"locate": {"model": "m", "engine": "e", "mode": "prefill", "first": None}}).endswith(
+        "(the message says where the divergence is)")

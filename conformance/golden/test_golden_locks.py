@@ -33,8 +33,8 @@ from .arbiter import model_takes_no_verify_step
 def _locate(engine, golden_model, position, mode, request, record_property) -> str:
     """The first divergent node of a broken lock (``lockstep.conformance.locate``), for its message."""
     where, plot = for_lock(engine, golden_model, position, mode, request.config.getoption("golden_dir"))
-    if plot is not None:
-        record_property("locate", json.dumps(plot))
+    if plot is not None:  # with the whole sentence: the message's first line is cut in the report
+        record_property("locate", json.dumps({**plot, "sentence": where}))
     return where
 
 
