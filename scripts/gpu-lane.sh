@@ -2,6 +2,7 @@
 # The GPU lane: everything lockstep claims about CUDA, run in one go on a machine with a GPU.
 #   scripts/gpu-lane.sh LOGDIR            (LANE_STEPS="contracts node-suite" runs only those steps;
 #                                          ALL_TESTS_K="expr" narrows all-tests to a -k expression)
+#                                          GOLDEN_K="expr" narrows the golden step likewise)
 # Runs (each step's full log in LOGDIR/<step>.log):
 #   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
 #   parity      the sim-vs-CUDA parity scenarios on both devices, plus observations as JSON
@@ -139,7 +140,7 @@ fi
 # ReduceMax), clean engines locating nothing on golden models and exports (scripts/locate_lane.py)
 step locate        timeout 300 python3 scripts/locate_lane.py --json "$out/locate.json"
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
-step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden lockstep.contracts.suite -m "golden or capture or paging" -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
+step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden lockstep.contracts.suite -m "golden or capture or paging" ${GOLDEN_K:+-k "$GOLDEN_K"} -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
 # the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
 [ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4
