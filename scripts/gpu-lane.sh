@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU lane: everything lockstep claims about CUDA, run in one go on a machine with a GPU.
 #   scripts/gpu-lane.sh LOGDIR            (LANE_STEPS="contracts node-suite" runs only those steps;
-#                                          ALL_TESTS_K="expr" narrows all-tests to a -k expression)
+#                                          ALL_TESTS_K="expr" narrows all-tests to a -k expression;
 #                                          GOLDEN_K="expr" narrows the golden step likewise)
 # Runs (each step's full log in LOGDIR/<step>.log):
 #   contracts   contract tests on sim and cupy (cupy required: absent GPU = failure)
