@@ -141,6 +141,8 @@ fi
 step locate        timeout 300 python3 scripts/locate_lane.py --json "$out/locate.json"
 [ "$SMOLLM2" = 1 ] && step smollm2-build timeout 400 python3 -m lockstep.golden.smollm2 --build
 step golden        timeout ${GOLDEN_TIMEOUT:-420} python3 -m pytest --pyargs lockstep.conformance.golden lockstep.contracts.suite -m "golden or capture or paging" ${GOLDEN_K:+-k "$GOLDEN_K"} -p no:cacheprovider -q -rfE -n 8 --engines=$engines --lockstep-report-dir "$out/golden-report"
+# a call brings back 8 files at most, two folders down: the plots go three down so report.{json,md} come back
+mkdir -p "$out/golden-report/plots/png" && mv "$out"/golden-report/*.png "$out/golden-report/plots/png/" 2>/dev/null || true
 # ORT GenAI's Generator on the CUDA provider: the builder's exports to transformers' ids, CUDA graphs on/off,
 # the golden locks (tests/test_ort_genai.py; ort-genai on CPU too)
 [ "$GENAI" = 1 ] && step ort-genai env LOCKSTEP_REQUIRE_ENGINES=ort-genai,ort-genai-cuda timeout 300 python3 -m pytest tests/test_ort_genai.py -p no:cacheprovider -v -rs -n 4
