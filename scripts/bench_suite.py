@@ -4,8 +4,8 @@
         [--baseline-tree ../old --baseline-python ../old/.venv/bin/python]
 
 The commands are each checkout's own README ones (read from its first ``bash`` block: the main
-job after the install's ``&&``, then the line that runs all tests), so a baseline checkout from
-before a change runs what its README said then:
+job after the install's ``&&``, then the line that runs all tests, after its install's ``&&`` where it
+has one), so a baseline checkout from before a change runs what its README said then:
 
 - ``check``: ``lockstep check`` on the default engines, from an empty folder, report in it;
 - ``conformance``: the README's first command without its install (``pytest ... conformance/``);
@@ -59,8 +59,9 @@ def readme_commands(tree: Path) -> dict[str, list[str]]:
     lines = [ln.strip() for ln in block.group(1).splitlines() if ln.strip() and not ln.strip().startswith("#")]
     if len(lines) < 2 or "&&" not in lines[0]:
         raise ValueError(f"{tree}/README.md: its first bash block is not `install && main job` then `all tests`")
+    # the second line may install first too (`pip install -e '.[dev,...]' && pytest -n auto`): its test command
     return {"check": ["lockstep", "check"], "conformance": shlex.split(lines[0].split("&&", 1)[1]),
-            "all": shlex.split(lines[1])}
+            "all": shlex.split(lines[1].split("&&")[-1])}
 
 
 def _cpu_children() -> float:

@@ -12,21 +12,22 @@ SCRIPT = ROOT / "scripts" / "bench_suite.py"
 README = """# fake
 ```bash
 pip install nothing && {py} -c "print('3 passed in 0.01s')"
-{py} -c "print('5 passed, 1 skipped in 0.02s')"
+{install}{py} -c "print('5 passed, 1 skipped in 0.02s')"
 ```
 """
 
 
-def _tree(path: Path, py: str = sys.executable) -> Path:
+def _tree(path: Path, py: str = sys.executable, install: str = "") -> Path:
     path.mkdir()
-    (path / "README.md").write_text(README.format(py=py))
+    (path / "README.md").write_text(README.format(py=py, install=install))
     return path
 
 
 def test_it_runs_each_checkout_s_readme_commands_alternately_and_prints_targets_and_ratios(tmp_path):
     """Result: the commands come from each checkout's README (after the install's &&; the second
     line), runs alternate between the checkouts, and the table has medians, targets and ratios."""
-    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    # this checkout's all-tests line installs first (its README's form since the dev extra), the baseline's not
+    a, b = _tree(tmp_path / "a", install="pip install nothing && "), _tree(tmp_path / "b")
     p = subprocess.run([sys.executable, str(SCRIPT), "--tree", str(a), "--only", "conformance,all", "--repeats", "2",
                         "--baseline-tree", str(b), "--baseline-python", sys.executable],
                        cwd=a, capture_output=True, text=True, timeout=300)

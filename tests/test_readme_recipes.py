@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -51,18 +52,50 @@ def test_the_kernel_recipe_registers_runs_and_audits(tmp_path, monkeypatch):
     assert not res.findings and len(res.entries) == 1, "result: the recipe's kernel is an audit entry, clean"
 
 
+def _extras(install: str) -> set[str]:
+    """The extras of an editable install command (``pip install -e '.[a,b]'``)."""
+    return set(re.search(r"'\.\[([^]]+)\]'", install).group(1).split(","))
+
+
 def test_ci_runs_the_readme_s_test_command_on_a_fresh_install():
-    """Contract (the brief): README.md starts with the install-and-main-job command and the all-tests
-    command; `.ci/run` installs the first's extras with no pip cache and runs exactly the second."""
+    """Contract (the brief): README.md starts with the install-and-main-job command and the
+    install-and-all-tests command; the second installs what the first does, the dev extra in place of
+    the test extra (dev brings test: a user's machine never needs dev's tools); `.ci/run` installs the
+    second's extras with no pip cache and runs exactly its test command, last."""
     block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
-    install_and_main, all_tests = [ln.strip() for ln in block.splitlines() if ln.strip()][:2]
+    install_and_main, install_and_all = [ln.strip() for ln in block.splitlines() if ln.strip()][:2]
     install, main_job = (part.strip() for part in install_and_main.split("&&"))
     assert main_job.startswith("pytest ") and main_job.endswith(" conformance/") and "-n auto" in main_job
+    install_all, all_tests = (part.strip() for part in install_and_all.split("&&"))
+    assert all_tests.startswith("pytest ") and "-n auto" in all_tests and "conformance/" not in all_tests
+    user, dev = _extras(install), _extras(install_all)
+    assert "test" in user and "dev" not in user, f"contract: the main job installs the user's extras, got {user}"
+    assert dev == user - {"test"} | {"dev"}, f"contract: all tests install the main job's extras with dev, got {dev}"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "lockstep-conformance[test,audit]" in extras["dev"], "contract: dev brings the test extra"
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-1] == all_tests, f"contract: .ci/run's last command is the README's {all_tests!r}, got {ci[-1]!r}"
-    extras = re.search(r"'(\.\[[^]]+\])'", install).group(1)
-    assert any(extras in ln and "--no-cache-dir" in ln for ln in ci), "contract: the README's extras, no pip cache"
+    installs = [ln for ln in ci if "pip install" in ln and "-e" in ln.split()]
+    assert [_extras(ln) for ln in installs] == [dev], f"contract: .ci/run installs the README's extras: {installs}"
+    assert "--no-cache-dir" in installs[0], "contract: no pip cache"
     assert "export PIP_NO_CACHE_DIR=1" in ci, "contract: the packaging test's own installs inherit no cache"
+    assert "export LOCKSTEP_REQUIRE_DEV_TOOLS=1" in ci, "contract: a dev tool missing in CI is a failure, not a skip"
+
+
+def test_the_test_extra_keeps_the_dev_tools_off_a_user_s_machine():
+    """Contract (issue 54): the extra a user installs to run the suite (test, and nxrt, which brings
+    test) has none of the tools only lockstep's own tests use: ruff, import-linter, cuda-bindings and
+    the 142 MB NVRTC wheel are the dev extra's."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    tools = ("ruff", "import-linter", "cuda-bindings", "nvidia-cuda-nvrtc")
+
+    def names(extra: str) -> set[str]:
+        return {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip() for req in extras[extra]}
+
+    for extra in ("test", "nxrt"):
+        assert not names(extra) & set(tools), f"contract: the {extra} extra brings {names(extra) & set(tools)}"
+    assert names("dev") >= set(tools), names("dev")
+    assert "lockstep-conformance[test,ort,models]" in extras["nxrt"], "contract: nxrt stays self-contained"
 
 
 def _plugin_recipe() -> tuple[str, list[tuple[str, list[str]]]]:
