@@ -26,6 +26,7 @@ class SuiteState:
     # configuration (pytest_configure); the selected engines are lockstep.engines.selection's
     shard: tuple[int, int] | None        # --lockstep-shard (index, count)
     suite: bool = False                  # the run collects one of lockstep's own suites
+    progress: str = "auto"               # --lockstep-progress, else $LOCKSTEP_PROGRESS (plugin_progress)
     # loaded on first need
     golden: list | None = None           # the golden models (catalog, --golden-dir)
     expect: list | None = None           # the expectation entries that apply here

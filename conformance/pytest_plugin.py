@@ -6,7 +6,9 @@ Loaded by every pytest run where lockstep is installed, so it is cheap until loc
 for something: engines are loaded from the registry (``lockstep.engines``) the first time a
 collected test needs one. This module holds the options, the markers and the fixtures; each other
 job is a plugin of its own that it registers (``plugin_collection``, ``plugin_expectations``,
-``plugin_outcomes``; the terminal summary is ``plugin_summary``), all over ``plugin_state.SuiteState``.
+``plugin_outcomes``; the terminal summary is ``plugin_summary``; the models fetched and built before
+the tests, said on the terminal, ``plugin_models``; progress lines with an estimate, ``plugin_progress``),
+all over ``plugin_state.SuiteState``.
 
 Fixtures
 - ``engine``: parametrizes a test over the selected engines (``--engines``, default every
@@ -18,7 +20,8 @@ Fixtures
 
 Options: ``--engines=ref-sim,mine,pkg.module:factory``, ``--lockstep-report=FILE`` (per-test
 outcomes as JSON, read by ``lockstep mutants``), ``--lockstep-report-dir=DIR``,
-``--lockstep-expectations=FILE``, ``--lockstep-shard=i/n``, ``--lockstep-gpus``, ``--golden-dir``.
+``--lockstep-expectations=FILE``, ``--lockstep-shard=i/n``, ``--lockstep-gpus``, ``--golden-dir``,
+``--lockstep-progress=auto|on|off`` (or ``LOCKSTEP_PROGRESS``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.conformance import plugin_collection, plugin_expectations, plugin_outcomes
+from lockstep.conformance import plugin_collection, plugin_expectations, plugin_models, plugin_outcomes, plugin_progress
 from lockstep.conformance.plugin_state import MARKERS, STATE, SuiteState, golden_models, state
 from lockstep.engines import selection
 from lockstep.engines.registry import EngineLoadError
@@ -64,6 +67,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--lockstep-expectations", default=None,
                 help="expectations file (default: the packaged lockstep/conformance/node_suite/expectations.toml; "
                      "'none': only the engines' own files)")
+    g.addoption("--lockstep-progress", default=None, choices=plugin_progress.SETTINGS,
+                help="a line now and then with the tests done, elapsed and an estimate of the time left: "
+                     f"auto (default: unless -v), on, off; default from ${plugin_progress.ENV}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,12 +79,17 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin_collection.one_thread_per_worker(config)
     shard = plugin_collection.parse_shard(config.getoption("--lockstep-shard"))
     suite = _runs_lockstep_suite(config)
-    config.stash[STATE] = SuiteState(shard=shard, suite=suite)
+    progress = plugin_progress.setting(config.getoption("--lockstep-progress"), os.environ)
+    config.stash[STATE] = SuiteState(shard=shard, suite=suite, progress=progress)
     # the plugin's jobs, each a plugin of its own over the typed state (plugin_state.SuiteState)
     config.pluginmanager.register(plugin_expectations, "lockstep-expectations")
     config.pluginmanager.register(plugin_outcomes, "lockstep-outcome-labels")
     config.pluginmanager.register(plugin_outcomes.OutcomeRecorder(config), "lockstep-outcomes")
     config.pluginmanager.register(plugin_collection.LastModifyItems(config), "lockstep-last-modifyitems")
+    if getattr(config, "workerinput", None) is None:  # the process that owns the terminal
+        config.pluginmanager.register(plugin_models.ModelPreparer(config), "lockstep-models")
+        if plugin_progress.enabled(progress, config.getoption("verbose")):
+            config.pluginmanager.register(plugin_progress.Progress(config), "lockstep-progress")
     # Engines named on the command line, or all registered ones when this run is lockstep's suite,
     # load now: a bad one is one usage error up front. Otherwise (a user's own tests that take the
     # `engine` fixture) they load when a test first needs one.

