@@ -16,7 +16,9 @@ empty folder) with that checkout's interpreter first on PATH, and records its wa
 time of it and its children (user + system), its exit status and pytest's summary line. Runs
 alternate between this checkout and the baseline (ABAB...), so a ratio compares runs made under
 the same conditions; the table shows medians and, with a baseline, each round's ratio and their
-median. Conditions printed first: machine, cores, load average, commit, library versions, and the
+median. Memory: the peak of the command's process tree (its session: pytest, its xdist workers, the
+processes they start), the sum of their resident sets sampled every 0.5 s, and the largest single
+process's peak in that sampling. Conditions printed first: machine, cores, load average, commit, library versions, and the
 cache state:
 
 - warm (default): lockstep's cache as it is (node cases, built models, oracle results);
@@ -74,6 +76,37 @@ def _summary(out: str) -> str:
     return lines[-1] if lines else "(no pytest summary)"
 
 
+def _session_rss(sid: int) -> tuple[int, int]:
+    """(sum, largest) resident set in bytes of the processes of session ``sid`` (Linux /proc)."""
+    page, total, largest = os.sysconf("SC_PAGE_SIZE"), 0, 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[3]) != sid:  # fields after the name: state ppid pgrp session
+                continue
+            rss = int((d / "statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+        total, largest = total + rss, max(largest, rss)
+    return total, largest
+
+
+def _run_sampled(command, cwd, env) -> tuple[subprocess.CompletedProcess, int, int]:
+    """The command run to its end in a new session, with the peak (sum, largest) resident set of it."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        peak_sum = peak_one = 0
+        while proc.poll() is None:
+            total, one = _session_rss(proc.pid)
+            peak_sum, peak_one = max(peak_sum, total), max(peak_one, one)
+            time.sleep(0.5)
+        out.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), ""), peak_sum, peak_one
+
+
 def run_once(tree: Path, python: Path, which: str, command: list[str], cold_models: Path | None) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
@@ -92,9 +125,9 @@ def run_once(tree: Path, python: Path, which: str, command: list[str], cold_mode
             env["LOCKSTEP_CACHE_DIR"] = str(cache)
         load = os.getloadavg()[0]
         cpu0, t0 = _cpu_children(), time.perf_counter()
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, start_new_session=True)
+        proc, peak_sum, peak_one = _run_sampled(command, cwd, env)
         wall, cpu = time.perf_counter() - t0, _cpu_children() - cpu0
-    return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "load": load,
+    return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "load": load, "rss": peak_sum, "rss_one": peak_one,
             "summary": _summary(proc.stdout + proc.stderr), "tail": (proc.stdout + proc.stderr)[-3000:]}
 
 
@@ -167,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
             for label, tree, python in order:
                 res = run_once(tree, python, w, commands[label][w], models)
                 runs[label].append(res)
-                print(f"{w} round {r + 1} {label}: {res['wall']:.1f} s wall, {res['cpu']:.1f} s CPU, rc {res['rc']}, "
+                print(f"{w} round {r + 1} {label}: {res['wall']:.1f} s wall, {res['cpu']:.1f} s CPU, peak RSS "
+                      f"{res['rss'] / 2**30:.2f} GiB (largest process {res['rss_one'] / 2**30:.2f}), rc {res['rc']}, "
                       f"load {res['load']:.2f}: {res['summary']}", flush=True)
                 if res["rc"] != 0:
                     print(res["tail"])
         rows[w] = runs
     print()
-    head = "| command | target | median wall s | median CPU s | runs (wall s) | exit codes | met |"
+    head = ("| command | target | median wall s | median CPU s | peak RSS GiB (largest process) | runs (wall s) "
+            "| exit codes | met |")
     if len(trees) > 1:
         head = head[:-1] + "baseline median wall s | ratios (this / baseline) | median ratio |"
     print(head)
@@ -184,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         walls = ", ".join(f"{r['wall']:.0f}" for r in mine)
         codes = ", ".join(str(r["rc"]) for r in mine)
         met = "yes" if med <= TARGETS[w] and all(r["rc"] == 0 for r in mine) else "NO"
-        line = (f"| {w} | <= {TARGETS[w]:.0f} s | {med:.1f} | {statistics.median(r['cpu'] for r in mine):.1f} | "
+        rss = f"{max(r['rss'] for r in mine) / 2**30:.2f} ({max(r['rss_one'] for r in mine) / 2**30:.2f})"
+        line = (f"| {w} | <= {TARGETS[w]:.0f} s | {med:.1f} | {statistics.median(r['cpu'] for r in mine):.1f} | {rss} | "
                 f"{walls} | {codes} | {met} |")
         if len(trees) > 1:
             base = runs["baseline"]

@@ -38,7 +38,8 @@ def test_it_runs_each_checkout_s_readme_commands_alternately_and_prints_targets_
                       "all round 2 this"], rounds
     assert "3 passed in 0.01s" in p.stdout and "5 passed, 1 skipped in 0.02s" in p.stdout
     table = [ln for ln in p.stdout.splitlines() if ln.startswith("| conformance |") or ln.startswith("| all |")]
-    assert len(table) == 2 and all("| yes |" in ln and ln.count("|") == 11 for ln in table), table
+    assert len(table) == 2 and all("| yes |" in ln and ln.count("|") == 12 for ln in table), table
+    assert "peak RSS" in p.stdout and "| peak RSS GiB (largest process) |" in p.stdout
 
 
 def test_bad_input_is_a_usage_error():
