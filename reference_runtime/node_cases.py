@@ -30,7 +30,7 @@ from lockstep.engines.protocol import Unsupported, capabilities
 
 from lockstep.loading import ModelError
 
-__all__ = ["NodeCase", "load_cases", "load_case_dirs", "run_case", "Outcome", "assert_similar", "CaseDirError"]
+__all__ = ["NodeCase", "load_cases", "load_case_dirs", "run_case", "outcome_of_error", "Outcome", "assert_similar", "CaseDirError"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,16 @@ def assert_similar(expected: list, outputs: list, rtol: float, atol: float) -> N
             Runner.assert_similar_outputs([ref], [np.asarray(out)], rtol, atol)
 
 
+def outcome_of_error(exc: BaseException) -> "Outcome":
+    """The outcome of an engine that raised running a case: ``Unsupported`` is unsupported, anything
+    else an error (a ``ModelError`` named so, the rest by class and its first 500 characters)."""
+    if isinstance(exc, Unsupported):
+        return Outcome("unsupported", str(exc))
+    if isinstance(exc, ModelError):
+        return Outcome("error", f"ModelError: {exc}")
+    return Outcome("error", f"{type(exc).__name__}: {str(exc)[:500]}")
+
+
 def run_case(engine, case: NodeCase) -> Outcome:
     ins, outs = [_value(x) for x in case.inputs], [_value(x) for x in case.outputs]
     kinds = _kinds([*ins, *outs]) - capabilities(engine).values
@@ -267,12 +277,8 @@ def run_case(engine, case: NodeCase) -> Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             outs = run(_feeds(model, case.inputs))
-    except Unsupported as exc:
-        return Outcome("unsupported", str(exc))
-    except ModelError as exc:
-        return Outcome("error", f"ModelError: {exc}")
-    except Exception as exc:
-        return Outcome("error", f"{type(exc).__name__}: {str(exc)[:500]}")
+    except Exception as exc:  # noqa: BLE001 - every engine error is an outcome
+        return outcome_of_error(exc)
     try:
         assert_similar(case.outputs, list(outs), case.rtol, case.atol)
     except AssertionError as exc:

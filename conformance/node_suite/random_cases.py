@@ -39,11 +39,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import onnx
-from lockstep.reference_runtime.node_cases import NodeCase, Outcome, run_case
+from lockstep.reference_runtime.node_cases import NodeCase, Outcome, outcome_of_error, run_case
 from onnx import helper, numpy_helper
 
-from lockstep.engines.protocol import Unsupported
-from lockstep.loading import ModelError
 
 __all__ = ["RANDOM_OPS", "FALSE_ALARM", "DRAWS", "FLOOR", "Law", "has_random_op", "laws", "judge"]
 
@@ -147,12 +145,8 @@ def judge(engine, case: NodeCase) -> Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             why = _judge(engine, model, feeds, expected, found, seeded)
-    except Unsupported as exc:
-        return Outcome("unsupported", str(exc))
-    except ModelError as exc:
-        return Outcome("error", f"ModelError: {exc}")
-    except Exception as exc:
-        return Outcome("error", f"{type(exc).__name__}: {str(exc)[:500]}")
+    except Exception as exc:  # noqa: BLE001 - every engine error is an outcome
+        return outcome_of_error(exc)
     return Outcome("failed", why[:800]) if why else Outcome("passed")
 
 
