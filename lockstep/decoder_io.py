@@ -64,7 +64,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnx
 
-from lockstep.errors import LockstepError
+from lockstep.errors import LockstepError, type_name
 
 __all__ = ["DecoderIO", "NotADecoder", "KVCacheTooLarge", "ModelCardError", "StepError", "ContextLimitExceeded",
            "read_card", "parse_io_option", "card_path_for", "position_limit", "ROLES"]
@@ -217,8 +217,17 @@ def _dims(vi: onnx.ValueInfoProto) -> list[int | str | None]:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
 
 
-def _describe(values) -> str:
-    return ", ".join(f"{v.name} {_dims(v)}" for v in values) or "none"
+def _describe(values, most: int = 8) -> str:
+    """The first ``most`` values with their dims, and how many more (a message stays a line on a
+    model of hundreds of inputs)."""
+    values = list(values)
+    shown = ", ".join(f"{v.name} {_dims(v)}" for v in values[:most]) or "none"
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "")
+
+
+def _few(names, most: int = 8) -> str:
+    names = list(names)
+    return ", ".join(map(str, names[:most])) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -442,7 +451,7 @@ class DecoderIO:
                     return None
                 if name not in pool:
                     raise ModelCardError(f"model card: {role} = {name!r} is not a graph "
-                                         f"{'input' if pool is by_in else 'output'} ({', '.join(pool)})")
+                                         f"{'input' if pool is by_in else 'output'} ({_few(pool)})")
                 return name
             if default in pool:
                 return default
@@ -463,7 +472,7 @@ class DecoderIO:
             raise fail("no past key/value inputs (a decoder without a KV cache is not decoded by lockstep)")
         layers = sorted({layer for layer, _ in pasts})
         if layers != list(range(len(layers))) or any((layer, k) not in pasts for layer in layers for k in ("key", "value")):
-            raise fail(f"past inputs must be key and value for layers 0..n-1, found {sorted(pasts)}")
+            raise fail(f"past inputs must be key and value for layers 0..n-1, found {_few(sorted(pasts))}")
         missing = [k for k in pasts if k not in presents]
         if missing:
             raise fail(f"no present output for past {[pasts[k].name for k in missing]}")
@@ -478,15 +487,15 @@ class DecoderIO:
             else:
                 unknown.append(vi.name)
         if unknown:
-            raise fail(f"inputs lockstep does not know how to feed: {unknown} (it feeds input_ids, attention_mask, "
+            raise fail(f"inputs lockstep does not know how to feed: {_few(unknown)} (it feeds input_ids, attention_mask, "
                        f"position_ids, {', '.join(_EXTRAS)} and the past key/values)")
 
         ordered = [pasts[(layer, k)] for layer in layers for k in ("key", "value")]
         for key in [(layer, k) for layer in layers for k in ("key", "value")]:
             pt, qt = pasts[key].type.tensor_type.elem_type, presents[key].type.tensor_type.elem_type
             if pt != qt:  # Optimum's fp16 Gemma 2/3 exports: present.1.* float32 beside float16 pasts
-                raise NotADecoder(f"not a decoder lockstep can drive: {presents[key].name} is {onnx.helper.tensor_dtype_to_np_dtype(qt).name if qt else 'untyped'} "
-                           f"but {pasts[key].name} is {onnx.helper.tensor_dtype_to_np_dtype(pt).name if pt else 'untyped'}: a "
+                raise NotADecoder(f"not a decoder lockstep can drive: {presents[key].name} is {type_name(qt)} "
+                           f"but {pasts[key].name} is {type_name(pt)}: a "
                            f"present is fed back as the next step's past, so their types must agree (an exporter bug)")
         roles = [by_in[n] for n in (input_ids, mask, positions) if n] + ordered + [by_in[n] for n in extras]
         for vi in [*roles, by_out[logits], *presents.values()]:

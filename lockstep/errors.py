@@ -38,3 +38,14 @@ def command_parser(prog: str, **kwargs):
             self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
     return _OneLine(prog=prog, **kwargs)
+
+
+def type_name(elem_type: object) -> str:
+    """An ONNX tensor element type, named for a message: ``FLOAT``, or ``elem_type -3 (not an ONNX
+    type)`` for a code outside onnx's table. Never raises: a user's model may hold any integer."""
+    try:
+        from onnx import TensorProto
+
+        return TensorProto.DataType.Name(int(elem_type)) if int(elem_type) else "untyped"
+    except Exception:  # noqa: BLE001 - a message about a bad value must not fail on it
+        return f"elem_type {elem_type!r} (not an ONNX type)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
 from lockstep import inference
 from lockstep.reference_runtime import Runtime, RuntimeConfig
@@ -392,3 +393,49 @@ def test_a_rewritten_file_keeps_its_mode_and_a_new_one_is_0644_under_the_umask(t
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644, "snapshots were rewritten 0600 by mkstemp"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("bad", [-3, 1000])
+def test_a_present_of_a_type_onnx_does_not_know_is_named_not_a_keyerror(tmp_path, bad):
+    """result (issue 55, a crash back since the declared-shape checks): small-fp32-standard with one
+    present's elem_type set outside onnx's table is refused in one line naming the present and the
+    code, by the library and by `lockstep decode`; no KeyError, no traceback."""
+    import subprocess
+    import sys
+
+    from lockstep.decoder_io import DecoderIO, NotADecoder
+    from lockstep.golden.catalog import builtin_models
+
+    model = next(m for m in builtin_models() if m.name == "small-fp32-standard").load()
+    out = next(o for o in model.graph.output if o.name.startswith("present"))
+    out.type.tensor_type.elem_type = bad
+    with pytest.raises(NotADecoder, match=rf"{out.name} is elem_type {bad} \(not an ONNX type\)"):
+        DecoderIO.of(model)
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"elem_type {bad} (not an ONNX type)" in r.stderr
+
+
+def test_not_a_decoder_names_a_few_inputs_not_hundreds():
+    """result: a model of 300 inputs that is no decoder is refused in a message of a few hundred
+    characters (the first 8 inputs and how many more), not one of every input (10 KB on a large model)."""
+    from lockstep.decoder_io import DecoderIO, NotADecoder
+    from onnx import TensorProto, helper
+
+    ins = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1]) for i in range(300)]
+    g = helper.make_graph([helper.make_node("Identity", ["x0"], ["y"])], "g", ins,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    with pytest.raises(NotADecoder) as info:
+        DecoderIO.of(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]))
+    assert "x7 [1] and 292 more" in str(info.value) and len(str(info.value)) < 800
+
+
+def test_type_name_never_raises():
+    """contract: the one helper messages format a user's elem_type with."""
+    from lockstep.errors import type_name
+
+    assert type_name(1) == "FLOAT" and type_name(0) == "untyped"
+    assert type_name(-3) == "elem_type -3 (not an ONNX type)" and "not an ONNX type" in type_name("x")
