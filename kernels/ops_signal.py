@@ -26,7 +26,9 @@ def _host_int(node, specs, i, what):
         return None
     if v.size != 1:
         raise node.error(f"{what} must be a scalar, got {v.size} values")
-    return int(v[0])
+    if v.dtype.kind not in "iu":  # the spec types it int32/int64; a float (NaN, 1.5) is a model error, named
+        raise node.error(f"{what} must be an integer (int32 or int64), got {v.dtype.name} {v.reshape(-1)[0]!r}")
+    return int(v.reshape(-1)[0])
 
 
 def _dft_plan(node, specs):

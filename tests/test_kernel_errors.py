@@ -337,3 +337,19 @@ def test_a_kernel_that_declares_no_capture_is_refused_at_construction():
     with pytest.raises(ValueError, match="Seam: capture='unsupported' needs a reason"):
         OpKernel("Seam", shapes, lambda xp, node, x: (x,), capture="unsupported")
     assert OpKernel("Fine", shapes, lambda xp, node, x: (x,), capture="safe").capture == "safe"
+
+
+@pytest.mark.parametrize("axis", [np.nan, 1.5])
+def test_a_dft_axis_that_is_no_integer_is_named_not_a_host_error(axis):
+    """result (issue 55, fuzzer): ONNX's test_dft_axis with its axis input a float (NaN, 1.5) is refused
+    as an OpError naming the node and the input's type and value; before, `int(nan)` escaped as a
+    KernelHostError ('cannot convert float NaN to integer')."""
+    from lockstep.reference_runtime.node_cases import _value, load_cases
+
+    case = next(c for c in load_cases() if c.name == "test_dft_axis")
+    model = case.proto()
+    next(i for i in model.graph.input if i.name == "axis").type.tensor_type.elem_type = TensorProto.FLOAT
+    x = _value(case.inputs[0])
+    with pytest.raises(OpError, match=r"axis must be an integer \(int32 or int64\), got float32") as info:
+        Executor(model, _sim_runtime()).run({"x": x, "axis": np.array(axis, np.float32)})
+    assert not isinstance(info.value, KernelHostError), info.value
