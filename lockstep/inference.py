@@ -27,6 +27,7 @@ the checks of 1, 38 crashes and 5 runaways, all contained; with them, none reach
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import select
 import signal
@@ -309,7 +310,15 @@ def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
     if not checked:
         check_for_inference(model)
     if _nothing_to_infer(model):
-        return model
+        fixed = check_declared(model, model.graph) if model.graph.value_info else {}
+        if not fixed:
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        for vi in out.graph.value_info:
+            if vi.name in fixed:
+                vi.type.CopyFrom(fixed[vi.name])
+        return out
     data = _slim(model).SerializeToString()
     key = hashlib.blake2b(data, digest_size=20).digest()
     if key in _CACHE:
@@ -332,4 +341,61 @@ def infer(model: onnx.ModelProto, *, checked: bool = False) -> onnx.ModelProto:
     out.graph.node.extend(model.graph.node)
     out.graph.value_info.extend(g.value_info)
     out.graph.output.extend(g.output)
+    if model.graph.value_info:
+        fixed = check_declared(model, out.graph)
+        for vi in out.graph.value_info:
+            if vi.name in fixed:
+                vi.type.CopyFrom(fixed[vi.name])
     return out
+
+
+def _type_of(tp: onnx.TypeProto) -> tuple[int, list | None]:
+    t = tp.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
+    return t.elem_type, dims
+
+
+def check_declared(model: onnx.ModelProto, inferred: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    """A ``value_info`` the model declares for a node's output, against what onnx infers for that node
+    from its inputs (only nodes of an operator onnx has a schema for, at the model's opset, in the main
+    graph; a node onnx cannot infer alone is not judged): another element type is a ``ModelError``
+    naming the value, its declaration and the inference (a plan built on it fails steps later); a shape
+    of another element count, both whole, is replaced by the inferred one, returned by name (real
+    exporters declare so: GenAI's builder types every Constant a scalar, 1-D shape constants too, and
+    runtimes read the declaration as advice)."""
+    from onnx import defs, shape_inference
+
+    from lockstep.errors import type_name
+
+    declared = {vi.name: vi for vi in model.graph.value_info if vi.type.HasField("tensor_type")}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    fixed: dict[str, onnx.TypeProto] = {}
+    if not declared or opset is None:
+        return fixed
+    types: dict[str, onnx.TypeProto] = {vi.name: vi.type for vi in [*inferred.value_info, *model.graph.input]}
+    for t in model.graph.initializer:
+        types.setdefault(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
+    for node in model.graph.node:
+        mine = [o for o in node.output if o in declared]
+        if not mine or node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = defs.get_schema(node.op_type, opset, "")
+            ins = {i: types[i] for i in node.input if i}
+            got = shape_inference.infer_node_outputs(schema, node, ins, opset_imports=list(model.opset_import),
+                                                     ir_version=model.ir_version or 10)
+        except Exception:  # noqa: BLE001 - no schema, an input of unknown type, inference that needs data
+            continue
+        for name in mine:
+            if name not in got:
+                continue
+            (dt, dd), (it, idims) = _type_of(declared[name].type), _type_of(got[name])
+            static = dd is not None and idims is not None and None not in dd and None not in idims
+            if static and math.prod(dd) != math.prod(idims) and not (dt and it and dt != it):
+                fixed[name] = got[name]
+            if dt and it and dt != it:
+                shown = lambda t, d: f"{type_name(t)}{'' if d is None else ['?' if x is None else x for x in d]}"  # noqa: E731
+                raise ModelError(f"value_info {name!r} declares {shown(dt, dd)} but node {node.name or node.op_type!r} "
+                                 f"({node.op_type}) makes {shown(it, idims)} from its inputs: the declaration "
+                                 "contradicts the graph")
+    return fixed

@@ -439,3 +439,41 @@ def test_type_name_never_raises():
 
     assert type_name(1) == "FLOAT" and type_name(0) == "untyped"
     assert type_name(-3) == "elem_type -3 (not an ONNX type)" and "not an ONNX type" in type_name("x")
+
+
+def test_a_value_info_of_another_type_than_its_node_makes_is_a_model_error_at_load(tmp_path):
+    """result (issue 55): tiny-fp16-decomposed with an intermediate declared INT8[0] (its Reshape makes
+    float16 of rank 4) is refused when the reference runtime loads it, naming the value, the declaration
+    and what its node makes (lockstep.inference.infer, which the reference runtime's plan reads); before,
+    the first decode steps ran and the plan raised IllegalState."""
+    import subprocess
+    import sys
+
+    from lockstep.golden.catalog import builtin_models
+
+    model = next(m for m in builtin_models() if m.name == "tiny-fp16-decomposed").load()
+    node = next(n for n in model.graph.node if n.op_type == "Reshape")
+    model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], TensorProto.INT8, [0]))
+    want = rf"value_info '{node.output[0]}' declares INT8\[0\] but node .* \(Reshape\) makes FLOAT16"
+    with pytest.raises(ModelError, match=want):
+        inference.infer(model)
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi",
+                        "--tokens", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "declares INT8[0]" in r.stderr, r.stderr
+
+
+def test_a_constant_declared_a_scalar_as_genai_s_builder_writes_it_is_read_as_what_it_makes():
+    """contract (no false rejection): a 1-D Constant declared a scalar (every Constant of ONNX Runtime
+    GenAI's builder) loads; its value_info is replaced by the inferred shape, not trusted."""
+    from lockstep import inference
+
+    c = helper.make_node("Constant", [], ["shape"], value=helper.make_tensor("v", TensorProto.INT64, [2], [2, 3]))
+    g = helper.make_graph([c, helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          value_info=[helper.make_tensor_value_info("shape", TensorProto.INT64, [])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    got = {vi.name: vi for vi in inference.infer(model).graph.value_info}
+    assert [d.dim_value for d in got["shape"].type.tensor_type.shape.dim] == [2]
