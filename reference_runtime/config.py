@@ -74,6 +74,10 @@ class RuntimeConfig:
         RawKernel launches of a body that issued nothing else; on the simulated device it is the
         launch itself. Off: every planned node runs its kernel body. Same launches, same bytes.
         Environment: ``LOCKSTEP_LAUNCH_REPLAY=0|false|off|no`` turns it off.
+    max_loop_iterations: the most iterations one ``Loop`` may run (default 1,000,000): a trip count
+        above it is refused before the first iteration, a condition-driven loop when it gets there,
+        with ``OpError`` naming the node, the count and the budget (a fuzzed trip count of 2**31-1
+        would otherwise run for hours). Environment: ``LOCKSTEP_MAX_LOOP_ITERATIONS=<n>``.
     fuse_kernels: an executor fuses groups of nodes into one step and one launch (default on;
         ``reference_runtime.fusion``: x*sigmoid(x)*u, Add then RMSNormalization, the MatMuls of one
         activation by constant weights (float32), side-by-side RotaryEmbedding or TensorScatter
@@ -88,8 +92,12 @@ class RuntimeConfig:
     execution_plans: bool = True
     launch_replay: bool = True
     fuse_kernels: bool = True
+    max_loop_iterations: int = 1_000_000
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_loop_iterations, int) or isinstance(self.max_loop_iterations, bool) \
+                or self.max_loop_iterations < 1:
+            raise ValueError(f"max_loop_iterations={self.max_loop_iterations!r}: expected a positive integer")
         for name in ("vram_limit", "device_memory_limit"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
@@ -129,6 +137,15 @@ class RuntimeConfig:
         raw = env.get("LOCKSTEP_DEVICE_MEMORY_LIMIT")
         if raw is not None and raw.strip() != "":
             cfg = replace(cfg, device_memory_limit=parse_bytes("LOCKSTEP_DEVICE_MEMORY_LIMIT", raw))
+        raw = env.get("LOCKSTEP_MAX_LOOP_ITERATIONS")
+        if raw is not None and raw.strip() != "":
+            try:
+                n = int(raw.strip())
+            except ValueError:
+                raise ValueError(f"LOCKSTEP_MAX_LOOP_ITERATIONS={raw!r}: expected a positive integer") from None
+            if n < 1:
+                raise ValueError(f"LOCKSTEP_MAX_LOOP_ITERATIONS={raw!r}: expected a positive integer")
+            cfg = replace(cfg, max_loop_iterations=n)
         return cfg
 
 

@@ -262,16 +262,17 @@ class _Control(abc.ABC):
         it allocates goes into ``owned`` (``run`` hands the outputs over and frees the rest)."""
 
     # -- helpers on the device
-    def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]") -> None:
+    def _drop(self, v: Any, owned: dict[int, Tensor], live: "list[Any]", held: "set[int] | None" = None) -> None:
         """Free ``v``'s tensors (a sequence's elements too) that this node owns and no value in
-        ``live`` still holds. While a segment records the node, nothing is freed: the graph bakes
+        ``live`` (or, by id, ``held``: a set kept up to date by a caller with many live values) still
+        holds. While a segment records the node, nothing is freed: the graph bakes
         every address it touched, so ``run`` retains them with the segment (freed when its graph is
         dropped); a free then would let the replay touch released memory."""
         if self.runtime.is_capturing:
             return
-        held = {id(x) for lv in live for x in _tensors(lv)}
+        keep = {id(x) for lv in live for x in _tensors(lv)} | (held or set())
         for t in list(_tensors(v)):
-            if id(t) in owned and id(t) not in held:
+            if id(t) in owned and id(t) not in keep:
                 del owned[id(t)]
                 self.runtime.free(t)
 

@@ -63,6 +63,7 @@ from .control_body import (
     _host,
     _scalar_bool,
     free_names,
+    _tensors,
     implicit_inputs,
     is_control,
 )
@@ -112,13 +113,21 @@ class _Loop(_Control):
             if m.size != 1:
                 raise info.error(f"the trip count M must hold one element, got shape {tuple(m.shape)}")
             trip = int(m.reshape(()))
+        budget = rt.config.max_loop_iterations
+        if trip is not None and trip > budget:
+            raise info.error(f"trip count {trip} is over the runtime's loop budget of {budget} iterations "
+                             "(RuntimeConfig.max_loop_iterations, LOCKSTEP_MAX_LOOP_ITERATIONS)")
         cond = True
         if formal[1] is not None:
             cond = _scalar_bool(_host(rt, formal[1], info), "the condition", info)
         carried = list(formal[2:])
         scans: list[list[Value]] = [[] for _ in range(self.n_scan)]
+        in_scans: set[int] = set()  # the scan parts' tensors, kept as they come (not rebuilt each iteration)
         it = 0
         while cond and (trip is None or it < trip):
+            if it >= budget:
+                raise info.error(f"still running after the runtime's loop budget of {budget} iterations "
+                                 "(RuntimeConfig.max_loop_iterations, LOCKSTEP_MAX_LOOP_ITERATIONS)")
             num = np.array(it, dtype=np.int64)
             it_v = Value(self._new((), np.int64, f"{info.name}:iteration", owned), Spec((), num.dtype, num))
             cond_arr = np.array(cond, dtype=np.bool_)
@@ -133,10 +142,17 @@ class _Loop(_Control):
             cond = _scalar_bool(_host(rt, outs[0], info), "the body's condition output", info)
             new = outs[1:1 + self.n_carried]
             for k in range(self.n_scan):
-                scans[k].append(outs[1 + self.n_carried + k])
-            keep = [*new, *[p for s in scans for p in s]]
+                part = outs[1 + self.n_carried + k]
+                first = scans[k][0].spec if scans[k] else None
+                if first is not None and isinstance(part, Value) and (
+                        part.spec.shape != first.shape or part.spec.dtype != first.dtype):
+                    raise info.error(f"scan output {info.name!r} changes between iterations: {first.dtype}"
+                                     f"{list(first.shape)} then {part.spec.dtype}{list(part.spec.shape)} at "
+                                     f"iteration {it}")
+                scans[k].append(part)
+                in_scans.update(id(x) for x in _tensors(part))
             for v in (it_v, cond_v, outs[0], *carried):
-                self._drop(v, owned, keep)
+                self._drop(v, owned, new, in_scans)
             carried = new
             it += 1
         stacked = [self._stack(parts, 0, None, self.info.name, owned,
