@@ -128,3 +128,31 @@ def test_replay_runs_a_reproducer_folder_on_both_engines(tmp_path):
     Case(0, 0, "feed", "feed.unmutated", f"golden:{name}", model=data, feeds=_golden_feeds(name, [1, 2, 3])).write(tmp_path)
     out = replay(tmp_path, timeout_s=60)
     assert {eng: res["cls"] for eng, res in out.items()} == {"ref": "ok", "ort": "ok"}
+
+
+def test_the_issue_55_families_make_what_they_claim():
+    """contract: the mutations that found issue 55's bugs are generated, the same for a seed, and each
+    changes what its detail names (a decoder role's elem_type, a contradicting value_info, a Loop's trip
+    count from a Constant)."""
+    import onnx
+
+    want = {"decode.role_elem_type", "graph.value_info_contradict", "graph.loop_trip_extreme"}
+    found: dict[str, Case] = {}
+    for i in range(6000):
+        c = make_case(55, i)
+        if c.mutation in want and c.mutation not in found:
+            found[c.mutation] = c
+            assert make_case(55, i).model == c.model, "a case is a pure function of (seed, index)"
+        if len(found) == len(want):
+            break
+    assert set(found) == want, sorted(found)
+    m = onnx.load_from_string(found["decode.role_elem_type"].model)
+    d = found["decode.role_elem_type"].detail
+    assert next(v for v in [*m.graph.input, *m.graph.output] if v.name == d["value"]).type.tensor_type.elem_type == d["elem_type"]
+    m = onnx.load_from_string(found["graph.value_info_contradict"].model)
+    assert found["graph.value_info_contradict"].detail["value"] in {vi.name for vi in m.graph.value_info}
+    m = onnx.load_from_string(found["graph.loop_trip_extreme"].model)
+    loop = next(n for n in m.graph.node if n.op_type == "Loop")
+    const = next(n for n in m.graph.node if n.output and n.output[0] == loop.input[0])
+    assert const.op_type == "Constant" and int(onnx.numpy_helper.to_array(const.attribute[0].t)) == \
+        found["graph.loop_trip_extreme"].detail["trip"]

@@ -136,7 +136,7 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
              "attr_remove",
              "init_dims_mismatch", "elem_type_unknown", "value_info_huge", "opset_99", "input_remove",
              "input_rename", "output_remove", "output_rename", "node_input_dangling", "node_input_drop",
-             "attr_add_bogus"] + [
+             "attr_add_bogus", "value_info_contradict", "loop_trip_extreme"] + [
              "attr_schema_extreme"] * 4
     for _ in range(8):  # a kind that does not apply to this model: draw another
         kind = _choice(rng, kinds)
@@ -213,6 +213,17 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
             del t.dims[:]
             t.dims.extend(dims)
             return kind, {"tensor": t.name, "dims": dims}
+        if kind == "value_info_contradict" and (made := [o for n in g.node for o in n.output if o]):
+            # a declaration that contradicts the graph (issue 55: INT8[0] on an intermediate of
+            # tiny-fp16-decomposed reached the plan as IllegalState)
+            name = _choice(rng, made)
+            how = _choice(rng, ["int8_empty", "bool_rank5", "float_scalar"])
+            elem, shape = {"int8_empty": (onnx.TensorProto.INT8, [0]), "bool_rank5": (onnx.TensorProto.BOOL, [1] * 5),
+                           "float_scalar": (onnx.TensorProto.DOUBLE, [])}[how]
+            g.value_info.append(helper.make_tensor_value_info(name, elem, shape))
+            return kind, {"value": name, "how": how}
+        if kind == "loop_trip_extreme" and any(n.op_type == "Loop" and n.input and n.input[0] for n in g.node):
+            return kind, _loop_trip(rng, model)
         if kind == "elem_type_unknown":
             bad = _choice(rng, [0, 99, 1000, -3, 8])  # 8: STRING where a number was
             if g.initializer and rng.random() < 0.5:
@@ -292,6 +303,30 @@ def _graph(rng, model: onnx.ModelProto) -> tuple[str, dict]:
 
 
 # -- external data ---------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _loop_sources() -> tuple:
+    """The node cases with a Loop whose trip count is an input (test_loop11, test_range_*_expanded ...)."""
+    out = []
+    for c in node_sources():
+        m = onnx.load_from_string(c.model)
+        if any(n.op_type == "Loop" and n.input and n.input[0] for n in m.graph.node):
+            out.append(c)
+    return tuple(out)
+
+
+def _loop_trip(rng, model: onnx.ModelProto) -> dict:
+    """One Loop's trip count from a Constant of an extreme value, a trip count no runtime should start
+    (issue 55: 2**31-1 on test_loop11, whose scan output empties after 5 iterations, ran for hours)."""
+    g = model.graph
+    n = _choice(rng, [n for n in g.node if n.op_type == "Loop" and n.input and n.input[0]])
+    trip = _choice(rng, [0, 1, -1, 7, 2**31 - 1, 2**63 - 1])
+    name = f"{n.name or 'loop'}/fuzz_trip"
+    g.node.insert(list(g.node).index(n), helper.make_node(
+        "Constant", [], [name], value=helper.make_tensor(f"{name}/value", onnx.TensorProto.INT64, [], [trip])))
+    n.input[0] = name
+    return {"node": n.name, "trip": trip}
+
+
 def _extdata(rng, model: onnx.ModelProto) -> tuple[str, dict, dict[str, bytes], dict[str, str]]:
     """Move one tensor to external data, made bad; returns kind, detail, files, links."""
     g = model.graph
@@ -416,7 +451,8 @@ def _decode(rng) -> tuple[str, str, bytes, dict, dict]:
     gold = golden_sources()
     name, data = gold[int(rng.integers(len(gold)))]
     io = _golden_io(name)
-    kind = _choice(rng, ["empty_prompt", "id_out_of_vocab", "past_rotary_cache", "past_capacity", "long_decode"])
+    kind = _choice(rng, ["empty_prompt", "id_out_of_vocab", "past_rotary_cache", "past_capacity", "long_decode",
+                         "role_elem_type"])
     vocab = io.vocab
     if kind == "empty_prompt":
         steps = [[]]
@@ -428,6 +464,17 @@ def _decode(rng) -> tuple[str, str, bytes, dict, dict]:
     elif kind == "past_capacity":
         cap = io.capacity or 64
         steps = [[int(x) for x in rng.integers(0, vocab, size=cap - 1)], [1], [2]]
+    elif kind == "role_elem_type":
+        # an element type outside onnx's table, or of the wrong kind, on one decoder role (issue 55: a
+        # present of elem_type -3 crashed the NotADecoder message with KeyError)
+        m = onnx.load_from_string(data)
+        roles = [v for v in [*m.graph.input, *m.graph.output] if v.type.HasField("tensor_type")]
+        vi = _choice(rng, roles)
+        bad = _choice(rng, [-3, 0, 1000, onnx.TensorProto.STRING, onnx.TensorProto.INT8])
+        vi.type.tensor_type.elem_type = bad
+        data = m.SerializeToString()
+        steps = [[3, 4], [5]]
+        return kind, f"golden:{name}", data, {"steps": steps}, {"value": vi.name, "elem_type": bad}
     else:
         steps = [[3, 4]] + [[int(rng.integers(vocab))] for _ in range(int(rng.integers(4, 20)))]
     return kind, f"golden:{name}", data, {"steps": steps}, {"capacity": io.capacity, "tokens": sum(map(len, steps))}
@@ -565,6 +612,15 @@ def _make(seed: int, index: int, family: str, rng: np.random.Generator) -> Case:
     if family == "proto":
         kind, data, detail = _proto(rng, data)
         return Case(seed, index, family, f"proto.{kind}", source, detail, data, feeds=feeds)
+    if family == "graph" and rng.random() < 0.05:  # a Loop, so that loop_trip_extreme finds one (few sources have one)
+        loops = _loop_sources()
+        c = loops[int(rng.integers(len(loops)))]
+        model = onnx.load_from_string(c.model)
+        init = {t.name for t in model.graph.initializer}
+        names = [vi.name for vi in model.graph.input if vi.name not in init]
+        detail = _loop_trip(rng, model)
+        return Case(seed, index, family, "graph.loop_trip_extreme", f"node:{c.name}", detail, model.SerializeToString(),
+                    feeds=list(zip(names, c.inputs)))
     model = onnx.load_from_string(data)
     if family == "graph":
         kind, detail = _graph(rng, model)
