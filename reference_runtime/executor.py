@@ -206,6 +206,8 @@ class Executor:
         self.plans: PlanCache | None = (PlanCache(weakref.proxy(self)) if runtime.config.execution_plans
                                         and self.pager is None and not self._hostish
                                         and not any(st.control is not None for st in self.steps) else None)
+        if self.model.graph.value_info:  # a declaration that contradicts its node: named at load, not steps later
+            self._symbolic_dims()
 
     def _symbolic_dims(self) -> "tuple[dict[str, Symbol], dict[str, tuple]]":
         if self._symbolic is None:

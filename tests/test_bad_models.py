@@ -477,3 +477,16 @@ def test_a_constant_declared_a_scalar_as_genai_s_builder_writes_it_is_read_as_wh
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     got = {vi.name: vi for vi in inference.infer(model).graph.value_info}
     assert [d.dim_value for d in got["shape"].type.tensor_type.shape.dim] == [2]
+
+
+def test_the_reference_runtime_names_a_contradicting_value_info_when_it_loads_the_model():
+    """result (the fuzzer's value_info_contradict, where ONNX Runtime refuses at load): a golden model
+    with an intermediate declared DOUBLE scalar is refused by ref-sim's prepare, not run as if nothing
+    were declared (or failing steps later)."""
+    from lockstep.engines import load_engine
+    from lockstep.golden.catalog import builtin_models
+
+    model = next(m for m in builtin_models() if m.name == "tiny-neartie-fp32-standard").load()
+    model.graph.value_info.append(helper.make_tensor_value_info("layers.0/attention_merged", TensorProto.DOUBLE, []))
+    with pytest.raises(ModelError, match=r"'layers.0/attention_merged' declares DOUBLE\[\] but node .* makes FLOAT"):
+        load_engine("ref-sim").prepare(model)
