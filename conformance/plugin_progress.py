@@ -57,9 +57,14 @@ def duration(seconds: float) -> str:
     return f"{m // 60} h {m % 60:02d} min"
 
 
+ESTIMATE_AFTER = 20  # an estimate once 1/20 of the tests is done
+
+
 def remaining(done: int, total: int, elapsed: float) -> float | None:
-    """Seconds left at the rate so far (``elapsed`` seconds for ``done`` tests), None before the first."""
-    if done <= 0 or total <= 0:
+    """Seconds left at the rate so far (``elapsed`` seconds for ``done`` tests); None before a
+    twentieth of the tests is done (the largest models' tests run first: a rate from the first few
+    said "~178 h left" of a 13-minute run)."""
+    if done <= 0 or total <= 0 or done * ESTIMATE_AFTER < total:
         return None
     return elapsed / done * max(0, total - done)
 
@@ -68,7 +73,8 @@ def line(done: int, total: int, elapsed: float) -> str:
     """``lockstep: 1234/7000 tests, 17%, 2 min elapsed, ~9 min left (from the rate so far)``."""
     pct = 100 * done // total if total > 0 else 0
     left = remaining(done, total, elapsed)
-    tail = "estimate after the first test" if left is None else f"~{duration(left)} left (from the rate so far)"
+    tail = ("estimate after 5% of the tests (the largest models' run first)" if left is None
+            else f"~{duration(left)} left (from the rate so far)")
     return f"lockstep: {done}/{total} tests, {pct}%, {duration(elapsed)} elapsed, {tail}"
 
 

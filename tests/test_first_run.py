@@ -21,7 +21,7 @@ from lockstep.conformance import plugin_models, plugin_progress
 from lockstep.golden import catalog
 from lockstep.golden import smollm2 as sm
 
-LINE = re.compile(r"^lockstep: (\d+)/(\d+) tests, (\d+)%, (.+) elapsed, (~.+ left \(from the rate so far\)|estimate after the first test)$")
+LINE = re.compile(r"^lockstep: (\d+)/(\d+) tests, (\d+)%, (.+) elapsed, (~.+ left \(from the rate so far\)|estimate after 5% of the tests \(the largest models' run first\))$")
 
 
 # -- the progress line ---------------------------------------------------------------------------
@@ -32,7 +32,10 @@ def test_the_progress_line_says_counts_percent_elapsed_and_the_time_left_at_the_
     # 1000 tests in 100 s: 0.1 s a test, 3000 left: 300 s
     assert plugin_progress.remaining(1000, 4000, 100.0) == pytest.approx(300.0)
     assert plugin_progress.line(1000, 4000, 100.0).endswith("25%, 2 min elapsed, ~5 min left (from the rate so far)")  # 100 s: 2 min
-    assert plugin_progress.line(0, 10, 3.0) == "lockstep: 0/10 tests, 0%, 3 s elapsed, estimate after the first test"
+    assert plugin_progress.line(0, 10, 3.0) == ("lockstep: 0/10 tests, 0%, 3 s elapsed, estimate after 5% of the tests "
+                                                "(the largest models' run first)")
+    assert plugin_progress.remaining(20, 18964, 300.0) is None  # a CI run's first 20 tests: no "~85 h left"
+    assert plugin_progress.remaining(1000, 18964, 300.0) == pytest.approx(300.0 / 1000 * 17964)
     assert plugin_progress.remaining(0, 10, 5.0) is None
     assert plugin_progress.remaining(10, 10, 5.0) == 0
     assert [plugin_progress.duration(s) for s in (0, 44.6, 59.4, 60, 89, 91, 3599, 3600, 5430)] == \
