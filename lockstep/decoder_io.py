@@ -529,15 +529,16 @@ class DecoderIO:
         ldims = _dims(by_out[logits])
         if len(ldims) != 3 or not isinstance(ldims[-1], int) or not ldims[-1]:
             raise fail(f"{logits} must be [batch, sequence, vocab] with a fixed vocab, got {ldims}")
-        feed_dtypes = {vi.name: np_dtype(vi.type.tensor_type.elem_type) for vi in inputs if vi.name not in
+        feed_dtypes = {vi.name: np_dtype(vi.type.tensor_type.elem_type, vi.name) for vi in inputs if vi.name not in
                        {v.name for v in ordered}}
         convention = ("lockstep" if not mask else "optimum" if positions else "genai"
                       if any(n.op_type == "GroupQueryAttention" for n in g.node) else "optimum")
         max_positions, limit_source = position_limit(model, positions)
         return cls(input_ids=input_ids, logits=logits, pasts=tuple(v.name for v in ordered),
                    present_of={pasts[k].name: presents[k].name for k in pasts}, kv_heads=heads, head_dim=head_dim,
-                   kv_dtype=np_dtype(ordered[0].type.tensor_type.elem_type), capacity=capacity, vocab=ldims[-1],
-                   logits_dtype=np_dtype(by_out[logits].type.tensor_type.elem_type), seq_axis=seq_axis,
+                   kv_dtype=np_dtype(ordered[0].type.tensor_type.elem_type, ordered[0].name), capacity=capacity,
+                   vocab=ldims[-1],
+                   logits_dtype=np_dtype(by_out[logits].type.tensor_type.elem_type, logits), seq_axis=seq_axis,
                    attention_mask=mask, position_ids=positions, extras=extras, feed_dtypes=feed_dtypes,
                    convention=convention, max_positions=max_positions, limit_source=limit_source,
                    window_capacity=window_capacity)

@@ -377,7 +377,9 @@ def check_declared(model: onnx.ModelProto, inferred: onnx.GraphProto) -> dict[st
         types.setdefault(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
     for node in model.graph.node:
         mine = [o for o in node.output if o in declared]
-        if not mine or node.domain not in ("", "ai.onnx"):
+        # a node is inferred when it has a declared output, or an output no value_info types (a graph
+        # output read by later nodes: a present that a repeat-KV Unsqueeze reads, issue 55)
+        if node.domain not in ("", "ai.onnx") or not (mine or any(o and o not in types for o in node.output)):
             continue
         try:
             schema = defs.get_schema(node.op_type, opset, "")
@@ -386,6 +388,8 @@ def check_declared(model: onnx.ModelProto, inferred: onnx.GraphProto) -> dict[st
                                                      ir_version=model.ir_version or 10)
         except Exception:  # noqa: BLE001 - no schema, an input of unknown type, inference that needs data
             continue
+        for name, tp in got.items():
+            types.setdefault(name, tp)
         for name in mine:
             if name not in got:
                 continue

@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lockstep.engines.protocol import Unsupported
-from lockstep.errors import ModelError
+from lockstep.errors import ModelError, type_name
 
 from .inference import check_for_inference, prefork
 from .ort_schemas import validate_default_domain
@@ -51,13 +51,16 @@ class UnsupportedModel(Unsupported):
 _NP_DTYPES: dict[int, np.dtype] = {}  # onnx's fixed element type -> numpy dtype table, memoised
 
 
-def np_dtype(elem_type: int) -> np.dtype:
+def np_dtype(elem_type: int, where: str | None = None) -> np.dtype:
+    """The numpy dtype of an ONNX element type; ``ModelError`` (naming ``where``, the value that
+    declares it, when given) for a type numpy cannot hold or a code outside onnx's table."""
     dtype = _NP_DTYPES.get(elem_type)
     if dtype is None:
         try:
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
         except Exception as exc:
-            raise ModelError(f"unsupported tensor element type {elem_type}") from exc
+            raise ModelError(f"{where + ': ' if where else ''}unsupported tensor element type: "
+                             f"{type_name(elem_type)}") from exc
         _NP_DTYPES[elem_type] = dtype
     return dtype
 

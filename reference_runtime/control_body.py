@@ -2,7 +2,8 @@
 (a nested executor built and validated at load, its outer-scope names as extra inputs), the
 outer-scope names a node's subgraphs read (``free_names``, ``implicit_inputs``), which nodes are
 control flow (``is_control``), the ``_Control`` base an op implements, and the device copies
-bodies need (``_TAKE``/``_PUT``/``_CAST``)."""
+bodies need (``_TAKE``/``_PUT``/``_CAST``/``_ROWS``), and ``ScanOutput``: one Loop or Scan scan output
+written on the device iteration by iteration."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import onnx
 from lockstep.kernels import Kernel, NodeInfo, OpError, primitives, Seq, Spec
 
+from .errors import MemoryAllocation
 from .values import Run, Value
 from lockstep.loading import np_dtype
 from .runtime import Tensor
@@ -22,7 +24,7 @@ from .runtime import Tensor
 if TYPE_CHECKING:  # the executor imports this module, through control_flow
     from .executor import Executor
 
-__all__ = ["Body", "free_names", "implicit_inputs", "is_control"]
+__all__ = ["Body", "ScanOutput", "free_names", "implicit_inputs", "is_control"]
 
 CONTROL_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan"), ("", "SequenceMap"), ("ai.onnx.preview", "FlexAttention")})
 
@@ -94,9 +96,14 @@ def _cast_body(xp, out, src):
     out[...] = src.astype(out.dtype)
 
 
+def _rows_body(xp, dst, src, *, start, count):
+    dst[start:start + count] = src[:count]
+
+
 _TAKE = Kernel("control_flow:take", _take_body, writes=(0,))
 _PUT = Kernel("control_flow:put", _put_body, writes=(0,))
 _CAST = Kernel("control_flow:cast", _cast_body, writes=(0,))
+_ROWS = Kernel("control_flow:rows", _rows_body, writes=(0,))  # a Loop's chunks into its stacked scan output
 
 
 def _tensors(v: Any):
@@ -270,9 +277,10 @@ class _Control(abc.ABC):
         dropped); a free then would let the replay touch released memory."""
         if self.runtime.is_capturing:
             return
-        keep = {id(x) for lv in live for x in _tensors(lv)} | (held or set())
+        keep = {id(x) for lv in live for x in _tensors(lv)}
+        held = held or ()  # looked up, never copied: a loop's set of scan parts grows with its iterations
         for t in list(_tensors(v)):
-            if id(t) in owned and id(t) not in keep:
+            if id(t) in owned and id(t) not in keep and id(t) not in held:
                 del owned[id(t)]
                 self.runtime.free(t)
 
@@ -286,6 +294,11 @@ class _Control(abc.ABC):
         out = self._new(shape, v.spec.dtype, f"{self.info.name}:slice", owned)
         self.runtime.launch(_TAKE, out, v.tensor, axis=axis, index=index)
         return Value(out, Spec(shape, v.spec.dtype))
+
+    def _free_owned(self, t: Tensor, owned: dict[int, Tensor]) -> None:
+        """Free a tensor this node allocated for itself (nothing while a segment records the node)."""
+        if not self.runtime.is_capturing and owned.pop(id(t), None) is not None:
+            self.runtime.free(t)
 
     def _stack(self, parts: list[Value], axis: int, indices: "list[int] | None", name: str,
                owned: dict[int, Tensor], empty: "tuple[tuple[int, ...] | None, Any]") -> Value:
@@ -306,6 +319,114 @@ class _Control(abc.ABC):
         out = self._new(shape, first.dtype, name, owned)
         for k, p in enumerate(parts):
             self.runtime.launch(_PUT, out, p.tensor, axis=axis, index=k if indices is None else indices[k])
+        return Value(out, Spec(shape, first.dtype))
+
+
+class ScanOutput:
+    """One scan output of a Loop or a Scan, written on the device as each iteration gives its part:
+    the part goes into a buffer at once (a ``_PUT`` launch) and the caller drops it, so the loop
+    holds a few buffers, not one tensor per iteration, and an iteration costs the same whatever
+    the count (with a part alive per iteration, every allocation's bookkeeping grows with them).
+
+    The first part fixes the shape and the type; a later one that differs is refused at that
+    iteration (``OpError`` naming the node, the output, both shapes and the iteration).
+
+    ``steps`` known (a Scan; a Loop whose trip count is known and small, ``PREALLOCATE_*``): one
+    buffer of ``steps`` parts along ``axis``, allocated at the first part, part t at ``index``
+    (a Scan's direction), and it is the stacked output itself. Otherwise (a Loop, axis 0): chunks
+    of ``FIRST_CHUNK`` parts, then each as many as all before it (O(log n) buffers, no chunk copied
+    while the loop runs), copied once into the stacked output by ``finish`` (one ``_ROWS`` launch a
+    chunk). Before a chunk is allocated, chunks plus the stacked output of at least the parts so
+    far past the device memory budget (``Runtime.memory_limit``) are refused with
+    ``MemoryAllocation`` naming the node, the output and the iteration: the device refuses before
+    the host's memory runs out."""
+
+    FIRST_CHUNK = 64
+    PREALLOCATE_STEPS = 1 << 16  # a Loop's known trip count up to this many parts ...
+    PREALLOCATE_BYTES = 64 << 20  # ... of at most this many bytes in all is allocated whole at once
+
+    def __init__(self, ctl: "_Control", output: str, owned: dict[int, Tensor], *, axis: int = 0,
+                 steps: "int | None" = None, empty: "tuple[tuple[int, ...] | None, Any]" = (None, None),
+                 bounded: bool = False):
+        self.ctl, self.output, self.owned, self.axis, self.empty = ctl, output, owned, axis, empty
+        self.steps = steps  # an exact count (a Scan's), or a Loop's known trip count (None: unknown)
+        self.bounded = bounded  # steps is the exact number of parts (a Scan): one buffer, whatever its size
+        self.first: "Spec | None" = None
+        self.chunks: list[tuple[Tensor, int]] = []  # (buffer, parts it holds room for)
+        self.count = 0
+        self._room = 0  # parts left in the last chunk
+        self.part_bytes = 0
+
+    def add(self, part: Any, it: int, index: "int | None" = None) -> None:
+        """Write iteration ``it``'s part (at ``index`` along the axis: a Scan's direction; default ``it``)."""
+        info = self.ctl.info
+        if not isinstance(part, Value):
+            raise info.error(f"scan output {self.output!r} must be a tensor, got {type(part).__name__} at "
+                             f"iteration {it}")
+        spec = part.spec
+        if self.first is None:
+            self.first = spec
+            self.part_bytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            rank = len(spec.shape) + 1
+            if not -rank <= self.axis < rank:
+                raise info.error(f"attribute 'scan_output_axes': axis {self.axis} out of range for rank {rank}")
+            self.axis %= rank
+        elif spec.shape != self.first.shape or spec.dtype != self.first.dtype:
+            raise info.error(f"scan output {self.output!r} changes between iterations: {self.first.dtype}"
+                             f"{list(self.first.shape)} then {spec.dtype}{list(spec.shape)} at iteration {it}")
+        if not self._room:
+            self._grow(it)
+        buf, rows = self.chunks[-1]
+        at = rows - self._room if index is None else index
+        self.ctl.runtime.launch(_PUT, buf, part.tensor, axis=self.axis, index=at)
+        self._room -= 1
+        self.count += 1
+
+    def _grow(self, it: int) -> None:
+        ctl, first = self.ctl, self.first
+        assert first is not None
+        known_small = self.steps is not None and (self.bounded or (
+            self.steps <= self.PREALLOCATE_STEPS and self.steps * self.part_bytes <= self.PREALLOCATE_BYTES))
+        if not self.chunks and known_small:
+            rows = self.steps
+        else:
+            rows = max(self.FIRST_CHUNK, self.count)
+            if self.steps is not None:
+                rows = min(rows, self.steps - self.count)
+        limit = ctl.runtime.memory_limit
+        held = sum(r for _, r in self.chunks) * self.part_bytes
+        # past the first chunk, ``finish`` copies them all: it needs the chunks and the stacked copy at once
+        need = held + rows * self.part_bytes + (self.count + 1) * self.part_bytes
+        if self.chunks and need > limit:
+            raise MemoryAllocation(
+                f"node {ctl.info.name!r} ({ctl.info.op_type}): scan output {self.output!r} at iteration {it}: "
+                f"{self.count + 1} parts of {first.dtype}{list(first.shape)} ({self.part_bytes} bytes each) in "
+                f"chunks of {held + rows * self.part_bytes} bytes, and their stacked copy, need {need} bytes: past "
+                f"the device memory budget of {limit} bytes", node=ctl.info.name, value=self.output, nbytes=need,
+                limit=limit)
+        shape = first.shape[:self.axis] + (rows,) + first.shape[self.axis:]
+        ctl.runtime.current_node = ctl.info.name  # a refusal names this node, not the body's last
+        self.chunks.append((ctl._new(shape, first.dtype, self.output, self.owned), rows))
+        self._room = rows
+
+    def finish(self) -> Value:
+        """The stacked output: the one buffer when full, else one copy of the chunks' parts."""
+        ctl, first = self.ctl, self.first
+        if first is None:
+            return ctl._stack([], self.axis, None, self.output, self.owned, self.empty)
+        shape = first.shape[:self.axis] + (self.count,) + first.shape[self.axis:]
+        if len(self.chunks) == 1 and self.chunks[0][1] == self.count:
+            return Value(self.chunks[0][0], Spec(shape, first.dtype))
+        ctl.runtime.current_node = ctl.info.name
+        out = ctl._new(shape, first.dtype, self.output, self.owned)
+        start = 0
+        for buf, rows in self.chunks:
+            n = min(rows, self.count - start)
+            if n:
+                ctl.runtime.launch(_ROWS, out, buf, start=start, count=n)
+            start += n
+            ctl._free_owned(buf, self.owned)
+        self.chunks = []
         return Value(out, Spec(shape, first.dtype))
 
 

@@ -24,6 +24,16 @@ def _vi(name, elem=TensorProto.FLOAT, shape=(2, 3, 4)):
     return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
 
 
+def _golden_copy(name: str) -> onnx.ModelProto:
+    """A copy of a builtin golden model to mutate: ``GoldenModel.load`` gives the process's cached
+    object, which a test must never change (the next test of this worker would run the mutant)."""
+    from lockstep.golden.catalog import builtin_models
+
+    model = onnx.ModelProto()
+    model.CopyFrom(next(m for m in builtin_models() if m.name == name).load())
+    return model
+
+
 def _model(nodes, inputs, outputs, initializers=(), value_info=(), opset=21):
     g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
@@ -404,9 +414,8 @@ def test_a_present_of_a_type_onnx_does_not_know_is_named_not_a_keyerror(tmp_path
     import sys
 
     from lockstep.decoder_io import DecoderIO, NotADecoder
-    from lockstep.golden.catalog import builtin_models
 
-    model = next(m for m in builtin_models() if m.name == "small-fp32-standard").load()
+    model = _golden_copy("small-fp32-standard")
     out = next(o for o in model.graph.output if o.name.startswith("present"))
     out.type.tensor_type.elem_type = bad
     with pytest.raises(NotADecoder, match=rf"{out.name} is elem_type {bad} \(not an ONNX type\)"):
@@ -449,9 +458,7 @@ def test_a_value_info_of_another_type_than_its_node_makes_is_a_model_error_at_lo
     import subprocess
     import sys
 
-    from lockstep.golden.catalog import builtin_models
-
-    model = next(m for m in builtin_models() if m.name == "tiny-fp16-decomposed").load()
+    model = _golden_copy("tiny-fp16-decomposed")
     node = next(n for n in model.graph.node if n.op_type == "Reshape")
     model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], TensorProto.INT8, [0]))
     want = rf"value_info '{node.output[0]}' declares INT8\[0\] but node .* \(Reshape\) makes FLOAT16"
@@ -484,9 +491,59 @@ def test_the_reference_runtime_names_a_contradicting_value_info_when_it_loads_th
     with an intermediate declared DOUBLE scalar is refused by ref-sim's prepare, not run as if nothing
     were declared (or failing steps later)."""
     from lockstep.engines import load_engine
-    from lockstep.golden.catalog import builtin_models
 
-    model = next(m for m in builtin_models() if m.name == "tiny-neartie-fp32-standard").load()
+    model = _golden_copy("tiny-neartie-fp32-standard")
     model.graph.value_info.append(helper.make_tensor_value_info("layers.0/attention_merged", TensorProto.DOUBLE, []))
     with pytest.raises(ModelError, match=r"'layers.0/attention_merged' declares DOUBLE\[\] but node .* makes FLOAT"):
         load_engine("ref-sim").prepare(model)
+
+
+@pytest.mark.parametrize("names", [("past_key_values.0.key", "present.0.key"), ("logits",), ("input_ids",)])
+def test_a_decoder_role_of_a_type_onnx_does_not_know_is_named_with_its_value(tmp_path, names):
+    """result (issue 55): where the present's type agrees with its past's (both -3), or the logits or
+    input_ids are of a code outside onnx's table, the ModelError names the value and the code (was
+    'unsupported tensor element type -3', naming no value); `lockstep decode` prints it in one line."""
+    import subprocess
+    import sys
+
+    from lockstep.decoder_io import DecoderIO
+
+    model = _golden_copy("small-fp32-standard")
+    for vi in [*model.graph.input, *model.graph.output]:
+        if vi.name in names:
+            vi.type.tensor_type.elem_type = -3
+    want = rf"{names[0]}: unsupported tensor element type: elem_type -3 \(not an ONNX type\)"
+    with pytest.raises(ModelError, match=want):
+        DecoderIO.of(model)
+    if names[0] != "logits":
+        return
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "logits: unsupported tensor element type: elem_type -3 (not an ONNX type)" in r.stderr
+
+
+@pytest.mark.parametrize("elem", [TensorProto.INT8, -3])
+def test_a_value_info_contradicting_a_node_that_reads_a_graph_output_is_a_model_error(tmp_path, elem):
+    """result (issue 55): tiny-fp16-decomposed's repeat-KV Unsqueeze reads present.0.key, a graph
+    output no value_info types; its output declared INT8 (or a code outside onnx's table) escaped the
+    declared-type check (the node's input type was unknown) and `lockstep decode` ended in the plan's
+    IllegalState ('the step signature missed a shape'). Now a ModelError at load, in one line."""
+    import subprocess
+    import sys
+
+    model = _golden_copy("tiny-fp16-decomposed")
+    node = next(n for n in model.graph.node if n.op_type == "Unsqueeze" and "present.0.key" in n.input)
+    model.graph.value_info.append(helper.make_tensor_value_info(node.output[0], elem, None))
+    shown = "INT8" if elem == TensorProto.INT8 else r"elem_type -3 \(not an ONNX type\)"
+    want = rf"value_info '{node.output[0]}' declares {shown} but node .* \(Unsqueeze\) makes FLOAT16"
+    with pytest.raises(ModelError, match=want):
+        inference.infer(model)
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi",
+                        "--tokens", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "IllegalState" not in r.stderr and f"value_info '{node.output[0]}' declares" in r.stderr, r.stderr
