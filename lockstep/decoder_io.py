@@ -226,8 +226,9 @@ def _describe(values, most: int = 8) -> str:
 
 
 def _few(names, most: int = 8) -> str:
+    """The first ``most`` names as a list, and how many more."""
     names = list(names)
-    return ", ".join(map(str, names[:most])) + (f" and {len(names) - most} more" if len(names) > most else "")
+    return f"{names[:most]}" + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -451,7 +452,7 @@ class DecoderIO:
                     return None
                 if name not in pool:
                     raise ModelCardError(f"model card: {role} = {name!r} is not a graph "
-                                         f"{'input' if pool is by_in else 'output'} ({_few(pool)})")
+                                         f"{'input' if pool is by_in else 'output'} {_few(pool)}")
                 return name
             if default in pool:
                 return default
