@@ -323,8 +323,8 @@ MUTANTS = [
         "executor", "control_flow_frees_while_recording", _CB,
         old="""        if self.runtime.is_capturing:
             return
-        held = {id(x) for lv in live for x in _tensors(lv)}""",
-        new="""        held = {id(x) for lv in live for x in _tensors(lv)}""",
+        keep = {id(x) for lv in live for x in _tensors(lv)}""",
+        new="""        keep = {id(x) for lv in live for x in _tensors(lv)}""",
         breaks="a Scan or Loop recorded in a segment frees nothing while recording: the graph bakes its "
                "temporaries' addresses, which a replay must still find mapped",
         tests=_CFT, select="capture and scan", ci=True,
