@@ -34,6 +34,17 @@ def _golden_copy(name: str) -> onnx.ModelProto:
     return model
 
 
+def _decode_cli(model: onnx.ModelProto, tmp_path):
+    """``lockstep decode`` of ``model`` (saved under ``tmp_path``) on ref-sim, as a user runs it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    return subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt",
+                           "hi", "--tokens", "3"], capture_output=True, text=True, timeout=120)
+
+
 def _model(nodes, inputs, outputs, initializers=(), value_info=(), opset=21):
     g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
@@ -455,8 +466,6 @@ def test_a_value_info_of_another_type_than_its_node_makes_is_a_model_error_at_lo
     float16 of rank 4) is refused when the reference runtime loads it, naming the value, the declaration
     and what its node makes (lockstep.inference.infer, which the reference runtime's plan reads); before,
     the first decode steps ran and the plan raised IllegalState."""
-    import subprocess
-    import sys
 
     model = _golden_copy("tiny-fp16-decomposed")
     node = next(n for n in model.graph.node if n.op_type == "Reshape")
@@ -464,10 +473,7 @@ def test_a_value_info_of_another_type_than_its_node_makes_is_a_model_error_at_lo
     want = rf"value_info '{node.output[0]}' declares INT8\[0\] but node .* \(Reshape\) makes FLOAT16"
     with pytest.raises(ModelError, match=want):
         inference.infer(model)
-    path = tmp_path / "bad.onnx"
-    onnx.save(model, path)
-    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi",
-                        "--tokens", "3"], capture_output=True, text=True, timeout=120)
+    r = _decode_cli(model, tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "declares INT8[0]" in r.stderr, r.stderr
 
 
@@ -531,8 +537,6 @@ def test_a_value_info_contradicting_a_node_that_reads_a_graph_output_is_a_model_
     output no value_info types; its output declared INT8 (or a code outside onnx's table) escaped the
     declared-type check (the node's input type was unknown) and `lockstep decode` ended in the plan's
     IllegalState ('the step signature missed a shape'). Now a ModelError at load, in one line."""
-    import subprocess
-    import sys
 
     model = _golden_copy("tiny-fp16-decomposed")
     node = next(n for n in model.graph.node if n.op_type == "Unsqueeze" and "present.0.key" in n.input)
@@ -541,9 +545,6 @@ def test_a_value_info_contradicting_a_node_that_reads_a_graph_output_is_a_model_
     want = rf"value_info '{node.output[0]}' declares {shown} but node .* \(Unsqueeze\) makes FLOAT16"
     with pytest.raises(ModelError, match=want):
         inference.infer(model)
-    path = tmp_path / "bad.onnx"
-    onnx.save(model, path)
-    r = subprocess.run([sys.executable, "-m", "lockstep", "decode", str(path), "--engine", "ref-sim", "--prompt", "hi",
-                        "--tokens", "3"], capture_output=True, text=True, timeout=120)
+    r = _decode_cli(model, tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "IllegalState" not in r.stderr and f"value_info '{node.output[0]}' declares" in r.stderr, r.stderr

@@ -51,7 +51,7 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
         where = f"at node {f.label} ({f.op_type})" if f.node is not None else "at no node its error names"
         return f"{engine.name} raises instead of producing values, {where}: {f.error}: {cmd}", data
     if loc.finding is None and position is not None:
-        in_session = _in_session(engine, s)
+        in_session = _in_session(engine, s, loc.evals)
         if in_session:
             return in_session, data
     if loc.finding is None:
@@ -69,9 +69,10 @@ def for_lock(engine, gm, position: int | None, mode: str, golden_dirs=()) -> tup
             f"{cmd}"), data
 
 
-def _in_session(engine, s) -> str:
+def _in_session(engine, s, evals) -> str:
     """Where ``prepare`` runs every node of the step in band, the step through the engine's own
-    decode session (its cache handling): the first cache fed out of band or node, as a sentence;
+    decode session (its cache handling), on the oracle's evaluations ``locate`` already made: the
+    first cache fed out of band or node, as a sentence;
     "" when it finds nothing, the engine declares no session, or it cannot be run so."""
     from lockstep.engines.protocol import capabilities
 
@@ -81,7 +82,7 @@ def _in_session(engine, s) -> str:
         return ""  # lockstep's own host session over prepare: nothing of the engine's between the steps
     cmd = command_line(s.args, spec_of(engine), "eager")
     try:
-        loc = locate_in_session(engine, s, "eager")
+        loc = locate_in_session(engine, s, "eager", evals=evals)
     except Exception:  # noqa: BLE001 - the message of a failing lock must not turn into another error
         return ""
     if loc.cache is not None:
